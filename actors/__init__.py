@@ -1,0 +1,1 @@
+"""The generation side: vLLM rollout workers, the reference model, rewards (Ray actors)."""

@@ -1,0 +1,92 @@
+"""Config of the generation side. Every default lives here; cluster/config.py composes these."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RolloutConfig:
+    """vLLM rollout engines (one per RolloutWorker actor)."""
+
+    num_workers: int = 1
+    tensor_parallel_size: int = 1  # GPU only: vLLM's own TP across the GPUs of one node
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    max_model_len: int = 256  # prompt + completion tokens the engine accepts
+    max_new_tokens: int = 32
+    gpu_memory_utilization: float = 0.1  # on CPU vLLM reads this as the fraction of RAM for KV cache
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    long_prompt: str = "skip"  # a prompt longer than max_model_len - max_new_tokens: "skip" (counted) or "error"
+    weight_transfer_backend: str = "auto"  # auto: "gloo" on CPU (ours), "nccl" on GPU (vLLM's)
+    bucket_mb: int = 64  # size of the packed buffers the weights travel in
+    enforce_eager: bool = True
+    num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything
+    num_gpus: float = 0.0
+    max_restarts: int = 3  # Ray restarts a dead worker this many times
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.num_workers < 1:
+            p.append(f"rollout.num_workers must be >= 1, got {self.num_workers}")
+        if self.max_new_tokens < 1:
+            p.append(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_new_tokens >= self.max_model_len:
+            p.append(f"rollout.max_new_tokens ({self.max_new_tokens}) must be < rollout.max_model_len ({self.max_model_len})")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            p.append(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.temperature < 0:
+            p.append(f"rollout.temperature must be >= 0, got {self.temperature}")
+        if self.long_prompt not in ("skip", "error"):
+            p.append(f"rollout.long_prompt must be 'skip' or 'error', got {self.long_prompt!r}")
+        if self.weight_transfer_backend not in ("auto", "gloo", "nccl"):
+            p.append(f"rollout.weight_transfer_backend must be auto|gloo|nccl, got {self.weight_transfer_backend!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            p.append(f"rollout.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
+        if self.tensor_parallel_size < 1:
+            p.append(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        return p
+
+
+@dataclass
+class RewardConfig:
+    """Reward functions: registry names or `path/to/file.py:function`, summed with weights."""
+
+    functions: list[str] = field(default_factory=lambda: ["exact_match"])
+    weights: list[float] = field(default_factory=list)  # empty: 1.0 each
+    timeout_s: float = 10.0  # per call; a call past it counts as a reward error
+    fallback: float = 0.0  # reward given to a sample whose reward function raised / timed out
+    num_procs: int = 2  # isolated processes that run user reward code
+    # DAPO soft overlong punishment (used by the `overlong_penalty` built-in)
+    overlong_buffer: int = 8
+
+    def problems(self) -> list[str]:
+        p = []
+        if not self.functions:
+            p.append("reward.functions is empty: name at least one reward function")
+        if self.weights and len(self.weights) != len(self.functions):
+            p.append(f"reward.weights has {len(self.weights)} entries but reward.functions has {len(self.functions)}")
+        if self.timeout_s <= 0:
+            p.append(f"reward.timeout_s must be > 0, got {self.timeout_s}")
+        if self.num_procs < 1:
+            p.append(f"reward.num_procs must be >= 1, got {self.num_procs}")
+        return p
+
+
+@dataclass
+class ReferenceConfig:
+    """The frozen reference model that serves log-probs for the KL term (started only when beta > 0)."""
+
+    micro_batch_size: int = 16
+    dtype: str = "auto"
+    num_cpus: float = 0.25
+    num_gpus: float = 0.0
+    max_restarts: int = 3
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.micro_batch_size < 1:
+            p.append(f"reference.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        return p

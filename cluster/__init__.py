@@ -1,0 +1,1 @@
+"""Orchestration: config, Ray resources, the driver loop, data, metrics, CLI."""

@@ -1,0 +1,270 @@
+"""The run's typed config: YAML file + dotted CLI overrides, validated once before any actor starts.
+
+Every default lives in the dataclasses: the generation side's in `actors/config.py`, the
+training side's in `learner/config.py`, the run's own below. `load_config` collects every
+problem (unknown key, wrong type, impossible combination) and raises one `ConfigError`
+that lists them all, so a user fixes a config in one round.
+
+    raygrpo train run.yaml trainer.steps=50 rollout.temperature=0.7
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
+from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
+
+
+class ConfigError(ValueError):
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = problems
+        super().__init__(f"{source} has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # a HF model directory (config.json + weights + tokenizer)
+
+    def problems(self) -> list[str]:
+        if not self.path:
+            return ["model.path is empty: point it at a HF model directory (`raygrpo demo` builds a small one)"]
+        if not (Path(self.path) / "config.json").exists():
+            return [f"model.path {self.path!r} is not a model directory (no config.json there)"]
+        return []
+
+
+@dataclass
+class DataConfig:
+    train: str = "task:addition"  # a JSONL file (one {"prompt": ..., <reward fields>} per line) or task:<name>
+    eval: str = ""  # held-out JSONL; empty: the task's held-out split (tasks only), or none
+    num_eval: int = 64  # held-out prompts evaluated (task splits are generated from the seed)
+    task_digits: int = 2  # operand digits of the built-in arithmetic tasks
+
+    def problems(self) -> list[str]:
+        p = []
+        if not self.train.startswith("task:") and not Path(self.train).is_file():
+            p.append(f"data.train {self.train!r} is neither task:<name> nor an existing JSONL file")
+        if self.eval and not Path(self.eval).is_file():
+            p.append(f"data.eval {self.eval!r} does not exist")
+        return p
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 20
+    prompts_per_step: int = 8
+    group_size: int = 8  # G completions per prompt
+    mode: str = "sync"  # sync | async (generation of step k+1 overlaps training of step k)
+    max_staleness: int = 1  # async: a batch generated more than this many versions ago is dropped
+    seed: int = 0
+    run_dir: str = "runs/raygrpo"
+    eval_every: int = 0  # steps between held-out evaluations (0: only before and after training)
+    eval_pass_k: int = 4  # pass@k on the held-out set (k samples per prompt)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, refill from more prompts
+    max_extra_prompts: int = 16  # cap on extra prompts generated per step to refill dropped groups
+    actor_timeout_s: float = 600.0  # any single wait on an actor; past it: an error naming the actor
+    max_learner_restarts: int = 1  # a dead learner rank: resume from the last checkpoint this many times
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.steps < 1:
+            p.append(f"trainer.steps must be >= 1, got {self.steps}")
+        if self.prompts_per_step < 1:
+            p.append(f"trainer.prompts_per_step must be >= 1, got {self.prompts_per_step}")
+        if self.group_size < 2:
+            p.append(f"trainer.group_size must be >= 2 (group advantages need a group), got {self.group_size}")
+        if self.mode not in ("sync", "async"):
+            p.append(f"trainer.mode must be sync|async, got {self.mode!r}")
+        if self.max_staleness < 0:
+            p.append(f"trainer.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.actor_timeout_s <= 0:
+            p.append(f"trainer.actor_timeout_s must be > 0, got {self.actor_timeout_s}")
+        return p
+
+
+@dataclass
+class RayConfig:
+    address: str = ""  # "": an embedded local cluster; "auto" or "HOST:PORT": join that cluster
+    num_cpus: int = 0  # embedded cluster's logical CPUs (0: the machine's, at least 8 so fractional actors fit)
+    placement: str = "separate"  # separate | colocate (learner ranks and rollout engines share bundles)
+
+    def problems(self) -> list[str]:
+        if self.placement not in ("separate", "colocate"):
+            return [f"ray.placement must be separate|colocate, got {self.placement!r}"]
+        return []
+
+
+@dataclass
+class MetricsConfig:
+    tensorboard: bool = True
+    wandb: bool = False  # used only when the wandb package is installed
+    wandb_project: str = "raygrpo"
+
+    def problems(self) -> list[str]:
+        return []
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def problems(self) -> list[str]:
+        p = []
+        for f in dataclasses.fields(self):
+            p += getattr(self, f.name).problems()
+        t, lrn, r = self.trainer, self.learner, self.rollout
+        n_seq = t.prompts_per_step * t.group_size
+        if n_seq % lrn.num_ranks:
+            p.append(
+                f"trainer.prompts_per_step * trainer.group_size = {n_seq} completions per step is not divisible "
+                f"by learner.num_ranks = {lrn.num_ranks}"
+            )
+        if t.prompts_per_step < r.num_workers:
+            p.append(f"trainer.prompts_per_step ({t.prompts_per_step}) < rollout.num_workers ({r.num_workers}): some engines would idle")
+        if r.tensor_parallel_size > 1 and r.num_gpus == 0:
+            p.append("rollout.tensor_parallel_size > 1 needs GPUs (set rollout.num_gpus); on CPU use 1")
+        if self.algo.ratio_level == "sequence" and self.algo.clip_high > 0.01:
+            p.append(
+                f"algo.ratio_level=sequence (GSPO) with clip_high={self.algo.clip_high}: GSPO's sequence ratios need "
+                "clip ranges around 3e-4..4e-4; set algo.clip_low/clip_high"
+            )
+        if t.dynamic_sampling and t.max_extra_prompts < 1:
+            p.append("trainer.dynamic_sampling needs trainer.max_extra_prompts >= 1")
+        return p
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            sub: list[str] = []
+            out = _coerce(value, arg, where, sub)
+            if not sub:
+                return out
+        problems.append(f"{where}: expected {' | '.join(_type_name(a) for a in args)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where, problems)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            problems.append(f"{where}: expected a list, got {value!r}")
+            return value
+        return [_coerce(v, item_tp, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads `3e-4` (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+        problems.append(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _build(cls, data: Any, where: str, problems: list[str]):
+    if not isinstance(data, dict):
+        problems.append(f"{where or 'config'}: expected a mapping, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            problems.append(f"unknown key {where + '.' if where else ''}{key} (known: {', '.join(sorted(names))})")
+    kwargs = {
+        k: _coerce(v, hints[k], f"{where + '.' if where else ''}{k}", problems) for k, v in data.items() if k in names
+    }
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        problems.append(f"{where or 'config'}: {e}")
+        return cls()
+
+
+def apply_overrides(data: dict, overrides: list[str], problems: list[str]) -> dict:
+    """`a.b=c` sets data["a"]["b"] = yaml(c): `trainer.steps=50`, `rollout.stop=["\\n"]`."""
+    for item in overrides:
+        if "=" not in item:
+            problems.append(f"override {item!r} is not KEY=VALUE (e.g. trainer.steps=50)")
+            continue
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            problems.append(f"override {item!r}: value is not valid YAML ({e})")
+            continue
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                problems.append(f"override {item!r}: {part} is not a section")
+                break
+        else:
+            node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), validate_paths: bool = True) -> RunConfig:
+    """Read YAML + overrides into a RunConfig; raise one ConfigError listing every problem."""
+    problems: list[str] = []
+    data: dict = {}
+    source = str(path) if path else "config"
+    if path:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError([f"config file {path} does not exist"], source) from None
+        except yaml.YAMLError as e:
+            raise ConfigError([f"not valid YAML: {e}"], source) from None
+    data = apply_overrides(data, list(overrides), problems)
+    cfg = _build(RunConfig, data, "", problems)
+    if not problems:
+        problems += [p for p in cfg.problems() if validate_paths or not _is_path_problem(p)]
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def _is_path_problem(problem: str) -> bool:
+    return problem.startswith(("model.path", "data.train", "data.eval"))
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

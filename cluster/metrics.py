@@ -1,0 +1,156 @@
+"""Where the numbers go: a progress bar, `metrics.jsonl`, TensorBoard, optional wandb, PNG plots."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+# Every step's line carries at least these keys (NaN when a value does not apply, e.g. kl at beta=0).
+STEP_KEYS = (
+    "step", "reward_mean", "reward_std", "reward_errors", "kl", "loss", "clip_frac", "entropy", "grad_norm", "lr",
+    "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
+    "zero_var_groups",
+)
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN; null reads as "not applicable"
+    return v
+
+
+class MetricsLogger:
+    """One JSON line per step (and per evaluation) + TensorBoard (+ wandb) + a progress display."""
+
+    def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
+                 wandb: bool = False, wandb_project: str = "raygrpo", config: dict | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self.total, self.start_step, self.t0 = total_steps, start_step, time.time()
+        self._tb = self._wandb = self._bar = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wb
+
+                self._wandb = wb.init(project=wandb_project, dir=str(self.run_dir), config=config or {})
+            except ImportError:
+                print("metrics.wandb=true but wandb is not installed; logging to JSONL/TensorBoard only", file=sys.stderr)
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+
+    def log_step(self, m: dict) -> None:
+        row = {k: m.get(k, float("nan")) for k in STEP_KEYS} | m
+        self._write({"kind": "train", **row})
+        step = int(row["step"])
+        if self._tb:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
+                    self._tb.add_scalar(f"train/{k}", v, step)
+        if self._wandb:
+            self._wandb.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+        done = step - self.start_step
+        eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
+        summary = f"reward {row['reward_mean']:.3f}  step {row['step_s']:.1f}s  eta {eta / 60:.1f}m"
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.set_postfix_str(summary)
+        else:
+            print(f"step {step}/{self.total}  {summary}  loss {row['loss']:.4f}  kl {row['kl']:.4f}", flush=True)
+
+    def log_eval(self, step: int, m: dict) -> None:
+        self._write({"kind": "eval", "step": step, **m})
+        if self._tb:
+            for k, v in m.items():
+                if isinstance(v, (int, float)):
+                    self._tb.add_scalar(f"eval/{k}", v, step)
+        if self._wandb:
+            self._wandb.log({f"eval/{k}": v for k, v in m.items()}, step=step)
+        text = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items())
+        (self._bar.write if self._bar is not None else print)(f"eval @ step {step}: {text}")
+
+    def note(self, text: str) -> None:
+        (self._bar.write if self._bar is not None else print)(text)
+
+    def _write(self, row: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb:
+            self._tb.close()
+        if self._wandb:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path, kind: str = "train") -> list[dict]:
+    """The rows of one kind; when a run resumed, a later row for the same step replaces the earlier."""
+    rows: dict[int, dict] = {}
+    with open(Path(run_dir) / "metrics.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("kind") == kind:
+                rows[row["step"]] = row
+    return [rows[s] for s in sorted(rows)]
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """Write reward.png, kl.png and step_time.png (gen/reward/ref/train/sync split) into the run dir."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}/metrics.jsonl has no training steps to plot")
+    evals = read_metrics(run_dir, "eval")
+    steps = [r["step"] for r in rows]
+
+    def col(key):
+        return [r.get(key) if r.get(key) is not None else float("nan") for r in rows]
+
+    out = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, col("reward_mean"), label="train reward (mean)")
+    if evals and "accuracy" in evals[0]:
+        ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label="held-out accuracy (greedy)")
+    ax.set_xlabel("step"), ax.set_ylabel("reward"), ax.legend(), ax.grid(alpha=0.3)
+    ax.set_title("reward")
+    out.append(run_dir / "reward.png")
+    fig.savefig(out[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, col("kl"), label="KL(pi || ref)")
+    ax.set_xlabel("step"), ax.set_ylabel("kl"), ax.grid(alpha=0.3), ax.legend()
+    ax.set_title("KL to the reference")
+    out.append(run_dir / "kl.png")
+    fig.savefig(out[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    parts = ["gen_s", "reward_s", "ref_s", "train_s", "sync_s"]
+    bottom = [0.0] * len(steps)
+    for key in parts:
+        vals = [v if math.isfinite(v) else 0.0 for v in col(key)]
+        ax.bar(steps, vals, bottom=bottom, label=key[:-2])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(steps, col("step_s"), "k.-", label="step (wall)")
+    ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.legend(), ax.grid(alpha=0.3)
+    ax.set_title("step time")
+    out.append(run_dir / "step_time.png")
+    fig.savefig(out[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return out

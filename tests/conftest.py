@@ -1,0 +1,24 @@
+"""Shared fixtures: a tiny model built offline, and (for e2e) one embedded Ray cluster per session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Never reach for a hub: every model here is built by cluster/tinymodel.py.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Built once per machine and reused across sessions (the builder is deterministic and caches).
+CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from cluster.tinymodel import TinyModelSpec, build_tiny_model
+
+    return build_tiny_model(CACHE / "tiny-qwen2-h128-l2", TinyModelSpec(hidden_size=128, num_layers=2, seed=0))

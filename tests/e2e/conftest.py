@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One embedded Ray cluster for the whole e2e session (starting Ray costs seconds).
+
+    Logical CPUs exceed the 2 physical cores on purpose: actors take fractional CPUs
+    and mostly wait on each other, as in the real system on a small machine.
+    """
+    import ray
+
+    from cluster.launch import worker_runtime_env
+
+    ray.init(num_cpus=8, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,42 @@
+import pytest
+
+from cluster.data import DataError, PromptStream, arithmetic_examples, load_jsonl, load_splits
+
+
+def test_jsonl_fields_and_malformed_line_named(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": 3}\nnot json\n')
+    with pytest.raises(DataError) as e:
+        load_jsonl(p)
+    assert f"{p}:3" in str(e.value) and f"{p}:4" in str(e.value)
+    p.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (ex,) = load_jsonl(p)
+    assert ex.prompt == "1+1=" and ex.fields == {"answer": "2"}
+
+
+def test_arithmetic_task_answers():
+    ex = arithmetic_examples("addition", 2)
+    assert len(ex) == 90 * 90
+    assert all(int(e.prompt[:2]) + int(e.prompt[3:5]) == int(e.fields["answer"]) for e in ex)
+    sub = arithmetic_examples("subtraction", 1)
+    assert all(int(e.fields["answer"]) >= 0 for e in sub)
+    with pytest.raises(DataError, match="built-in tasks"):
+        arithmetic_examples("poetry", 2)
+
+
+def test_heldout_split_is_disjoint_and_seeded():
+    train, held = load_splits("task:addition", "", 50, 2, seed=3)
+    assert len(held) == 50 and not {e.prompt for e in held} & {e.prompt for e in train}
+    assert load_splits("task:addition", "", 50, 2, seed=3)[1] == held
+
+
+def test_stream_resumes_exactly_across_epochs():
+    examples = arithmetic_examples("addition", 1)  # 100
+    a = PromptStream(examples, seed=1)
+    first = a.take(70)
+    state = a.state()
+    rest = a.take(80)  # crosses into epoch 1
+    b = PromptStream(examples, seed=1)
+    b.load_state(state)
+    assert b.take(80) == rest
+    assert len({e.prompt for e in first + rest[:30]}) == 100  # one epoch = each example once
