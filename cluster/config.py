@@ -93,12 +93,16 @@ class TrainerConfig:
 class RayConfig:
     address: str = ""  # "": an embedded local cluster; "auto" or "HOST:PORT": join that cluster
     num_cpus: int = 0  # embedded cluster's logical CPUs (0: the machine's, at least 8 so fractional actors fit)
-    placement: str = "separate"  # separate | colocate (learner ranks and rollout engines share bundles)
+    placement: str = "separate"  # separate | colocate (learner rank i and rollout engine i share a bundle)
+    strategy: str = "PACK"  # how the placement group's bundles land on nodes: PACK | SPREAD | STRICT_SPREAD
 
     def problems(self) -> list[str]:
+        p = []
         if self.placement not in ("separate", "colocate"):
-            return [f"ray.placement must be separate|colocate, got {self.placement!r}"]
-        return []
+            p.append(f"ray.placement must be separate|colocate, got {self.placement!r}")
+        if self.strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            p.append(f"ray.strategy must be PACK|SPREAD|STRICT_PACK|STRICT_SPREAD, got {self.strategy!r}")
+        return p
 
 
 @dataclass
@@ -145,6 +149,8 @@ class RunConfig:
                 f"algo.ratio_level=sequence (GSPO) with clip_high={self.algo.clip_high}: GSPO's sequence ratios need "
                 "clip ranges around 3e-4..4e-4; set algo.clip_low/clip_high"
             )
+        if t.mode == "async" and t.max_staleness < 1:
+            p.append("trainer.mode=async generates each batch one weight version behind: set trainer.max_staleness >= 1")
         if t.dynamic_sampling and t.max_extra_prompts < 1:
             p.append("trainer.dynamic_sampling needs trainer.max_extra_prompts >= 1")
         return p

@@ -1,18 +1,24 @@
-"""Ray resources: start or join a cluster, place and create the actors."""
+"""Ray resources: start or join a cluster, place the actors, create them, and wait on them safely.
+
+Every wait on an actor goes through `wait_for`, which has a timeout and, when it runs out or
+the actor dies, raises an error that names the actor and what it was doing. Nothing here
+blocks forever.
+"""
 from __future__ import annotations
 
 import os
+import socket
+import time
+from dataclasses import dataclass, field
 
-# Set in every Ray worker process. No hub access anywhere; one OpenMP thread per actor
-# unless told otherwise, so several engines and ranks share a small machine without
-# oversubscribing its cores.
+# Set in every Ray worker process. No hub access anywhere; keep tokenizers single-threaded so
+# several actors share a small machine without oversubscribing its cores.
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
-    "RAY_DEDUP_LOGS": "0",
 }
 
 
@@ -20,3 +26,173 @@ def worker_runtime_env(extra_env: dict[str, str] | None = None) -> dict:
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
     env.update(extra_env or {})
     return {"env_vars": env}
+
+
+class ActorFailed(RuntimeError):
+    """An actor died or did not answer in time; `.actor` names it, `.died` tells which."""
+
+    def __init__(self, actor: str, what: str, died: bool, detail: str = ""):
+        self.actor, self.what, self.died = actor, what, died
+        reason = "died" if died else "did not answer in time"
+        super().__init__(f"{actor} {reason} while {what}" + (f": {detail}" if detail else ""))
+
+
+def wait_for(refs, actor: str, what: str, timeout_s: float):
+    """ray.get with a timeout; a dead or silent actor becomes ActorFailed naming it."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except GetTimeoutError:
+        raise ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s "
+                          "(raise trainer.actor_timeout_s if this machine is just slow)") from None
+    except RayActorError as e:
+        raise ActorFailed(actor, what, died=True, detail=str(e).splitlines()[0]) from e
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_ray(address: str, num_cpus: int) -> None:
+    """Join `address` ("auto" or HOST:PORT), or start an embedded local cluster sized to the machine."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, runtime_env=worker_runtime_env(), log_to_driver=True)
+        return
+    # Logical CPUs: at least 8 so that fractional actors fit on a 2-core machine; they mostly
+    # wait on each other, and each limits its own threads.
+    cpus = num_cpus or max(8, os.cpu_count() or 1)
+    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
+
+
+@dataclass
+class Actors:
+    """Handles to every actor of a run, with the names used in error messages."""
+
+    rollouts: list = field(default_factory=list)
+    learners: list = field(default_factory=list)
+    reference: object | None = None
+    placement_group: object | None = None
+    learner_port: int = 0
+
+
+def create_actors(cfg, *, with_reference: bool) -> Actors:
+    """One placement group holds a bundle per learner rank, per rollout engine and the reference.
+
+    `ray.placement=separate`: a bundle each; `colocate`: learner rank i and engine i share one.
+    `ray.strategy` (PACK | SPREAD) says how bundles land on nodes.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from actors.reference import ReferenceActor
+    from actors.rollout import RolloutWorker
+    from learner.worker import LearnerWorker
+
+    r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
+
+    def res(cpus, gpus):
+        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+    bundles, rollout_bundle, learner_bundle = [], [], []
+    colocate = cfg.ray.placement == "colocate"
+    for i in range(lrn.num_ranks):
+        if colocate and i < r.num_workers:
+            bundles.append(res(lrn.num_cpus + r.num_cpus, lrn.num_gpus + r.num_gpus))
+            rollout_bundle.append(len(bundles) - 1)
+        else:
+            bundles.append(res(lrn.num_cpus, lrn.num_gpus))
+        learner_bundle.append(len(bundles) - 1)
+    for _ in range(len(rollout_bundle), r.num_workers):
+        bundles.append(res(r.num_cpus, r.num_gpus))
+        rollout_bundle.append(len(bundles) - 1)
+    if with_reference:
+        bundles.append(res(ref.num_cpus, ref.num_gpus))
+    pg = placement_group(bundles, strategy=cfg.ray.strategy)
+    try:
+        ray.get(pg.ready(), timeout=cfg.trainer.actor_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeError(
+            f"Ray could not place {len(bundles)} bundles {bundles} within {cfg.trainer.actor_timeout_s:.0f}s: "
+            f"the cluster has {ray.cluster_resources()}; lower the num_cpus/num_gpus of rollout/learner/reference"
+        ) from None
+
+    def at(i):
+        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+
+    out = Actors(placement_group=pg, learner_port=free_port())
+    master = ray.util.get_node_ip_address()
+    for i in range(r.num_workers):
+        # Restarted by Ray when they die; the driver re-syncs weights and re-sends their prompts.
+        # max_task_retries=0: the call in flight fails (RayActorError) so the driver knows.
+        out.rollouts.append(
+            ray.remote(RolloutWorker)
+            .options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=r.max_restarts, max_task_retries=0,
+                     scheduling_strategy=at(rollout_bundle[i]), name=None)
+            .remote(cfg.model.path, r, worker_index=i)
+        )
+    for rank in range(lrn.num_ranks):
+        out.learners.append(
+            ray.remote(LearnerWorker)
+            .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0,
+                     scheduling_strategy=at(learner_bundle[rank]))
+            .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
+                    master_port=out.learner_port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed)
+        )
+    if with_reference:
+        out.reference = (
+            ray.remote(ReferenceActor)
+            .options(num_cpus=ref.num_cpus, num_gpus=ref.num_gpus, max_restarts=ref.max_restarts,
+                     max_task_retries=ref.max_restarts, scheduling_strategy=at(len(bundles) - 1))
+            .remote(cfg.model.path, ref)
+        )
+    return out
+
+
+def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
+    """Wait until every actor has built its model; returns their info (node, pid) for logs and tests."""
+    infos = []
+    for i, h in enumerate(actors.rollouts):
+        infos.append({"role": f"rollout-{i}", **wait_for(h.info.remote(), f"rollout worker {i}", "starting its vLLM engine", timeout_s)})
+    for i, h in enumerate(actors.learners):
+        infos.append({"role": f"learner-{i}", **wait_for(h.info.remote(), f"learner rank {i}", "starting DeepSpeed", timeout_s)})
+    if actors.reference is not None:
+        infos.append({"role": "reference", **wait_for(actors.reference.info.remote(), "reference actor", "loading the model", timeout_s)})
+    return infos
+
+
+def wait_restarted(handle, name: str, timeout_s: float) -> dict:
+    """After a worker died, poll until Ray has restarted it, or give up with a clear error."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            return wait_for(handle.info.remote(), name, "restarting", max(1.0, min(60.0, deadline - time.time())))
+        except ActorFailed:
+            time.sleep(2.0)  # still restarting (or its engine still loading)
+    raise ActorFailed(name, "restarting after a crash", died=True,
+                      detail=f"not back within {timeout_s:.0f}s (Ray restarts it at most rollout.max_restarts times)")
+
+
+def shutdown_actors(actors: Actors) -> None:
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    for h in [*actors.rollouts, *actors.learners, actors.reference]:
+        if h is not None:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # already gone
+                pass
+    if actors.placement_group is not None:
+        try:
+            remove_placement_group(actors.placement_group)
+        except Exception:
+            pass

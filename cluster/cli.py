@@ -1,0 +1,199 @@
+"""`raygrpo train | submit | export | plot | demo | bench`: the command line.
+
+Errors a user can fix (config, data, model path, reward functions, a dead actor) are printed
+as one clear message and exit with status 2 (bad input) or 1 (the run failed), without a
+Python traceback; `RAYGRPO_DEBUG=1` shows the traceback too.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# What `submit` never uploads to the cluster: environments, runs, caches, VCS data.
+SUBMIT_EXCLUDES = [".venv/", "runs/", ".cache/", ".git/", "**/__pycache__/", ".pytest_cache/", ".hypothesis/",
+                   "*.egg-info/", ".whl/"]
+
+
+def _overrides_help() -> str:
+    return "dotted overrides, e.g. trainer.steps=50 rollout.temperature=0.7 (YAML values)"
+
+
+def cmd_train(args) -> int:
+    from cluster.config import load_config
+
+    cfg = load_config(args.config, args.overrides)  # before the heavy imports: config mistakes fail fast
+    from cluster.trainer import Trainer
+
+    summary = Trainer(cfg).run()
+    print(f"done: run dir {summary['run_dir']}, checkpoint {summary['checkpoint']}, HF model {summary['hf_model']}")
+    if summary.get("before") and summary.get("after"):
+        print(f"held-out accuracy: {summary['before']['accuracy']:.3f} -> {summary['after']['accuracy']:.3f}")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    """Submit `raygrpo train` as a Ray job: the project is the working directory (uploaded)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from cluster.config import load_config
+
+    config = Path(args.config).resolve()
+    try:
+        rel = config.relative_to(PROJECT_ROOT)
+    except ValueError:
+        print(f"error: {config} is outside the project directory {PROJECT_ROOT}; the job uploads only the project, "
+              "so put the config inside it (e.g. examples/)", file=sys.stderr)
+        return 2
+    load_config(config, args.overrides, validate_paths=False)  # catch config mistakes before uploading anything
+    client = JobSubmissionClient(args.address)
+    # ray.address=auto: the job's driver joins the cluster it runs on instead of starting its own
+    entrypoint = " ".join(["python", "-m", "cluster.cli", "train", str(rel), *map(_shell_quote, args.overrides),
+                           "ray.address=auto"])
+    job_id = client.submit_job(
+        entrypoint=entrypoint, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SUBMIT_EXCLUDES})
+    print(f"submitted job {job_id} to {args.address}")
+    print(f"  logs:   ray job logs --address {args.address} -f {job_id}")
+    print(f"  status: ray job status --address {args.address} {job_id}")
+    if args.no_wait:
+        return 0
+    seen = 0
+    while True:
+        status = client.get_job_status(job_id)
+        logs = client.get_job_logs(job_id)
+        sys.stdout.write(logs[seen:])
+        sys.stdout.flush()
+        seen = len(logs)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            print(f"job {job_id}: {status.value}")
+            return 0 if status == JobStatus.SUCCEEDED else 1
+        time.sleep(2)
+
+
+def _shell_quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def cmd_export(args) -> int:
+    from learner.checkpoint import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out_dir)
+    print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM)")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from cluster.metrics import plot_run
+
+    for p in plot_run(args.run_dir):
+        print(p)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from cluster.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_bench(args) -> int:
+    from cluster.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raygrpo", description="GRPO training on Ray: vLLM rollouts, DeepSpeed-ZeRO learner.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train from a YAML config (+ dotted overrides)",
+                       description="Train with GRPO. Starts an embedded Ray cluster unless ray.address is set "
+                       "(ray.address=auto joins the local node's cluster). Resumes from the run dir's latest "
+                       "complete checkpoint by default (checkpoint.resume=auto|none|PATH).")
+    t.add_argument("config", help="YAML config, e.g. examples/cpu_demo.yaml")
+    t.add_argument("overrides", nargs="*", help=_overrides_help())
+    t.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("submit", help="submit `train` as a job to a Ray cluster",
+                       description="Submit a training run through Ray's Job Submission API. The project directory "
+                       f"is uploaded as the job's working dir (excluding {', '.join(SUBMIT_EXCLUDES)}); the cluster's "
+                       "Python needs this package's dependencies installed (see docker/). Follows the logs until the "
+                       "job ends unless --no-wait.")
+    s.add_argument("config", help="YAML config inside the project directory")
+    s.add_argument("overrides", nargs="*", help=_overrides_help())
+    s.add_argument("--address", required=True, help="the head's dashboard address, e.g. http://127.0.0.1:8265")
+    s.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
+    s.set_defaults(fn=cmd_submit)
+
+    e = sub.add_parser("export", help="write a checkpoint as a plain HF model directory",
+                       description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "
+                       "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
+    e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
+    e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer)")
+    e.set_defaults(fn=cmd_export)
+
+    pl = sub.add_parser("plot", help="PNG curves of a run: reward, KL, step time split",
+                        description="Reads RUN_DIR/metrics.jsonl; writes reward.png, kl.png, step_time.png there.")
+    pl.add_argument("run_dir", help="a run directory written by `raygrpo train` (holds metrics.jsonl)")
+    pl.set_defaults(fn=cmd_plot)
+
+    d = sub.add_parser("demo", help="build a small model and show GRPO learning 2-digit addition on CPU",
+                       description="Builds (or reuses) a small Qwen2 model offline, warm-starts it briefly on the task "
+                       "format, then trains it with GRPO through the full system (Ray, vLLM, DeepSpeed, reference "
+                       "actor, weight sync every step) and prints held-out accuracy before and after.")
+    d.add_argument("--run-dir", default="runs/demo")
+    d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo config's)")
+    d.add_argument("--cache-dir", default=".cache/demo", help="where the base model and warm start are cached")
+    d.add_argument("overrides", nargs="*", help=_overrides_help())
+    d.set_defaults(fn=cmd_demo)
+
+    b = sub.add_parser("bench", help="measure throughput, sync cost, schedules, ZeRO stages; compare with TRL",
+                       description="Prints a table and writes it as JSON (see docs/benchmarks.md).")
+    b.add_argument("--hidden-size", type=int, default=128)
+    b.add_argument("--num-layers", type=int, default=4)
+    b.add_argument("--steps", type=int, default=5)
+    b.add_argument("--out", default="runs/bench/bench.json")
+    b.add_argument("--skip-trl", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cluster.config import ConfigError
+    from cluster.data import DataError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, DataError, FileNotFoundError, FileExistsError) as e:
+        _report(e, "error")
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; the last complete checkpoint is kept, `raygrpo train` with the same config resumes from it",
+              file=sys.stderr)
+        return 130
+    except Exception as e:  # a run that failed: say what, keep what was written
+        _report(e, "run failed")
+        return 1
+
+
+def _report(e: BaseException, prefix: str) -> None:
+    if os.environ.get("RAYGRPO_DEBUG"):
+        import traceback
+
+        traceback.print_exc()
+    msg = str(e)
+    # Ray wraps an actor's exception in RayTaskError: show the original message, not the wrapper's dump
+    cause = getattr(e, "cause", None)
+    if cause is not None and str(cause):
+        msg = f"{type(cause).__name__}: {cause}"
+    print(f"raygrpo: {prefix}: {msg}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

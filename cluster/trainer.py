@@ -1,0 +1,280 @@
+"""The driver loop: one GRPO step is generate -> score -> advantages -> reference -> train -> sync.
+
+Sync and async schedules share this code. A batch is collected by `_collect` (generation +
+rewards) in a background thread; the sync schedule waits for it right away, the async one
+starts collecting step k+1 before training step k, so generation overlaps training and each
+batch is one weight version old (`max_staleness` bounds how old it may be).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from actors.rewards import RewardScorer, exact_match
+from cluster import launch
+from cluster.config import RunConfig, save_config
+from cluster.data import Example, PromptStream, load_splits
+from cluster.metrics import MetricsLogger
+from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
+from learner import checkpoint
+from learner.batch import TrainBatch
+from learner.grpo import group_advantages
+
+
+@dataclass
+class Batch:
+    """One step's groups, kept prompt-major: group g is completions[g*G:(g+1)*G]."""
+
+    examples: list[Example]
+    prompt_ids: list[list[int]]  # one per completion
+    completion_ids: list[list[int]]
+    behavior_logp: list[list[float]]
+    rewards: list[float]
+    weight_version: int  # the oldest version that generated any of it
+    stream_state: dict  # data position before this batch was taken (what a checkpoint must record)
+    stats: dict = field(default_factory=dict)
+
+
+def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
+    """Per-request vLLM seed: generation is reproducible across restarts and resumes."""
+    return (seed * 1_000_003 + step * 10_007 + round_ * 101 + i) % (2**31)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        t = cfg.trainer
+        self.run_dir = Path(t.run_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        train_set, self.heldout = load_splits(cfg.data.train, cfg.data.eval, cfg.data.num_eval, cfg.data.task_digits, t.seed)
+        self.stream = PromptStream(train_set, t.seed)
+        self.scorer = RewardScorer(cfg.reward)  # unknown reward names / files fail here, before any actor
+        self.step = self.version = 0
+        self.learner_restarts = 0
+        self._learner_lock = threading.Lock()  # a rollout restart re-syncs weights: not while training
+        self._collector = ThreadPoolExecutor(1, thread_name_prefix="collect")
+
+    # ------------------------------------------------------------------ the story of a run
+    def run(self) -> dict:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.cfg, self.run_dir / "config.yaml")
+        while True:
+            try:
+                self._setup()
+                return self._train()
+            except launch.ActorFailed as e:
+                if not (e.died and e.actor.startswith("learner")) or self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
+                    raise
+                self.learner_restarts += 1
+                print(f"{e}; restarting every actor and resuming from the last checkpoint "
+                      f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
+                self._teardown()
+            finally:
+                self.log.close() if hasattr(self, "log") else None
+
+    def _train(self) -> dict:
+        cfg, t = self.cfg, self.cfg.trainer
+        self.log = MetricsLogger(self.run_dir, t.steps, self.step, tensorboard=cfg.metrics.tensorboard,
+                                 wandb=cfg.metrics.wandb, wandb_project=cfg.metrics.wandb_project, config=cfg.to_dict())
+        before = self.evaluate() if self.step == 0 and self.heldout else None
+        pending: Future | None = None
+        while self.step < t.steps:
+            sw, t0 = Stopwatch(), time.perf_counter()
+            with sw("wait_gen"):
+                batch = (pending or self._collect_async(self.step)).result()
+            pending = None
+            if self.version - batch.weight_version > t.max_staleness:  # too old to train on: regenerate
+                batch = self._collect_async(self.step).result()
+            if t.mode == "async" and self.step + 1 < t.steps:
+                pending = self._collect_async(self.step + 1)  # overlaps the training below
+            with self._learner_lock:
+                m = self._learn(batch, sw)
+            self.step += 1
+            sw.t["step_s"] = time.perf_counter() - t0
+            self.log.log_step(self._step_metrics(batch, m, sw))
+            if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps and self.heldout:
+                self.evaluate()
+            if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < t.steps:
+                self.save_checkpoint(pending=pending)
+        after = self.evaluate() if self.heldout else None
+        final = self.save_checkpoint()
+        self.learners.export_hf(str(self.run_dir / "hf_model"))
+        self._teardown()
+        return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
+                "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts}
+
+    def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
+        """Steps 4-7: advantages, reference log-probs, the DeepSpeed update, the weight broadcast."""
+        algo, G = self.cfg.algo, self.cfg.trainer.group_size
+        advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float64), G, algo.advantage_estimator)
+        ref_logp = None
+        if self.actors.reference is not None:
+            with sw("ref"):
+                ref_logp = launch.wait_for(
+                    self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
+                    "reference actor", "computing reference log-probs", self.cfg.trainer.actor_timeout_s)
+        with sw("train"):
+            m = self.learners.train(TrainBatch(
+                prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=advantages.tolist(),
+                behavior_logp=batch.behavior_logp, ref_logp=ref_logp, pad_id=self.pad_id))
+        with sw("sync"):
+            self.version += 1
+            m["sync"] = self.learners.sync_weights(self.version)
+        return m
+
+    # ------------------------------------------------------------------ collecting a batch
+    def _collect_async(self, step: int) -> Future:
+        return self._collector.submit(self._collect, step)
+
+    def _collect(self, step: int) -> Batch:
+        """Steps 1-3: prompts -> G completions each -> rewards. With DAPO dynamic sampling, groups whose
+        rewards are all equal carry no signal: drop them and refill from more prompts, up to a cap."""
+        t = self.cfg.trainer
+        G, want = t.group_size, t.prompts_per_step
+        state = self.stream.state()
+        kept: list[tuple[Example, object, list[float]]] = []
+        stats = {"gen_tokens": 0, "gen_s": 0.0, "reward_s": 0.0, "reward_errors": 0, "zero_var_groups": 0,
+                 "skipped_prompts": 0, "extra_prompts": 0, "all_rewards": []}
+        round_, extra_budget = 0, (t.max_extra_prompts if t.dynamic_sampling else 0)
+        while len(kept) < want:
+            n = want if round_ == 0 else min(want - len(kept), extra_budget)
+            if n <= 0:
+                break
+            if round_:
+                extra_budget -= n
+                stats["extra_prompts"] += n
+            examples = self.stream.take(n)
+            sw = Stopwatch()
+            with sw("gen"):
+                rollouts = self.pool.generate([e.prompt for e in examples], G,
+                                              [sample_seed(t.seed, step, round_, i) for i in range(n)])
+            with sw("reward"):
+                for ex, ro in zip(examples, rollouts):
+                    if ro.skipped:
+                        stats["skipped_prompts"] += 1
+                        continue
+                    res = self.scorer.score(
+                        [ex.prompt] * G, [c.text for c in ro.completions],
+                        [{**ex.fields, "_num_tokens": len(c.token_ids), "_max_new_tokens": self.cfg.rollout.max_new_tokens}
+                         for c in ro.completions])
+                    stats["reward_errors"] += res.errors
+                    stats["all_rewards"] += res.rewards
+                    stats["gen_tokens"] += sum(len(c.token_ids) for c in ro.completions)
+                    if max(res.rewards) == min(res.rewards):
+                        stats["zero_var_groups"] += 1
+                        if t.dynamic_sampling:
+                            continue
+                    kept.append((ex, ro, res.rewards))
+            stats["gen_s"] += sw.t["gen_s"]
+            stats["reward_s"] += sw.t["reward_s"]
+            round_ += 1
+        # every learner rank needs the same number of sequences
+        ranks = self.cfg.learner.num_ranks
+        while kept and (len(kept) * G) % ranks:
+            kept.pop()
+        return Batch(
+            examples=[ex for ex, _, _ in kept],
+            prompt_ids=[ro.prompt_ids for _, ro, _ in kept for _ in range(G)],
+            completion_ids=[c.token_ids for _, ro, _ in kept for c in ro.completions],
+            behavior_logp=[c.logprobs for _, ro, _ in kept for c in ro.completions],
+            rewards=[r for _, _, rs in kept for r in rs],
+            weight_version=min((ro.weight_version for _, ro, _ in kept), default=self.version),
+            stream_state=state, stats=stats)
+
+    def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
+        s = batch.stats
+        rewards = torch.tensor(s["all_rewards"] or [float("nan")], dtype=torch.float64)
+        sync = m.pop("sync", {})
+        return {
+            "step": self.step, "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+            "reward_errors": s["reward_errors"], "kl": m.get("kl", float("nan")), "loss": m.get("loss", float("nan")),
+            "clip_frac": m.get("clip_frac", float("nan")), "entropy": m.get("entropy", float("nan")),
+            "grad_norm": m.get("grad_norm", float("nan")), "lr": m.get("lr", float("nan")),
+            "gen_tokens": s["gen_tokens"], "gen_s": s["gen_s"], "reward_s": s["reward_s"],
+            "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
+            "step_s": sw.t["step_s"], "weight_version": self.version,
+            "staleness": self.version - 1 - batch.weight_version, "zero_var_groups": s["zero_var_groups"],
+            "skipped_prompts": s["skipped_prompts"], "extra_prompts": s["extra_prompts"],
+            "trained_groups": len(batch.examples), "rollout_restarts": self.pool.restarts,
+            "update_skipped": m.get("skipped", False), "sync_bytes": sync.get("bytes", 0),
+            "pg_loss": m.get("pg_loss", float("nan")), "ratio_mean": m.get("ratio_mean", float("nan")),
+        }
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict:
+        """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = exact match of the
+        `answer` field when the data has one, else a positive configured reward."""
+        t, ex = self.cfg.trainer, self.heldout
+        greedy = self.pool.generate([e.prompt for e in ex], 1, [0] * len(ex), greedy=True)
+        sampled = self.pool.generate([e.prompt for e in ex], t.eval_pass_k,
+                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))])
+
+        def correct(e: Example, text: str) -> bool:
+            if "answer" in e.fields:
+                return exact_match(e.prompt, text, **e.fields) == 1.0
+            return self.scorer.score([e.prompt], [text], [e.fields]).rewards[0] > 0
+
+        ok = [bool(g.completions) and correct(e, g.completions[0].text) for e, g in zip(ex, greedy)]
+        passk = [any(correct(e, c.text) for c in s.completions) for e, s in zip(ex, sampled)]
+        m = {"accuracy": sum(ok) / len(ex), f"pass@{t.eval_pass_k}": sum(passk) / len(ex), "num_prompts": len(ex)}
+        self.log.log_eval(self.step, m)
+        return m
+
+    # ------------------------------------------------------------------ actors, checkpoints
+    def _setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        self.pad_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id or 0
+        launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
+        self.actors = launch.create_actors(cfg, with_reference=cfg.algo.beta > 0)
+        self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
+        self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
+        self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart)
+        self.backend = cfg.rollout.weight_transfer_backend
+        if self.backend == "auto":
+            self.backend = "nccl" if cfg.rollout.num_gpus > 0 else "gloo"
+        self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb)
+        self._resume()
+
+    def _resync_after_restart(self, worker_index: int) -> None:
+        """A restarted engine holds the base weights: rebuild the transfer group and send the current ones."""
+        print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
+        with self._learner_lock:
+            self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb)
+            self.learners.sync_weights(self.version)
+
+    def _resume(self) -> None:
+        mode = self.cfg.checkpoint.resume
+        path = None if mode == "none" else (checkpoint.latest_complete(self.ckpt_root) if mode == "auto" else Path(mode))
+        if path is None:
+            return
+        state = checkpoint.load_driver_state(path)
+        self.learners.load(str(path), checkpoint.LEARNER_TAG)
+        self.step, self.version = state["step"], state["weight_version"]
+        self.stream.load_state(state["data"])
+        checkpoint.set_rng_state(state["rng"])
+        self.learners.sync_weights(self.version)
+        print(f"resumed from {path} at step {self.step}", flush=True)
+
+    def save_checkpoint(self, pending: Future | None = None) -> Path:
+        """Learner state + everything the driver needs to continue exactly (data position, RNG, versions)."""
+        # async: the next batch's prompts are already taken; record the position before them
+        data_state = pending.result().stream_state if pending is not None else self.stream.state()
+        tmp = checkpoint.begin(self.ckpt_root, self.step)
+        self.learners.save(str(tmp), checkpoint.LEARNER_TAG)
+        driver_state = {"step": self.step, "weight_version": self.version,
+                        "data": data_state, "rng": checkpoint.rng_state(),
+                        "config": self.cfg.to_dict()}
+        return checkpoint.commit(tmp, self.ckpt_root, self.step, driver_state, keep=self.cfg.checkpoint.keep)
+
+    def _teardown(self) -> None:
+        if getattr(self, "actors", None) is not None:
+            launch.shutdown_actors(self.actors)
+            self.actors = None

@@ -1,0 +1,109 @@
+"""A short supervised warm start on a task's format, so GRPO starts from a model that is
+sometimes right (a random model never is, and then every group's rewards are equal).
+
+Plain torch, one process: teacher-forced cross-entropy on `prompt + answer + <eos>`, loss on
+the answer tokens only. It runs for a fixed number of steps (not a time budget) so the
+starting accuracy does not depend on machine load, and the result is cached by its spec.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from cluster.data import Example
+
+SPEC_FILE = "raygrpo_warmstart_spec.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartSpec:
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 1e-3
+    seed: int = 0
+
+
+def _encode(tok, examples: list[Example]):
+    import torch
+
+    seqs, masks = [], []
+    for e in examples:
+        p = tok(e.prompt, add_special_tokens=False)["input_ids"]
+        a = tok(e.fields["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        seqs.append(p + a)
+        masks.append([0] * len(p) + [1] * len(a))
+    n = max(map(len, seqs))
+    ids = torch.full((len(seqs), n), tok.pad_token_id)
+    lab = torch.zeros((len(seqs), n), dtype=torch.bool)
+    att = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        ids[i, : len(s)], lab[i, : len(m)], att[i, : len(s)] = torch.tensor(s), torch.tensor(m, dtype=torch.bool), 1
+    return ids, att, lab
+
+
+def greedy_accuracy(model, tok, examples: list[Example], max_new_tokens: int = 8) -> float:
+    """Fraction of prompts whose greedy completion's final number equals the answer (HF generate)."""
+    import torch
+
+    from actors.rewards import exact_match
+
+    tok.padding_side = "left"
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(examples), 64):
+            chunk = examples[i : i + 64]
+            enc = tok([e.prompt for e in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)
+            for e, row in zip(chunk, out[:, enc["input_ids"].shape[1]:]):
+                correct += exact_match(e.prompt, tok.decode(row, skip_special_tokens=True), **e.fields) == 1.0
+    return correct / len(examples)
+
+
+def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: list[Example],
+               spec: WarmStartSpec = WarmStartSpec(), progress: bool = True) -> Path:
+    """Fine-tune `base_dir` on `train` for spec.steps; write (or reuse) `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out_dir)
+    key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train)}, sort_keys=True)
+    if (out / SPEC_FILE).exists() and (out / SPEC_FILE).read_text() == key:
+        return out
+    torch.manual_seed(spec.seed)
+    rng = random.Random(spec.seed)
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))  # short warm-up
+    steps = range(spec.steps)
+    if progress:
+        from tqdm import tqdm
+
+        steps = tqdm(steps, desc="warm start (supervised)", unit="step", disable=None)
+    for _ in steps:
+        ids, att, lab = _encode(tok, rng.sample(train, spec.batch_size))
+        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
+        target, mask = ids[:, 1:], lab[:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits[mask], target[mask])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / SPEC_FILE).write_text(key)
+    os.replace(tmp, out)
+    return out

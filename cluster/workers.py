@@ -1,0 +1,107 @@
+"""Driver-side handles on the worker groups: a few coarse calls each, every wait bounded.
+
+`RolloutPool` splits prompts across engines and survives an engine dying mid-call (Ray
+restarts it; the pool re-syncs its weights and re-sends exactly the prompts it lost).
+`LearnerGroup` fans each call out to every DeepSpeed rank (collectives need them all).
+"""
+from __future__ import annotations
+
+import time
+
+from actors.rollout import PromptRollout, split_evenly
+from cluster.launch import ActorFailed, free_port, wait_for, wait_restarted
+from learner.batch import TrainBatch
+
+
+class LearnerGroup:
+    def __init__(self, handles: list, timeout_s: float):
+        self.handles, self.timeout_s = handles, timeout_s
+
+    def _all(self, method: str, what: str, *args, timeout_s: float | None = None, **kwargs) -> list:
+        refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
+        return [wait_for(ref, f"learner rank {rank}", what, timeout_s or self.timeout_s) for rank, ref in enumerate(refs)]
+
+    def train(self, batch: TrainBatch) -> dict:
+        import ray
+
+        ref = ray.put(batch)  # one copy in the object store, read by every rank
+        return self._all("train_step", "training a step", ref)[0]
+
+    def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int) -> None:
+        import ray
+
+        init_info = {"backend": backend, "master_address": ray.util.get_node_ip_address(),
+                     "master_port": free_port(), "bucket_mb": bucket_mb}
+        self._all("init_weight_sync", "connecting to the rollout engines", rollout_handles, init_info)
+
+    def sync_weights(self, version: int) -> dict:
+        return self._all("sync_weights", f"sending weights version {version} to the engines", version)[0]
+
+    def save(self, path: str, tag: str) -> None:
+        self._all("save_checkpoint", f"saving checkpoint {tag}", path, tag)
+
+    def load(self, path: str, tag: str) -> None:
+        self._all("load_checkpoint", f"loading checkpoint {tag}", path, tag)
+
+    def export_hf(self, out_dir: str) -> None:
+        self._all("export_hf", f"exporting the model to {out_dir}", out_dir)
+
+
+class RolloutPool:
+    def __init__(self, handles: list, timeout_s: float, on_restart):
+        """`on_restart(worker_index)` is called after a worker came back, before its prompts are re-sent
+        (the driver re-syncs weights there)."""
+        self.handles, self.timeout_s, self.on_restart = handles, timeout_s, on_restart
+        self.restarts = 0
+
+    def generate(self, prompts: list[str], group_size: int, seeds: list[int], greedy: bool = False,
+                 max_new_tokens: int | None = None) -> list[PromptRollout]:
+        """Every prompt's rollouts, in the original order; an engine that dies loses nothing."""
+        shares = split_evenly(list(range(len(prompts))), len(self.handles))
+        results: dict[int, PromptRollout] = {}
+        pending = {w: idx for w, idx in enumerate(shares) if idx}
+        while pending:
+            refs = {
+                w: self.handles[w].generate.remote([prompts[i] for i in idx], group_size, [seeds[i] for i in idx],
+                                                   greedy, max_new_tokens)
+                for w, idx in pending.items()
+            }
+            failed = {}
+            for w, ref in refs.items():
+                try:
+                    out = wait_for(ref, f"rollout worker {w}", f"generating {len(pending[w])} prompts", self.timeout_s)
+                except ActorFailed as e:
+                    if not e.died:
+                        raise
+                    failed[w] = pending[w]
+                    continue
+                results.update(zip(pending[w], out))
+            for w in failed:
+                self.restarts += 1
+                wait_restarted(self.handles[w], f"rollout worker {w}", self.timeout_s)
+                self.on_restart(w)
+            pending = failed  # re-send exactly the prompts the dead engine held
+        return [results[i] for i in range(len(prompts))]
+
+    def versions(self) -> list[int]:
+        return [int(wait_for(h.get_weight_version.remote(), f"rollout worker {w}", "reporting its weight version",
+                             self.timeout_s)) for w, h in enumerate(self.handles)]
+
+
+class Stopwatch:
+    """`with sw("gen"): ...` adds the seconds to sw.t["gen_s"]."""
+
+    def __init__(self):
+        self.t: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        sw = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                sw.t[f"{name}_s"] = sw.t.get(f"{name}_s", 0.0) + time.perf_counter() - self.t0
+
+        return _Ctx()

@@ -1,0 +1,44 @@
+import subprocess
+import sys
+
+import pytest
+
+from cluster.cli import build_parser, main
+
+COMMANDS = ["train", "submit", "export", "plot", "demo", "bench"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_useful_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"raygrpo {command}" in out and len(out) > 200
+
+
+def test_console_script_is_installed():
+    out = subprocess.run([sys.executable, "-m", "cluster.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and all(c in out.stdout for c in COMMANDS)
+
+
+def test_broken_config_is_one_clear_error_and_exit_2(tmp_path, capsys):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("trainer:\n  group_size: 1\n  stepz: 3\nmodel:\n  path: /nonexistent\n")
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key trainer.stepz" in err and "Traceback" not in err
+
+
+def test_missing_model_dir_exit_2(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model:\n  path: {tmp_path}/no-model\n")
+    assert main(["train", str(cfg)]) == 2
+    assert "is not a model directory" in capsys.readouterr().err
+
+
+def test_submit_refuses_a_config_outside_the_project(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("{}\n")
+    assert main(["submit", str(cfg), "--address", "http://127.0.0.1:1"]) == 2
+    assert "outside the project directory" in capsys.readouterr().err
