@@ -14,11 +14,19 @@ class RolloutConfig:
     max_model_len: int = 256  # prompt + completion tokens the engine accepts
     max_new_tokens: int = 32
     gpu_memory_utilization: float = 0.1  # on CPU vLLM reads this as the fraction of RAM for KV cache
+    # CPU only: an explicit KV-cache size. vLLM-CPU's gpu_memory_utilization must cover the whole
+    # process (its ~0.7 GiB RSS included), which breaks in small fractions; a fixed size does not,
+    # and it also skips the warm-up pass at start (eager mode). 0: use gpu_memory_utilization.
+    cpu_kv_cache_mb: int = 256
     seed: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     stop: list[str] = field(default_factory=list)
+    # What the behaviour log-probs are: "raw_logprobs" = log-softmax of the model's logits (what the
+    # learner recomputes), "processed_logprobs" = after temperature/top-k/top-p (the distribution
+    # actually sampled from). Only differs from raw when temperature != 1 or top-k/top-p are set.
+    logprobs_mode: str = "raw_logprobs"
     long_prompt: str = "skip"  # a prompt longer than max_model_len - max_new_tokens: "skip" (counted) or "error"
     weight_transfer_backend: str = "auto"  # auto: "gloo" on CPU (ours), "nccl" on GPU (vLLM's)
     bucket_mb: int = 64  # size of the packed buffers the weights travel in
@@ -45,6 +53,10 @@ class RolloutConfig:
             p.append(f"rollout.weight_transfer_backend must be auto|gloo|nccl, got {self.weight_transfer_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             p.append(f"rollout.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
+        if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            p.append(f"rollout.logprobs_mode must be raw_logprobs|processed_logprobs, got {self.logprobs_mode!r}")
+        if self.cpu_kv_cache_mb < 0:
+            p.append(f"rollout.cpu_kv_cache_mb must be >= 0, got {self.cpu_kv_cache_mb}")
         if self.tensor_parallel_size < 1:
             p.append(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         return p

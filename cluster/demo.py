@@ -7,6 +7,7 @@ rollout worker, DeepSpeed learner, reference actor, weight sync after every step
 """
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ DEMO_CONFIG = PROJECT_ROOT / "examples" / "cpu_demo.yaml"
 # Chosen so GRPO has room to improve: big enough to learn 2-digit addition, warm start short
 # enough that the starting accuracy is well below the ceiling (see docs/STATUS.md).
 DEMO_MODEL = TinyModelSpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, seed=0)
-DEMO_WARM_START = WarmStartSpec(steps=1000, batch_size=64, lr=1e-3, seed=0)
+DEMO_WARM_START = WarmStartSpec(steps=900, batch_size=64, lr=1e-3, seed=0)
 
 
 def run_demo(args) -> int:
@@ -39,6 +40,8 @@ def run_demo(args) -> int:
     warm = warm_start(base, cache / f"warm-{DEMO_WARM_START.steps}", train_set, DEMO_WARM_START)
     print(f"[2/4] warm-started model (supervised, {DEMO_WARM_START.steps} steps, cached): {warm}")
     cfg = load_config(DEMO_CONFIG, [f"model.path={warm}", *overrides])
+    if Path(cfg.trainer.run_dir).exists():  # a demo starts fresh; a real run would resume from its checkpoint
+        shutil.rmtree(cfg.trainer.run_dir)
     print(f"[3/4] GRPO: {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x G={cfg.trainer.group_size}, "
           f"run dir {cfg.trainer.run_dir}")
     summary = Trainer(cfg).run()

@@ -7,6 +7,7 @@ batch is one weight version old (`max_staleness` bounds how old it may be).
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,27 +56,34 @@ class Trainer:
         self.stream = PromptStream(train_set, t.seed)
         self.scorer = RewardScorer(cfg.reward)  # unknown reward names / files fail here, before any actor
         self.step = self.version = 0
+        self.engine_version = 0  # the version every engine is known to hold (set after each sync)
         self.learner_restarts = 0
-        self._learner_lock = threading.Lock()  # a rollout restart re-syncs weights: not while training
+        self._learner_lock = threading.RLock()  # a rollout restart re-syncs weights: not while training
         self._collector = ThreadPoolExecutor(1, thread_name_prefix="collect")
 
     # ------------------------------------------------------------------ the story of a run
     def run(self) -> dict:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(self.cfg, self.run_dir / "config.yaml")
-        while True:
-            try:
-                self._setup()
-                return self._train()
-            except launch.ActorFailed as e:
-                if not (e.died and e.actor.startswith("learner")) or self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
-                    raise
-                self.learner_restarts += 1
-                print(f"{e}; restarting every actor and resuming from the last checkpoint "
-                      f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
-                self._teardown()
-            finally:
-                self.log.close() if hasattr(self, "log") else None
+        try:
+            while True:
+                try:
+                    self._setup()
+                    return self._train()
+                except launch.ActorFailed as e:
+                    if not (e.died and e.actor.startswith("learner")) or \
+                            self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
+                        raise
+                    self.learner_restarts += 1
+                    print(f"{e}; restarting every actor and resuming from the last checkpoint "
+                          f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
+                    self._teardown()
+        finally:
+            self._teardown()
+            self.scorer.close()
+            self._collector.shutdown(wait=False, cancel_futures=True)
+            if getattr(self, "log", None) is not None:
+                self.log.close()
 
     def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
@@ -111,6 +119,8 @@ class Trainer:
     def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
         """Steps 4-7: advantages, reference log-probs, the DeepSpeed update, the weight broadcast."""
         algo, G = self.cfg.algo, self.cfg.trainer.group_size
+        if not batch.examples:  # dynamic sampling found no group with a learning signal: nothing to train on
+            return {"skipped": True}
         advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float64), G, algo.advantage_estimator)
         ref_logp = None
         if self.actors.reference is not None:
@@ -121,11 +131,23 @@ class Trainer:
         with sw("train"):
             m = self.learners.train(TrainBatch(
                 prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=advantages.tolist(),
-                behavior_logp=batch.behavior_logp, ref_logp=ref_logp, pad_id=self.pad_id))
+                behavior_logp=batch.behavior_logp, ref_logp=ref_logp, pad_id=self.pad_id,
+                max_new_tokens=self.cfg.rollout.max_new_tokens))
         with sw("sync"):
             self.version += 1
-            m["sync"] = self.learners.sync_weights(self.version)
+            m["sync"] = self._sync_weights()
         return m
+
+    def _sync_weights(self) -> dict:
+        """Broadcast the learner's weights; an engine that died during it is revived and re-synced."""
+        try:
+            out = self.learners.sync_weights(self.version)
+        except Exception:
+            if not self.pool.restarted_workers():  # not a rollout crash: a real error
+                raise
+            out = {"bytes": 0}  # _resync_after_restart has sent the weights to every engine
+        self.engine_version = self.version
+        return out
 
     # ------------------------------------------------------------------ collecting a batch
     def _collect_async(self, step: int) -> Future:
@@ -139,7 +161,7 @@ class Trainer:
         state = self.stream.state()
         kept: list[tuple[Example, object, list[float]]] = []
         stats = {"gen_tokens": 0, "gen_s": 0.0, "reward_s": 0.0, "reward_errors": 0, "zero_var_groups": 0,
-                 "skipped_prompts": 0, "extra_prompts": 0, "all_rewards": []}
+                 "skipped_prompts": 0, "extra_prompts": 0, "all_rewards": [], "failed_groups": 0}
         round_, extra_budget = 0, (t.max_extra_prompts if t.dynamic_sampling else 0)
         while len(kept) < want:
             n = want if round_ == 0 else min(want - len(kept), extra_budget)
@@ -152,17 +174,19 @@ class Trainer:
             sw = Stopwatch()
             with sw("gen"):
                 rollouts = self.pool.generate([e.prompt for e in examples], G,
-                                              [sample_seed(t.seed, step, round_, i) for i in range(n)])
+                                              [sample_seed(t.seed, step, round_, i) for i in range(n)],
+                                              expected_version=self.engine_version)
             with sw("reward"):
                 for ex, ro in zip(examples, rollouts):
                     if ro.skipped:
                         stats["skipped_prompts"] += 1
                         continue
-                    res = self.scorer.score(
-                        [ex.prompt] * G, [c.text for c in ro.completions],
-                        [{**ex.fields, "_num_tokens": len(c.token_ids), "_max_new_tokens": self.cfg.rollout.max_new_tokens}
-                         for c in ro.completions])
+                    res = self.scorer.score([ex.prompt] * G, ro.completions, [ex.fields] * G,
+                                            max_new_tokens=self.cfg.rollout.max_new_tokens)
                     stats["reward_errors"] += res.errors
+                    if res.errors and all(any(math.isnan(v[i]) for v in res.per_function.values()) for i in range(G)):
+                        stats["failed_groups"] += 1
+                        stats["error_samples"] = stats.get("error_samples") or res.error_samples
                     stats["all_rewards"] += res.rewards
                     stats["gen_tokens"] += sum(len(c.token_ids) for c in ro.completions)
                     if max(res.rewards) == min(res.rewards):
@@ -170,6 +194,12 @@ class Trainer:
                         if t.dynamic_sampling:
                             continue
                     kept.append((ex, ro, res.rewards))
+            scored = len(stats["all_rewards"]) // G
+            if scored and stats["failed_groups"] == scored:  # training on fallback rewards only teaches nothing
+                raise RuntimeError(
+                    f"every reward call failed at step {step + 1} ({stats['reward_errors']} errors), e.g. "
+                    f"{'; '.join(stats['error_samples'][:2])}. Fix the reward function(s) {self.cfg.reward.functions}; "
+                    f"metrics and checkpoints so far are in {self.run_dir}")
             stats["gen_s"] += sw.t["gen_s"]
             stats["reward_s"] += sw.t["reward_s"]
             round_ += 1
@@ -211,9 +241,11 @@ class Trainer:
         """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = exact match of the
         `answer` field when the data has one, else a positive configured reward."""
         t, ex = self.cfg.trainer, self.heldout
-        greedy = self.pool.generate([e.prompt for e in ex], 1, [0] * len(ex), greedy=True)
+        greedy = self.pool.generate([e.prompt for e in ex], 1, [0] * len(ex), greedy=True,
+                                    expected_version=self.engine_version)
         sampled = self.pool.generate([e.prompt for e in ex], t.eval_pass_k,
-                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))])
+                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))],
+                                     expected_version=self.engine_version)
 
         def correct(e: Example, text: str) -> bool:
             if "answer" in e.fields:
@@ -236,19 +268,23 @@ class Trainer:
         self.actors = launch.create_actors(cfg, with_reference=cfg.algo.beta > 0)
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
-        self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart)
+        self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
+                                [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
         self.backend = cfg.rollout.weight_transfer_backend
         if self.backend == "auto":
             self.backend = "nccl" if cfg.rollout.num_gpus > 0 else "gloo"
-        self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb)
+        self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
+                                       cfg.rollout.tensor_parallel_size)
         self._resume()
 
     def _resync_after_restart(self, worker_index: int) -> None:
         """A restarted engine holds the base weights: rebuild the transfer group and send the current ones."""
         print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
         with self._learner_lock:
-            self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb)
+            self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb,
+                                           self.cfg.rollout.tensor_parallel_size)
             self.learners.sync_weights(self.version)
+            self.engine_version = self.version
 
     def _resume(self) -> None:
         mode = self.cfg.checkpoint.resume
@@ -261,6 +297,7 @@ class Trainer:
         self.stream.load_state(state["data"])
         checkpoint.set_rng_state(state["rng"])
         self.learners.sync_weights(self.version)
+        self.engine_version = self.version
         print(f"resumed from {path} at step {self.step}", flush=True)
 
     def save_checkpoint(self, pending: Future | None = None) -> Path:

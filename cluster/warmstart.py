@@ -75,6 +75,19 @@ def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: l
     key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train)}, sort_keys=True)
     if (out / SPEC_FILE).exists() and (out / SPEC_FILE).read_text() == key:
         return out
+    # One thread: the result (and so the demo's starting accuracy) must not depend on the core count.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_and_save(base_dir, out, train, spec, key, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSpec, key: str, progress: bool) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
     tok = AutoTokenizer.from_pretrained(base_dir)

@@ -27,12 +27,17 @@ class LearnerGroup:
         ref = ray.put(batch)  # one copy in the object store, read by every rank
         return self._all("train_step", "training a step", ref)[0]
 
-    def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int) -> None:
+    def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int, tensor_parallel: int) -> None:
+        """(Re)build the transfer group: the sender (learner rank 0) + every vLLM worker of every engine."""
         import ray
 
-        init_info = {"backend": backend, "master_address": ray.util.get_node_ip_address(),
-                     "master_port": free_port(), "bucket_mb": bucket_mb}
-        self._all("init_weight_sync", "connecting to the rollout engines", rollout_handles, init_info)
+        info = {"backend": backend, "master_address": ray.util.get_node_ip_address(), "master_port": free_port(),
+                "world_size": 1 + len(rollout_handles) * tensor_parallel}
+        if backend == "gloo":
+            info |= {"bucket_bytes": bucket_mb << 20, "timeout_s": self.timeout_s}
+        else:  # vLLM's nccl backend: packed buffers of the same size
+            info |= {"packed": True, "packed_buffer_size_bytes": bucket_mb << 20}
+        self._all("init_weight_sync", "connecting to the rollout engines", rollout_handles, info)
 
     def sync_weights(self, version: int) -> dict:
         return self._all("sync_weights", f"sending weights version {version} to the engines", version)[0]
@@ -48,45 +53,62 @@ class LearnerGroup:
 
 
 class RolloutPool:
-    def __init__(self, handles: list, timeout_s: float, on_restart):
+    def __init__(self, handles: list, timeout_s: float, on_restart, pids: list[int]):
         """`on_restart(worker_index)` is called after a worker came back, before its prompts are re-sent
-        (the driver re-syncs weights there)."""
-        self.handles, self.timeout_s, self.on_restart = handles, timeout_s, on_restart
+        (the driver re-syncs weights there). `pids` identify the live processes, to notice a restart."""
+        self.handles, self.timeout_s, self.on_restart, self.pids = handles, timeout_s, on_restart, list(pids)
         self.restarts = 0
 
     def generate(self, prompts: list[str], group_size: int, seeds: list[int], greedy: bool = False,
-                 max_new_tokens: int | None = None) -> list[PromptRollout]:
-        """Every prompt's rollouts, in the original order; an engine that dies loses nothing."""
+                 expected_version: int | None = None) -> list[PromptRollout]:
+        """Every prompt's rollouts, in the original order; an engine that dies loses nothing.
+
+        A worker that died mid-call, or that answers with an older weight version than
+        `expected_version` (Ray restarted it between calls: it holds the base weights), is
+        brought back to the current weights and its prompts are sent again. (A newer version
+        is fine: a sync may land between the call being sent and served.)
+        """
         shares = split_evenly(list(range(len(prompts))), len(self.handles))
         results: dict[int, PromptRollout] = {}
         pending = {w: idx for w, idx in enumerate(shares) if idx}
         while pending:
-            refs = {
-                w: self.handles[w].generate.remote([prompts[i] for i in idx], group_size, [seeds[i] for i in idx],
-                                                   greedy, max_new_tokens)
-                for w, idx in pending.items()
-            }
-            failed = {}
+            refs = {w: self.handles[w].generate.remote([prompts[i] for i in idx], group_size,
+                                                       [seeds[i] for i in idx], greedy)
+                    for w, idx in pending.items()}
+            lost = {}
             for w, ref in refs.items():
                 try:
                     out = wait_for(ref, f"rollout worker {w}", f"generating {len(pending[w])} prompts", self.timeout_s)
                 except ActorFailed as e:
                     if not e.died:
                         raise
-                    failed[w] = pending[w]
+                    lost[w] = pending[w]
+                    continue
+                if expected_version is not None and any(r.weight_version < expected_version for r in out):
+                    lost[w] = pending[w]
                     continue
                 results.update(zip(pending[w], out))
-            for w in failed:
-                self.restarts += 1
-                wait_restarted(self.handles[w], f"rollout worker {w}", self.timeout_s)
-                self.on_restart(w)
-            pending = failed  # re-send exactly the prompts the dead engine held
+            for w in lost:
+                self._revive(w)
+            pending = lost  # re-send exactly the prompts the dead engine held
         return [results[i] for i in range(len(prompts))]
 
-    def versions(self) -> list[int]:
-        return [int(wait_for(h.get_weight_version.remote(), f"rollout worker {w}", "reporting its weight version",
-                             self.timeout_s)) for w, h in enumerate(self.handles)]
+    def restarted_workers(self) -> list[int]:
+        """Workers whose process changed since we last looked (after waiting for each to be up), revived."""
+        out = []
+        for w, h in enumerate(self.handles):
+            info = wait_restarted(h, f"rollout worker {w}", self.timeout_s)
+            if info["pid"] != self.pids[w]:
+                out.append(w)
+        for w in out:
+            self._revive(w)
+        return out
 
+    def _revive(self, w: int) -> None:
+        info = wait_restarted(self.handles[w], f"rollout worker {w}", self.timeout_s)
+        self.pids[w] = info["pid"]
+        self.restarts += 1
+        self.on_restart(w)
 
 class Stopwatch:
     """`with sw("gen"): ...` adds the seconds to sw.t["gen_s"]."""

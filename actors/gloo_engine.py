@@ -1,0 +1,107 @@
+"""The engine side of the `gloo` weight-transfer backend: runs inside each vLLM worker.
+
+vLLM creates it (`WeightTransferEngineFactory`, backend "gloo", registered by actors/vllm_ext.py)
+next to the loaded model, and calls it from the worker's RL API: `init_transfer_engine` joins
+the trainer's group, `update_weights` receives the packed buckets into the model, and
+`finish_weight_update` re-packs vLLM's CPU linear layers. The protocol and the trainer side
+live in actors/gloo_transfer.py.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+from actors.gloo_transfer import (DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, RANK_COUNTER, GlooWeightTransferInitInfo,
+                                  GlooWeightTransferUpdateInfo, nbytes, new_gloo_group, plan_buckets, unpack_bucket,
+                                  wait_work)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
+    """Receives packed buckets by gloo broadcast and loads them with `model.load_weights`."""
+
+    init_info_cls = GlooWeightTransferInitInfo
+    update_info_cls = GlooWeightTransferUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config: "WeightTransferConfig", vllm_config: "VllmConfig", device: torch.device,
+                 model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+        self.store = None
+        self.rank: int | None = None
+        self.bucket_bytes = DEFAULT_BUCKET_BYTES
+        self.timeout_s = DEFAULT_TIMEOUT_S
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
+        # A trainer that restarted (or re-initialised after a rollout worker restarted) opens a
+        # new group; the old one would hold sockets to a peer that is gone.
+        self.shutdown()
+        self.bucket_bytes = init_info.bucket_bytes
+        self.timeout_s = init_info.timeout_s
+        timeout = datetime.timedelta(seconds=init_info.timeout_s)
+        store = dist.TCPStore(init_info.master_address, init_info.master_port, is_master=False, timeout=timeout)
+        prefixed = dist.PrefixStore(f"raygrpo/{init_info.generation}/", store)
+        if init_info.rank_offset is None:
+            rank = prefixed.add(RANK_COUNTER, 1)
+        else:
+            pc = self.parallel_config
+            rank = init_info.rank_offset + pc.data_parallel_index * pc.world_size + pc.rank
+        if not 0 < rank < init_info.world_size:
+            raise ValueError(
+                f"gloo weight transfer: this worker got rank {rank} but world_size is "
+                f"{init_info.world_size}; world_size must be 1 + the number of vLLM workers "
+                "(engines x tensor_parallel_size)"
+            )
+        self.group = new_gloo_group(prefixed, rank, init_info.world_size, init_info.master_address,
+                                    init_info.timeout_s)
+        self.store, self.rank = store, rank
+
+    def start_weight_update(self) -> None:
+        # Weights load in place into the kept (un-removed) tensors; nothing to prepare.
+        pass
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class also calls torch.accelerator.synchronize(); gloo is synchronous here.
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("gloo weight transfer is not initialised: call init_weight_transfer_engine first")
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+        dtypes = update_info.dtypes()
+        sizes = [nbytes(s, d) for s, d in zip(update_info.shapes, dtypes)]
+        with disable_mtp_completeness_check():
+            for bucket in plan_buckets(sizes, self.bucket_bytes):
+                buffer = torch.empty(sum(sizes[i] for i in bucket), dtype=torch.uint8)
+                wait_work(self.group.broadcast(buffer, 0), self.timeout_s)
+                self.model.load_weights(unpack_bucket(
+                    buffer,
+                    [update_info.names[i] for i in bucket],
+                    [update_info.shapes[i] for i in bucket],
+                    [dtypes[i] for i in bucket],
+                    [sizes[i] for i in bucket],
+                ))
+
+    def finish_weight_update(self) -> None:
+        # vLLM's CPU linear layers compute from a packed copy made at load time: rebuild it
+        # from the weights just loaded, or the engine keeps generating with the old ones.
+        from actors.vllm_ext import repack_cpu_weights
+
+        repack_cpu_weights(self.model)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            try:
+                self.group.abort()  # never blocks on a trainer that may be gone
+            except Exception:  # noqa: BLE001 - a group whose peer died may refuse; drop it anyway
+                pass
+        self.group, self.store, self.rank = None, None, None

@@ -1,0 +1,405 @@
+"""A CPU `gloo` backend for vLLM's RL weight-transfer API: the protocol and the trainer side.
+
+vLLM 0.32 moves weights from a trainer into running engines through a pluggable
+`WeightTransferEngine` (inside each vLLM worker) and a `TrainerWeightTransferEngine` (inside
+the trainer), but its built-in backends (nccl, ipc, ...) all need CUDA. This module is the CPU
+twin of `vllm/distributed/weight_transfer/nccl_engine.py`: the same handshake and the same
+packed buckets, over a `torch.distributed.ProcessGroupGloo` built on its own `TCPStore`.
+
+The group is private: it never touches the default (global) process group, so a trainer that
+already runs DeepSpeed/torch.distributed keeps its own world untouched.
+
+Group layout and handshake (what `GlooTrainerWeightTransferEngine.trainer_init` does):
+
+    trainer rank 0 (sender)                         every vLLM worker of every engine
+    -----------------------                         ---------------------------------
+    TCPStore(master, port or 0 -> free port)
+    payload = {master_address, master_port,  --->   init_weight_transfer_engine(payload):
+               world_size, generation,                tear down a previous group (re-init works)
+               rank_offset=None, bucket_bytes,        join the store, keys under `generation/`
+               timeout_s}                             rank = store.add("next_rank", 1)  (1, 2, ...)
+    ProcessGroupGloo(rank 0)                <--->     ProcessGroupGloo(rank)   (rendezvous)
+
+`world_size` = 1 + the number of vLLM workers (engines x tensor_parallel_size). Ranks are
+claimed from an atomic store counter, so one identical payload can be fanned out to any number
+of engines by `RayVLLMWeightSyncClient`; a worker given an explicit `rank_offset` instead takes
+`rank_offset + its rank inside the engine` (the NCCL convention).
+
+One update (`send_weights`): the sender sends the parameter list (names, dtypes, shapes) with
+`update_weights`, then broadcasts the tensors packed into uint8 buckets of about `bucket_bytes`;
+both sides cut the buckets with the same rule (`plan_buckets`), so no sizes travel per bucket.
+The engine side (`GlooWeightTransferEngine`, actors/gloo_engine.py) loads each bucket with
+`model.load_weights`; its `finish_weight_update` re-packs vLLM's CPU linear layers
+(actors/vllm_ext.py).
+
+Importing this module registers the trainer engine with vLLM's `WeightTransferTrainerFactory`,
+so the learner (which does not load vLLM plugins) can call `WeightTransferTrainerFactory.trainer_init(
+GlooTrainerInitInfo(...), client=..., source=...)` after `import actors.gloo_transfer`.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    VLLMWeightSyncClient,
+    WeightSource,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+BACKEND = "gloo"
+DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 600.0
+RANK_COUNTER = "next_rank"
+
+
+# --------------------------------------------------------------------------- #
+# Wire helpers shared by both sides
+# --------------------------------------------------------------------------- #
+def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Indices of the tensors in each packed bucket: fill a bucket until it holds more than
+    `bucket_bytes` (the rule of vLLM's `pack_tensors`), so a tensor larger than a bucket
+    travels alone. Both sides call this on the same sizes, so they cut the stream alike."""
+    buckets, current, total = [], [], 0
+    for i, size in enumerate(sizes):
+        current.append(i)
+        total += size
+        if total > bucket_bytes:
+            buckets.append(current)
+            current, total = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def nbytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def unpack_bucket(buffer: torch.Tensor, names: list[str], shapes: list[list[int]],
+                  dtypes: list[torch.dtype], sizes: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """Split a received uint8 bucket back into named tensors: views where the byte offset suits
+    the dtype, copies where it does not (a float32 after an odd-length bf16 tensor cannot be a
+    view; vLLM's own `unpack_tensor` fails there)."""
+    out, offset = [], 0
+    for name, shape, dtype, size in zip(names, shapes, dtypes, sizes):
+        raw = buffer[offset:offset + size]
+        if offset % dtype.itemsize:
+            raw = raw.clone()
+        out.append((name, raw.view(dtype).view(shape)))
+        offset += size
+    return out
+
+
+def local_ip_towards(address: str) -> str:
+    """This machine's IP on the route to `address` (no packet is sent: UDP connect only picks
+    the interface). Gloo advertises it to its peers, so it must be reachable from them."""
+    if address in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((address, 1))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def default_master_address() -> str:
+    """The address a trainer should advertise: Ray's node IP inside Ray, else loopback."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - Ray is optional here
+        pass
+    return "127.0.0.1"
+
+
+def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeout_s: float):
+    """A ProcessGroupGloo over `store` (blocks until all `world_size` ranks joined)."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        opts._devices = [dist.ProcessGroupGloo.create_device(interface=os.environ["GLOO_SOCKET_IFNAME"])]
+    else:
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip_towards(master_address))]
+    return dist.ProcessGroupGloo(store, rank, world_size, opts)
+
+
+def wait_work(work, timeout_s: float, peer_failed: Callable[[], None] | None = None) -> None:
+    """Wait for an async gloo op, but surface a failed peer RPC at once instead of sitting out
+    the gloo timeout (`peer_failed` raises the RPC's error when it has one)."""
+    deadline = time.monotonic() + timeout_s
+    while not work.is_completed():
+        if peer_failed is not None:
+            peer_failed()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gloo weight broadcast did not complete in {timeout_s:.0f}s")
+        time.sleep(0.001)
+    work.wait()  # re-raises a gloo error
+
+
+class _Background:
+    """Run a blocking call on a daemon thread (a hung peer must never block interpreter exit,
+    which a ThreadPoolExecutor worker would)."""
+
+    def __init__(self, fn: Callable, *args):
+        self.error: BaseException | None = None
+        self.result = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self.result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self.error = e
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def raise_if_failed(self) -> None:
+        if self.done and self.error is not None:
+            raise self.error
+
+    def join(self, timeout_s: float):
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"weight-transfer RPC did not return in {timeout_s:.0f}s")
+        self.raise_if_failed()
+        return self.result
+
+
+# --------------------------------------------------------------------------- #
+# Init / update info
+# --------------------------------------------------------------------------- #
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+    """Engine-side init info (the payload the trainer fans out to every engine)."""
+
+    master_address: str
+    master_port: int
+    world_size: int
+    generation: str = ""  # store key prefix, fresh per trainer_init, so stale keys never collide
+    rank_offset: int | None = None  # None: claim a rank from the store counter
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    """Per-update info: the parameters, in broadcast order (the buckets follow from it)."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self):
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(
+                f"names/dtype_names/shapes differ in length: "
+                f"{len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
+            )
+
+    @classmethod
+    def from_metadata(cls, meta: list[ParamMeta]) -> "GlooWeightTransferUpdateInfo":
+        return cls(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+            shapes=[list(m.shape) for m in meta],
+        )
+
+    def dtypes(self) -> list[torch.dtype]:
+        return [getattr(torch, d) for d in self.dtype_names]
+
+
+@dataclass
+class GlooTrainerInitInfo(TrainerInitInfo):
+    """Trainer-side init info. `rank` (keyword) is this trainer process's rank; rank 0 sends.
+
+    world_size: 1 + the number of vLLM workers across all engines (engines x TP size).
+    master_address: an address of the sender's machine that the engines can reach
+        (`default_master_address()` gives Ray's node IP). master_port 0 picks a free port.
+    """
+
+    backend: ClassVar[str] = BACKEND
+
+    master_address: str
+    master_port: int
+    world_size: int
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+# --------------------------------------------------------------------------- #
+# Trainer side
+# --------------------------------------------------------------------------- #
+class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
+    """Trainer-side gloo engine. Call `trainer_init` and `send_weights` on every trainer rank:
+    rank 0 hosts the store, drives the engines through `client` and broadcasts; the other ranks
+    only iterate `source` (its per-layer gathers are collectives among the trainer ranks)."""
+
+    init_info_cls = GlooTrainerInitInfo
+
+    def __init__(self, *, client: VLLMWeightSyncClient, source: WeightSource, is_sender: bool = True,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self.store = None
+        self.group = None
+
+    @classmethod
+    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
+                     source: WeightSource | None = None) -> "GlooTrainerWeightTransferEngine":
+        if source is None:
+            raise ValueError("gloo trainer weight transfer needs a WeightSource")
+        if init_info.world_size < 2:
+            raise ValueError(f"world_size must be >= 2 (the sender + >= 1 vLLM worker), got {init_info.world_size}")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender,
+                     bucket_bytes=init_info.bucket_bytes, timeout_s=init_info.timeout_s)
+        if not engine.is_sender:
+            return engine
+
+        timeout = datetime.timedelta(seconds=init_info.timeout_s)
+        store = dist.TCPStore("0.0.0.0", init_info.master_port, is_master=True, wait_for_workers=False,
+                              timeout=timeout)
+        generation = uuid.uuid4().hex
+        payload = asdict(GlooWeightTransferInitInfo(
+            master_address=init_info.master_address, master_port=store.port,
+            world_size=init_info.world_size, generation=generation,
+            bucket_bytes=init_info.bucket_bytes, timeout_s=init_info.timeout_s,
+        ))
+        prefixed = dist.PrefixStore(f"raygrpo/{generation}/", store)
+        # The engines block in init until the group forms, and so do we: run the RPC beside it.
+        rpc = _Background(client.init_weight_transfer_engine, payload)
+        join = _Background(new_gloo_group, prefixed, 0, init_info.world_size, init_info.master_address,
+                           init_info.timeout_s)
+        deadline = time.monotonic() + init_info.timeout_s
+        while not join.done:
+            rpc.raise_if_failed()  # an engine refused the init: fail now, not after the timeout
+            if time.monotonic() > deadline:
+                joined = prefixed.add(RANK_COUNTER, 0)
+                raise TimeoutError(
+                    f"gloo weight transfer: {joined} of {init_info.world_size - 1} vLLM workers joined "
+                    f"in {init_info.timeout_s:.0f}s; is world_size 1 + engines x tensor_parallel_size?"
+                )
+            time.sleep(0.01)
+        engine.group = join.join(0)
+        engine.store = store
+        rpc.join(init_info.timeout_s)
+        return engine
+
+    def send_weights(self, weight_version: int | str | None = None) -> None:
+        """One full update of every engine; `weight_version` (optional) is set on the engines
+        by `finish_weight_update` (an extension of the base signature)."""
+        source = self.source
+        assert source is not None
+        meta = source.metadata()
+        if not self.is_sender:
+            for _ in source:  # stay in the trainer-side gathers
+                pass
+            return
+        if self.group is None:
+            raise RuntimeError("send_weights after shutdown(); call trainer_init again")
+
+        info = GlooWeightTransferUpdateInfo.from_metadata(meta)
+        self.client.start_weight_update()
+        # The engines' update_weights blocks until the last bucket arrived: run it beside the
+        # broadcast, and fail fast if it errors (instead of sitting out the gloo timeout).
+        rpc = _Background(self.client.update_weights, asdict(info))
+        try:
+            self._broadcast(source, meta, rpc.raise_if_failed)
+        except BaseException:
+            # The engines wait for buckets that will never come; closing the group makes their
+            # receive fail now rather than at the timeout. The caller must trainer_init again.
+            self.shutdown()
+            raise
+        rpc.join(self.timeout_s)
+        if weight_version is None:
+            self.client.finish_weight_update()
+        else:
+            self.client.finish_weight_update(str(weight_version))
+
+    def _broadcast(self, source: WeightSource, meta: list[ParamMeta], peer_failed: Callable[[], None]) -> None:
+        """Pack the source's tensors into the planned buckets and broadcast them. Packing the
+        next bucket overlaps the previous bucket's send (gloo works on its own thread)."""
+        sizes = [nbytes(m.shape, m.dtype) for m in meta]
+        pairs = _checked(iter(source), meta)
+        in_flight = None  # (work, buffer): the buffer must live until its send completes
+        for bucket in plan_buckets(sizes, self.bucket_bytes):
+            # .cpu(): gloo sends host memory; a GPU trainer may feed CPU engines this way too.
+            parts = [next(pairs)[1].detach().cpu().contiguous().view(-1).view(torch.uint8) for _ in bucket]
+            buffer = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+            if in_flight is not None:
+                wait_work(in_flight[0], self.timeout_s, peer_failed)
+            in_flight = (self.group.broadcast(buffer, 0), buffer)
+        if in_flight is not None:
+            wait_work(in_flight[0], self.timeout_s, peer_failed)
+        for name, _ in pairs:  # exhausts the source; raises if it yields more than declared
+            raise ValueError(f"WeightSource yielded more parameters than metadata() declared; first extra {name!r}")
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            try:
+                self.group.abort()  # abort, not shutdown: never wait on engines that may be gone
+            except Exception:  # noqa: BLE001
+                pass
+        self.group, self.store = None, None
+
+
+def _checked(pairs: Iterator[tuple[str, torch.Tensor]], meta: list[ParamMeta]):
+    """The source's pairs, each checked against the metadata the engines were sent: a mismatch
+    would make the two sides cut buckets differently and load garbage."""
+    for i, expected in enumerate(meta):
+        try:
+            name, tensor = next(pairs)
+        except StopIteration:
+            raise ValueError(f"WeightSource yielded {i} parameters but metadata() declared {len(meta)}") from None
+        if name != expected.name or tensor.dtype != expected.dtype or tuple(tensor.shape) != tuple(expected.shape):
+            raise ValueError(
+                f"WeightSource iteration disagrees with metadata() at index {i}: declared {expected.name!r} "
+                f"{expected.dtype} {tuple(expected.shape)}, got {name!r} {tensor.dtype} {tuple(tensor.shape)}"
+            )
+        yield name, tensor
+    yield from pairs
+
+
+# --------------------------------------------------------------------------- #
+# Registration with vLLM's factories (idempotent)
+# --------------------------------------------------------------------------- #
+def register_engine_backend() -> None:
+    """Make `weight_transfer_config={"backend": "gloo"}` resolve inside vLLM workers."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        # Lazily, like vLLM's own backends: the trainer never needs the engine-side class.
+        WeightTransferEngineFactory.register_engine(BACKEND, "actors.gloo_engine", "GlooWeightTransferEngine")
+
+
+def register_trainer_backends() -> None:
+    """Make `WeightTransferTrainerFactory.trainer_init(GlooTrainerInitInfo(...))` work in the
+    trainer (which does not load vLLM's general plugins)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(BACKEND, GlooTrainerWeightTransferEngine)
+
+
+register_trainer_backends()

@@ -1,0 +1,46 @@
+"""ReferenceActor: the frozen starting model, serving per-token log-probs for the KL term.
+
+A plain class; the driver wraps it with `ray.remote(...)` (started only when beta > 0). It is
+a transformers model, not a vLLM engine: the KL term compares against the learner's own
+(transformers) log-probs, so the same implementation on both sides keeps numerical noise out
+of the KL.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from actors.config import ReferenceConfig
+from actors.sequences import completion_logprobs
+
+
+class ReferenceActor:
+    def __init__(self, model_path: str, cfg: ReferenceConfig):
+        problems = cfg.problems()
+        if problems:
+            raise ValueError("invalid ReferenceConfig: " + "; ".join(problems))
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        gpu = torch.cuda.is_available() and cfg.num_gpus > 0
+        if not gpu:
+            # One thread per fractional CPU share, so it does not fight the engines for cores.
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, int(cfg.num_cpus)))))
+        if cfg.dtype == "auto":
+            dtype = torch.bfloat16 if gpu else torch.float32
+        else:
+            dtype = getattr(torch, cfg.dtype)
+        self.device = torch.device("cuda" if gpu else "cpu")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        model.eval()
+        model.requires_grad_(False)
+        self.model = model
+        self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """log pi_ref(completion token t | prompt, completion[:t]) per completion token."""
+        return completion_logprobs(self.model, prompt_ids, completion_ids, self.cfg.micro_batch_size, self.pad_id)
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "device": str(self.device), "dtype": str(next(self.model.parameters()).dtype)}

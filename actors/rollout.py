@@ -1,0 +1,288 @@
+"""RolloutWorker: one vLLM engine that samples G completions per prompt, with behaviour log-probs.
+
+A plain class: the driver (and the tests) wrap it with `ray.remote(...)`. Ray runs an actor's
+calls one at a time, so a weight update never lands in the middle of a `generate`.
+
+The engine is `vllm.LLM`, which carries vLLM's RL weight-update API; this class exposes that
+API under the same names, so the learner drives every engine with vLLM's own
+`RayVLLMWeightSyncClient([handles])` (see actors/gloo_transfer.py for the CPU backend).
+
+On CPU the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the default would add
+an engine-core process and a worker process per engine, which on a 2-core machine costs
+memory and context switches for nothing. vLLM loads our general plugin (actors/vllm_ext.py)
+in whichever process builds the model, here the actor itself.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass
+
+from actors.config import RolloutConfig
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour log-prob of each sampled token, from vLLM
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) | "length"
+
+
+@dataclass
+class PromptRollout:
+    prompt: str
+    prompt_ids: list[int]
+    completions: list[Completion]  # G of them; empty when the prompt was skipped
+    weight_version: int
+    skipped: str | None = None  # why the prompt was skipped (e.g. too long)
+
+
+def split_evenly(items: list, n: int) -> list[list]:
+    """Split `items` into `n` contiguous chunks whose sizes differ by at most one (the first
+    chunks take the extra items). Concatenating the per-chunk results in order,
+    `[x for chunk in results for x in chunk]`, restores the original order."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    size, extra = divmod(len(items), n)
+    chunks, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(list(items[start:end]))
+        start = end
+    return chunks
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class RolloutWorker:
+    """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
+
+    def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0):
+        problems = cfg.problems()
+        if problems:
+            raise ValueError("invalid RolloutConfig: " + "; ".join(problems))
+        self.cfg = cfg
+        self.worker_index = worker_index
+        self.model_path = str(model_path)
+        gpu = _on_gpu()
+        if not gpu:
+            # Before vLLM is imported: envs are read lazily, but keep it obviously first.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            threads = max(1, int(cfg.num_cpus))
+            os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+            import torch
+
+            # vLLM's CPU worker turns torch.set_num_threads into a no-op once it starts.
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        from vllm import LLM
+
+        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if gpu else "float32")
+        backend = cfg.weight_transfer_backend
+        if backend == "auto":
+            backend = "nccl" if gpu else "gloo"
+        kwargs = {}
+        if not gpu and cfg.cpu_kv_cache_mb > 0:
+            kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_mb * 1024 * 1024
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=self.model_path,
+            dtype=dtype,
+            max_model_len=cfg.max_model_len,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            seed=cfg.seed,
+            enforce_eager=cfg.enforce_eager,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            logprobs_mode=cfg.logprobs_mode,
+            weight_transfer_config={"backend": backend},
+            **kwargs,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self._warm_up()
+        self.start_seconds = time.perf_counter() - t0
+        self._version = 0
+        self._updating = False
+        self.llm.update_weight_version("0")  # vLLM's own default is the string "default"
+
+    def _warm_up(self) -> None:
+        """The first seeded sampling call pays a one-off ~3 s (sampler set-up); pay it at start so
+        the first training step's timing is not an outlier. One token of context: no prefix
+        cache block fills, nothing leaks into later requests."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        token = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        self.llm.generate([TokensPrompt(prompt_token_ids=[token])],
+                          SamplingParams(n=2, max_tokens=2, seed=0, logprobs=0), use_tqdm=False)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: list[str], group_size: int, seeds: list[int] | None = None,
+                 greedy: bool = False, max_new_tokens: int | None = None) -> list[PromptRollout]:
+        """`group_size` completions for each prompt, all prompts in one engine call.
+
+        One request per prompt with n=group_size, so the G samples share the prompt's KV cache.
+        `seeds[i]` seeds prompt i's request (reproducible across restarts and resumes);
+        `greedy` samples at temperature 0 (evaluation; one engine sample, repeated to fill the
+        group, since vLLM allows n=1 only there). A prompt with no room for
+        `max_new_tokens` is skipped and reported (`cfg.long_prompt="skip"`) or raises
+        ValueError (`"error"`); it is never sent to the engine.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        cfg = self.cfg
+        self._check_not_updating()
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        max_new = cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
+        limit = cfg.max_model_len - max_new
+        if limit < 1:
+            raise ValueError(f"max_new_tokens {max_new} leaves no room for a prompt (max_model_len {cfg.max_model_len})")
+
+        rollouts, requests, params, slots = [], [], [], []
+        for i, prompt in enumerate(prompts):
+            ids = list(self.tokenizer.encode(prompt))
+            problem = None
+            if not ids:
+                problem = "prompt is empty after tokenization"
+            elif len(ids) > limit:
+                problem = (f"prompt is {len(ids)} tokens, limit {limit} "
+                           f"(max_model_len {cfg.max_model_len} - max_new_tokens {max_new})")
+            if problem is not None and cfg.long_prompt == "error":
+                raise ValueError(f"prompt {i}: {problem}")
+            rollouts.append(PromptRollout(prompt, ids, [], self._version, skipped=problem))
+            if problem is None:
+                requests.append(TokensPrompt(prompt_token_ids=ids))
+                params.append(SamplingParams(
+                    n=1 if greedy else group_size,  # vLLM refuses n > 1 at temperature 0
+                    temperature=0.0 if greedy else cfg.temperature,
+                    top_p=cfg.top_p,
+                    top_k=cfg.top_k if cfg.top_k > 0 else 0,
+                    max_tokens=max_new,
+                    stop=list(cfg.stop) or None,
+                    logprobs=0,  # just the sampled token's log-prob
+                    seed=None if seeds is None else int(seeds[i]),
+                ))
+                slots.append(i)
+        if requests:
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            for i, out in zip(slots, outputs):
+                completions = [self._completion(c) for c in out.outputs]
+                if greedy:  # G identical samples: copies of the one greedy completion
+                    completions = [copy.deepcopy(completions[0]) for _ in range(group_size)]
+                rollouts[i].completions = completions
+        return rollouts
+
+    def _check_not_updating(self) -> None:
+        if self._updating:
+            raise RuntimeError("a weight update is in progress on this engine (start_weight_update without "
+                               "finish_weight_update): generation must wait for finish_weight_update")
+
+    @staticmethod
+    def _completion(c) -> Completion:
+        token_ids = list(c.token_ids)
+        # logprobs=0 returns, per position, a dict holding (at least) the sampled token.
+        logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, c.logprobs or [])]
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens")
+        if c.finish_reason not in FINISH_REASONS:  # e.g. "abort": never a sample to train on
+            raise RuntimeError(f"vLLM ended a request with finish_reason {c.finish_reason!r}")
+        return Completion(token_ids, logprobs, c.text, c.finish_reason)
+
+    def prompt_logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
+        """vLLM's log-prob of each token given the ones before it (positions 1..L-1), computed
+        by the engine's own forward: the check that synced weights really arrived."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_not_updating()
+        for i, ids in enumerate(token_ids):
+            if not 2 <= len(ids) < self.cfg.max_model_len:
+                raise ValueError(f"sequence {i} has {len(ids)} tokens; need 2..{self.cfg.max_model_len - 1}")
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids],
+                                    params, use_tqdm=False)
+        return [[float(step[tok].logprob) for tok, step in zip(ids[1:], out.prompt_logprobs[1:])]
+                for ids, out in zip(token_ids, outputs)]
+
+    # ------------------------------------------------------------------ vLLM's RL weight-update API
+    # Between start_weight_update and finish_weight_update the engine holds a mix of old and new
+    # weights (and on CPU the packed copies are still the old ones), so generating there would
+    # sample from no real policy: `_updating` makes that an error instead.
+
+    def init_weight_transfer_engine(self, request) -> None:
+        if self._updating:
+            # A trainer died mid-update; vLLM would refuse the next start_weight_update. Close the
+            # stale update (a full sync follows this init) before joining the new group.
+            try:
+                self.llm.finish_weight_update()
+            except Exception:  # noqa: BLE001 - the state is being replaced anyway
+                pass
+            self._updating = False
+        self.llm.init_weight_transfer_engine(request)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.llm.shutdown_weight_transfer_engine()
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+        self._updating = True
+
+    def update_weights(self, request) -> None:
+        try:
+            self.llm.update_weights(request)
+        except BaseException:
+            self._updating = False  # vLLM's worker ends the update on a failed chunk, too
+            raise
+
+    def finish_weight_update(self, weight_version: int | str | None = None) -> None:
+        self.llm.finish_weight_update()
+        self._updating = False
+        # Cached prefixes hold K/V computed by the old weights.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+        if weight_version is not None:
+            self.update_weight_version(weight_version)
+
+    def update_weight_version(self, version: int | str) -> None:
+        """The learner's step the weights came from (vLLM keeps it as a string)."""
+        self._version = int(version)
+        self.llm.update_weight_version(str(self._version))
+
+    def get_weight_version(self) -> str:
+        return self.llm.get_weight_version()
+
+    # ------------------------------------------------------------------ health
+    def info(self) -> dict:
+        node_id = None
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - info must answer even outside Ray
+            pass
+        import socket
+
+        import torch
+
+        return {
+            "node_id": node_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "worker_index": self.worker_index,
+            "weight_version": self._version,
+            "updating": self._updating,
+            "torch_threads": torch.get_num_threads(),
+            "model_path": self.model_path,
+            "start_seconds": round(self.start_seconds, 2),
+        }

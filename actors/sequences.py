@@ -1,0 +1,65 @@
+"""Padding (prompt, completion) pairs into a batch, and the log-probs of the completion tokens.
+
+Pure torch + `learner.grpo.token_logprobs`, no Ray and no vLLM, so the reference actor and the
+learner can compute log-probs the same way (same padding, same positions, same float32
+log-softmax). Right padding keeps every real token at its own position and, with the attention
+mask, away from the pads: a sequence's log-probs do not depend on what it is batched with.
+
+Alignment: logits at position t predict token t+1, so with
+`lp = token_logprobs(logits[:, :-1], input_ids[:, 1:])` the completion's log-probs are
+`lp[completion_mask[:, 1:]]`.
+"""
+from __future__ import annotations
+
+import torch
+
+from learner.grpo import token_logprobs
+
+
+def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0):
+    """Right-padded batch of prompt + completion.
+
+    Returns (all [N, T], T = the longest prompt + completion):
+      input_ids       long, pad_id after each sequence's end
+      attention_mask  long, 1 on real tokens
+      position_ids    long, 0..len-1 on real tokens (0 on pads)
+      completion_mask bool, True on completion tokens
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
+    n = len(prompt_ids)
+    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+    width = max(lengths, default=0)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    position_ids = torch.zeros((n, width), dtype=torch.long)
+    completion_mask = torch.zeros((n, width), dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        if not p:
+            raise ValueError(f"sequence {i} has an empty prompt: the first completion token needs a context")
+        length = lengths[i]
+        input_ids[i, :length] = torch.tensor(list(p) + list(c), dtype=torch.long)
+        attention_mask[i, :length] = 1
+        position_ids[i, :length] = torch.arange(length)
+        completion_mask[i, len(p):length] = True
+    return input_ids, attention_mask, position_ids, completion_mask
+
+
+def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                        micro_batch_size: int, pad_id: int = 0) -> list[list[float]]:
+    """log p(completion token | everything before it) under `model` (a HF causal LM), one list
+    per sequence, computed `micro_batch_size` sequences per forward. Runs without autograd."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    device = next(model.parameters()).device
+    out: list[list[float]] = []
+    with torch.no_grad():
+        for start in range(0, len(prompt_ids), micro_batch_size):
+            ids, mask, pos, comp = pack_sequences(prompt_ids[start:start + micro_batch_size],
+                                                  completion_ids[start:start + micro_batch_size], pad_id)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           position_ids=pos.to(device)).logits
+            lp = token_logprobs(logits[:, :-1], ids[:, 1:].to(device)).cpu()
+            keep = comp[:, 1:]
+            out.extend(row[m].tolist() for row, m in zip(lp, keep))
+    return out

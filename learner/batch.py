@@ -1,0 +1,122 @@
+"""The learner's input: one GRPO batch, and how a rank cuts it into padded micro-batches.
+
+Kept free of DeepSpeed and Ray so the padding / masking / sharding rules can be read
+(and tested) on their own. Everything here is plain lists on the wire (cheap to send
+through Ray, no pickled tensors) and torch tensors once on a rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """N completions with everything the loss needs, prompt-major (the G samples of a prompt adjacent).
+
+    prompt_ids[i] + completion_ids[i] is sequence i. The per-token lists
+    (behavior_logp, ref_logp) have exactly len(completion_ids[i]) entries each.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    advantages: list[float]
+    behavior_logp: list[list[float]]  # vLLM's log-probs of the sampled tokens (for TIS)
+    ref_logp: list[list[float]] | None = None  # reference model's log-probs (needed when beta > 0)
+    pad_id: int = 0
+    # The sampler's cap on completion length (rollout.max_new_tokens): Dr. GRPO's constant
+    # normaliser for aggregation "seq-mean-token-sum-norm". None: the longest completion here.
+    max_new_tokens: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistency (lengths that do not line up)."""
+        n = len(self.completion_ids)
+        if n == 0:
+            raise ValueError("TrainBatch is empty")
+        for name in ("prompt_ids", "advantages", "behavior_logp"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, completion_ids has {n}")
+        if self.ref_logp is not None and len(self.ref_logp) != n:
+            raise ValueError(f"TrainBatch.ref_logp has {len(self.ref_logp)} entries, completion_ids has {n}")
+        for i, (p, c) in enumerate(zip(self.prompt_ids, self.completion_ids)):
+            if not p:
+                raise ValueError(f"sequence {i} has an empty prompt (the first completion token needs a context)")
+            if len(self.behavior_logp[i]) != len(c):
+                raise ValueError(f"sequence {i}: {len(c)} completion tokens but {len(self.behavior_logp[i])} behavior_logp")
+            if self.ref_logp is not None and len(self.ref_logp[i]) != len(c):
+                raise ValueError(f"sequence {i}: {len(c)} completion tokens but {len(self.ref_logp[i])} ref_logp")
+
+    def num_completion_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+    def shard(self, rank: int, world_size: int) -> "TrainBatch":
+        """Rank `rank`'s contiguous 1/world_size of the sequences (every rank gets the same count)."""
+        n = len(self)
+        if n % world_size:
+            raise ValueError(
+                f"the batch has {n} sequences, which does not split evenly over {world_size} learner ranks; "
+                f"make prompts_per_step * group_size a multiple of learner.num_ranks")
+        k = n // world_size
+        sl = slice(rank * k, (rank + 1) * k)
+        return TrainBatch(
+            prompt_ids=self.prompt_ids[sl], completion_ids=self.completion_ids[sl],
+            advantages=self.advantages[sl], behavior_logp=self.behavior_logp[sl],
+            ref_logp=None if self.ref_logp is None else self.ref_logp[sl], pad_id=self.pad_id,
+            max_new_tokens=self.max_new_tokens)
+
+    def micro_batches(self, size: int) -> list["MicroBatch"]:
+        """Consecutive chunks of at most `size` sequences, each padded to its own longest sequence."""
+        return [MicroBatch.build(self, range(s, min(s + size, len(self)))) for s in range(0, len(self), size)]
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors for one forward pass.
+
+    input_ids/attention_mask/position_ids: [n, L]   (L = longest prompt+completion here)
+    comp_index: [n, C] position in the log-prob row [n, L-1] of each completion token
+               (log-prob row t scores token t+1, so completion token j of a sequence with
+               prompt length P sits at P - 1 + j); C = longest completion here
+    mask:       [n, C] 1 on real completion tokens
+    advantages: [n]; behavior_logp/ref_logp: [n, C] (0 on padding)
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    comp_index: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    behavior_logp: torch.Tensor
+    ref_logp: torch.Tensor | None
+
+    @staticmethod
+    def build(batch: TrainBatch, rows) -> "MicroBatch":
+        rows = list(rows)
+        seqs = [batch.prompt_ids[i] + batch.completion_ids[i] for i in rows]
+        n, L = len(rows), max(len(s) for s in seqs)
+        C = max(max(len(batch.completion_ids[i]) for i in rows), 1)
+        input_ids = torch.full((n, L), batch.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, L), dtype=torch.long)
+        comp_index = torch.zeros((n, C), dtype=torch.long)
+        mask = torch.zeros((n, C), dtype=torch.float32)
+        beh = torch.zeros((n, C), dtype=torch.float32)
+        ref = None if batch.ref_logp is None else torch.zeros((n, C), dtype=torch.float32)
+        for r, i in enumerate(rows):
+            p, c = len(batch.prompt_ids[i]), len(batch.completion_ids[i])
+            input_ids[r, : p + c] = torch.tensor(seqs[r], dtype=torch.long)
+            attention_mask[r, : p + c] = 1
+            comp_index[r, :c] = torch.arange(p - 1, p - 1 + c)
+            mask[r, :c] = 1.0
+            beh[r, :c] = torch.tensor(batch.behavior_logp[i], dtype=torch.float32)
+            if ref is not None:
+                ref[r, :c] = torch.tensor(batch.ref_logp[i], dtype=torch.float32)
+        # Right padding: positions count from 0 at the first token of every row; the padded
+        # tail never influences real tokens (causal attention + the key mask).
+        position_ids = torch.arange(L).unsqueeze(0).expand(n, L).contiguous()
+        return MicroBatch(input_ids, attention_mask, position_ids, comp_index, mask,
+                          torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32), beh, ref)

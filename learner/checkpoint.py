@@ -1,0 +1,378 @@
+"""Checkpoints: an atomic directory per step, verified on resume, exportable to a plain HF model.
+
+Layout of one checkpoint (`root/step-00000010`):
+    learner/                 DeepSpeed's files (model, optimizer, LR schedule; tag = LEARNER_TAG)
+    learner/raygrpo_rank_00000.json   each rank's RNG states and counters
+    hf-config/               config + tokenizer of the model (so `export` needs nothing else)
+    driver_state.json        the driver's step, weight version, data position, RNG, config
+    COMPLETE                 manifest: every file with its size (+ sha256 when small); written last
+
+Protocol (the driver's side):
+    tmp = begin(root, step)                     -> root/.tmp-step-00000010
+    every LearnerWorker.save_checkpoint(tmp, LEARNER_TAG)
+    final = commit(tmp, root, step, driver_state, keep)   manifest, rename, prune
+    path = latest_complete(root)                newest checkpoint whose manifest verifies
+A crash at any point leaves either no new `step-*` directory or a complete one; a checkpoint
+that fails verification (truncated, edited, half-deleted) is skipped with a warning.
+
+Safety: nothing here unpickles. JSON for our state, safetensors for exported weights, and
+DeepSpeed's own torch.save files are read with `torch.load(weights_only=True)` (see
+`safe_torch_load`; DeepSpeed 0.19.8 itself passes weights_only=False everywhere).
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+LEARNER_TAG = "learner"
+HF_META_DIR = "hf-config"
+MANIFEST = "COMPLETE"
+DRIVER_STATE = "driver_state.json"
+FORMAT_VERSION = 1
+HASH_LIMIT = 64 * 2**20  # sha256 of files up to this size; larger ones are checked by size only
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+_TMP_RE = re.compile(r"^\.tmp-step-(\d{8,})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def final_path(path: str | os.PathLike) -> str:
+    """Where a checkpoint being written to `path` ends up once committed (`path` itself if it is
+    not a temporary directory of begin())."""
+    p = Path(path)
+    m = _TMP_RE.match(p.name)
+    return str(p.with_name(step_dir_name(int(m.group(1))))) if m else str(p)
+
+
+# --------------------------------------------------------------------------- #
+# the driver's side: begin / commit / latest_complete / load_driver_state
+# --------------------------------------------------------------------------- #
+def begin(root: str | os.PathLike, step: int) -> str:
+    """A fresh, empty temporary directory for the checkpoint of `step` (a stale one is removed)."""
+    tmp = Path(root) / f".tmp-{step_dir_name(step)}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return str(tmp)
+
+
+def commit(tmp_dir: str | os.PathLike, root: str | os.PathLike, step: int, driver_state: dict, keep: int) -> str:
+    """Seal the checkpoint the workers wrote into `tmp_dir`: driver_state.json, the COMPLETE manifest,
+    an atomic rename to root/step-NNNNNNNN, then keep only the newest `keep` complete checkpoints."""
+    tmp, root = Path(tmp_dir), Path(root)
+    final = Path(final_path(tmp))
+    if final.parent.resolve() != root.resolve() or final.name != step_dir_name(step):
+        raise ValueError(f"{tmp} is not the temporary directory begin({str(root)!r}, {step}) returns")
+    state = {"step": step, **driver_state}
+    _write_json_atomic(tmp / DRIVER_STATE, state)  # raises on non-JSON-able data, before anything is sealed
+    manifest = {"format": FORMAT_VERSION, "step": step, "created": time.time(), "files": _list_files(tmp)}
+    _write_json_atomic(tmp / MANIFEST, manifest)
+    _fsync_dir(tmp)
+    if final.exists():  # the same step saved again (e.g. a resumed run): the new one wins
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    prune(root, keep, protect=final)
+    return str(final)
+
+
+def prune(root: str | os.PathLike, keep: int, protect: str | os.PathLike | None = None) -> list[str]:
+    """Delete all but the newest `keep` intact checkpoints (never `protect`, the one just written),
+    and every temporary/leftover directory. Checkpoints that fail verification are left alone:
+    latest_complete skips them with a warning, and a person may want to look at them."""
+    root = Path(root)
+    protect = Path(protect).resolve() if protect is not None else None
+    removed = []
+    intact = [p for _, p in _step_dirs(root) if not verify(p)]
+    others = [p for p in intact if p.resolve() != protect]
+    room = keep - (len(others) < len(intact))  # the protected one takes one of the `keep` places
+    for p in others[: max(0, len(others) - room)]:
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(str(p))
+    for p in root.iterdir() if root.exists() else []:
+        if p.is_dir() and (_TMP_RE.match(p.name) or p.name.startswith(".old-step-")):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(str(p))
+    return removed
+
+
+def verify(path: str | os.PathLike) -> list[str]:
+    """Problems with the checkpoint at `path` ([] = complete and intact)."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        return [f"{path}: no {MANIFEST} marker (the save did not finish)"]
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return [f"{mpath}: unreadable manifest ({e})"]
+    problems = []
+    for rel, entry in files.items():
+        f = path / rel
+        if not f.is_file():
+            problems.append(f"{f}: missing")
+        elif f.stat().st_size != entry["size"]:
+            problems.append(f"{f}: size {f.stat().st_size} != {entry['size']} in the manifest")
+        elif "sha256" in entry and _sha256(f) != entry["sha256"]:
+            problems.append(f"{f}: sha256 differs from the manifest")
+    if DRIVER_STATE not in files:
+        problems.append(f"{path}: the manifest does not list {DRIVER_STATE}")
+    return problems
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[str]:
+    """All `step-*` directories under root, oldest first (complete or not)."""
+    return [str(p) for _, p in _step_dirs(Path(root))]
+
+
+def latest_complete(root: str | os.PathLike) -> str | None:
+    """The newest checkpoint under `root` that verifies; corrupt/partial ones are skipped with a warning."""
+    for _, p in reversed(_step_dirs(Path(root))):
+        problems = verify(p)
+        if not problems:
+            return str(p)
+        msg = f"skipping checkpoint {p}: " + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")
+        log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    return None
+
+
+def load_driver_state(path: str | os.PathLike) -> dict:
+    return json.loads((Path(path) / DRIVER_STATE).read_text())
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    out = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_RE.match(p.name))]
+    return sorted(out)
+
+
+def _list_files(d: Path) -> dict:
+    files = {}
+    for f in sorted(d.rglob("*")):
+        if f.is_file() and f.name != MANIFEST:
+            size = f.stat().st_size
+            entry = {"size": size}
+            if size <= HASH_LIMIT:
+                entry["sha256"] = _sha256(f)
+            files[f.relative_to(d).as_posix()] = entry
+    return files
+
+
+def _sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, data) -> None:
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=True)
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem allows it
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------- #
+# RNG states as JSON (no pickle)
+# --------------------------------------------------------------------------- #
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def rng_state() -> dict:
+    """python `random`, numpy's global and torch's (CPU + CUDA) generators as JSON-safe data."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+
+
+# --------------------------------------------------------------------------- #
+# per-rank worker state (used by LearnerWorker)
+# --------------------------------------------------------------------------- #
+def _worker_state_path(path, tag, rank) -> Path:
+    return Path(path) / tag / f"raygrpo_rank_{rank:05d}.json"
+
+
+def write_worker_state(path: str, tag: str, rank: int, state: dict) -> None:
+    p = _worker_state_path(path, tag, rank)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(p, state)
+
+
+def read_worker_state(path: str, tag: str, rank: int) -> dict:
+    p = _worker_state_path(path, tag, rank)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} is missing: was this checkpoint written with a different number of ranks?")
+    return json.loads(p.read_text())
+
+
+def write_hf_meta(model_path: str, out_dir: str | os.PathLike) -> None:
+    """Config, generation config and tokenizer of `model_path` (no weights) into out_dir."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    AutoConfig.from_pretrained(model_path).save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
+    gen = Path(model_path) / "generation_config.json"
+    if gen.is_file():
+        shutil.copy2(gen, out / gen.name)
+
+
+# --------------------------------------------------------------------------- #
+# safe loading of DeepSpeed's torch.save files
+# --------------------------------------------------------------------------- #
+def _deepspeed_safe_globals() -> list:
+    """The non-tensor types DeepSpeed 0.19.8 pickles into its checkpoint files (found by loading
+    ZeRO-0/2/3 checkpoints with weights_only=True): allow-listed, instead of unpickling anything."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def safe_torch_load():
+    """Make every torch.load inside the block use weights_only=True (with DeepSpeed's few plain
+    types allow-listed), whatever the caller passed. DeepSpeed 0.19.8 hard-codes
+    weights_only=False in its loaders (engine, ZeRO optimizers, zero_to_fp32)."""
+    original = torch.load
+
+    def load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        with torch.serialization.safe_globals(_deepspeed_safe_globals()):
+            return original(*args, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
+
+
+# --------------------------------------------------------------------------- #
+# HF export
+# --------------------------------------------------------------------------- #
+def write_hf_dir(state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike, meta_dir: str | os.PathLike) -> str:
+    """A plain HF model directory: safetensors weights (sharded past 5 GB) + config + tokenizer from
+    `meta_dir` (the original model path or a checkpoint's hf-config/). Loads in transformers and vLLM."""
+    from huggingface_hub import save_torch_state_dict
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_hf_meta(str(meta_dir), out)
+    aliases = _tied_aliases(str(meta_dir))
+    # Own storage per tensor: zero_to_fp32 hands out views into flat partitions, which safetensors
+    # refuses to save. Tied aliases (lm_head.weight) are left out, as save_pretrained does; HF and
+    # vLLM re-tie them on load.
+    sd = {k: v.detach().to("cpu").clone() for k, v in state_dict.items()
+          if not (k in aliases and aliases[k] in state_dict)}
+    save_torch_state_dict(sd, out, max_shard_size="5GB", safe_serialization=True)
+    return str(out)
+
+
+def _tied_aliases(meta_dir: str) -> dict[str, str]:
+    """{alias: target} of the weights the model ties (e.g. lm_head.weight -> embed_tokens), or {}."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(meta_dir)
+    if not getattr(config, "tie_word_embeddings", False):
+        return {}
+    try:
+        tied = AutoModelForCausalLM._model_mapping[type(config)]._tied_weights_keys or {}
+    except (KeyError, AttributeError):
+        tied = {}
+    if isinstance(tied, dict):
+        return dict(tied)
+    return {"lm_head.weight": "model.embed_tokens.weight"}  # older list form: the usual pair
+
+
+def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                      model_path: str | os.PathLike | None = None) -> str:
+    """Consolidate a checkpoint's weights into a HF directory, without Ray or DeepSpeed processes.
+
+    ckpt_dir: a checkpoint (root/step-N) or its DeepSpeed folder; model_path: where config and
+    tokenizer come from (default: the checkpoint's own hf-config/)."""
+    ckpt = Path(ckpt_dir)
+    if not (ckpt / LEARNER_TAG).is_dir() and ckpt.name == LEARNER_TAG:
+        ckpt = ckpt.parent
+    if not (ckpt / LEARNER_TAG).is_dir():
+        raise FileNotFoundError(f"{ckpt} is not a raygrpo checkpoint (no {LEARNER_TAG}/ folder)")
+    problems = verify(ckpt)
+    if problems:
+        raise ValueError(f"checkpoint {ckpt} does not verify: " + "; ".join(problems[:5]))
+    meta = Path(model_path) if model_path is not None else ckpt / HF_META_DIR
+    if not (meta / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in {meta}; pass the original model path")
+    with safe_torch_load():
+        sd = _consolidated_from_deepspeed(ckpt)
+    return write_hf_dir(sd, out_dir, meta)
+
+
+def _consolidated_from_deepspeed(ckpt: Path) -> dict[str, torch.Tensor]:
+    ds_dir = ckpt / LEARNER_TAG
+    if list(ds_dir.glob("*optim_states.pt")):  # ZeRO 1/2/3: merge the fp32 partitions
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=LEARNER_TAG)
+    # ZeRO-0: rank 0's model file holds the whole module
+    files = sorted(ds_dir.glob("mp_rank_*_model_states.pt"))
+    if not files:
+        raise FileNotFoundError(f"no DeepSpeed model states in {ds_dir}")
+    return {k: v.float() for k, v in torch.load(files[0], map_location="cpu", weights_only=True)["module"].items()}

@@ -1,0 +1,169 @@
+"""Send the learner's weights to the vLLM engines through vLLM's RL weight-transfer API.
+
+Three parts:
+  DeepSpeedWeightSource   a vLLM `WeightSource` over the DeepSpeed model. Under ZeRO-3 each
+                          parameter is a shard on every rank, so a layer group is gathered
+                          at a time (a collective: all ranks iterate in lockstep, rank 0's
+                          tensors are the ones sent) and never the whole model at once.
+                          Under ZeRO-0/1/2 every rank holds whole parameters.
+  WeightSync              the trainer-side transfer engine (`gloo` on CPU from
+                          actors/gloo_transfer.py, vLLM's `nccl` on GPU) with a Ray client
+                          over the RolloutWorkers; `send(version)` runs one full update.
+  consolidated_state_dict the same group-wise gather into a CPU state dict (export, tests).
+
+Names: the training model is a transformers model and vLLM's `load_weights` takes HF checkpoint
+names, so names pass through unchanged. With tie_word_embeddings, `named_parameters()` lists
+the shared tensor once (model.embed_tokens.weight), which is what vLLM's Qwen2 loader wants: it
+skips lm_head.weight as an alias of the embedding anyway.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+
+
+def _gathered(params: list[torch.nn.Parameter], zero3: bool):
+    """Context in which every parameter of `params` is whole (ZeRO-3: an all-gather on every rank)."""
+    if zero3:
+        import deepspeed
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def full_shape(p: torch.nn.Parameter) -> tuple[int, ...]:
+    """A ZeRO-3 parameter's .shape is its (flat) shard; ds_shape is the real one."""
+    return tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)
+
+
+class DeepSpeedWeightSource(WeightSource):
+    """`(name, full tensor)` pairs of a (possibly ZeRO-3-partitioned) module, one gather group at a time.
+
+    `is_sender`: whether this rank's tensors are used. Under ZeRO-3 the sender gets clones (the
+    gathered storage is released when the group's gather ends, while a packing consumer may hold
+    tensors of several groups until its buffer fills); the other ranks only take part in the gathers.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, zero3: bool, is_sender: bool,
+                 name_map: Callable[[str], str | None] = lambda n: n):
+        self._zero3, self._is_sender = zero3, is_sender
+        self._params: dict[str, torch.nn.Parameter] = {}
+        for name, p in module.named_parameters():  # tied weights appear once
+            out = name_map(name)
+            if out is not None:
+                self._params[out] = p
+        self._meta = [ParamMeta(n, p.dtype, full_shape(p)) for n, p in self._params.items()]
+        self._gathered_groups = 0  # groups of the current pass already gathered (see drain)
+
+    def metadata(self) -> list[ParamMeta]:
+        return list(self._meta)
+
+    def num_bytes(self) -> int:
+        return sum(torch.Size(m.shape).numel() * torch.empty((), dtype=m.dtype).element_size() for m in self._meta)
+
+    def iter_groups(self) -> Iterator[tuple[list[str], list[torch.Tensor]]]:
+        self._gathered_groups = 0
+        for names in self.groups():
+            params = [self._params[n] for n in names]
+            with _gathered(params, self._zero3):
+                tensors = [p.data.detach() for p in params]
+                if self._zero3 and self._is_sender:
+                    tensors = [t.clone() for t in tensors]
+            self._gathered_groups += 1
+            yield names, tensors  # outside the gather: a consumer that stops here leaves none open
+
+    def begin_pass(self) -> None:
+        """Mark the start of a transfer (drain() then knows every gather is still to come)."""
+        self._gathered_groups = 0
+
+    def drain(self) -> None:
+        """Run the gathers of the current pass that the consumer did not get to.
+
+        When the sender's transfer fails mid-stream (an engine died), the other ranks are
+        waiting in the next ZeRO-3 all-gather; finishing the pass here releases them, so the
+        failure surfaces on the driver instead of hanging every rank until the gloo timeout."""
+        if not self._zero3:
+            return
+        for names in self.groups()[self._gathered_groups:]:
+            with _gathered([self._params[n] for n in names], True):
+                pass
+        self._gathered_groups = len(self.groups())
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for names, tensors in self.iter_groups():
+            yield from zip(names, tensors)
+
+
+def consolidated_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int) -> dict[str, torch.Tensor]:
+    """Whole weights as CPU tensors on rank 0 ({} elsewhere), gathered a layer group at a time.
+    Every rank must call it (ZeRO-3 gathers are collective)."""
+    source = DeepSpeedWeightSource(module, zero3=zero3, is_sender=rank == 0)
+    out: dict[str, torch.Tensor] = {}
+    for names, tensors in source.iter_groups():
+        if rank == 0:
+            out.update((n, t.detach().to("cpu", copy=True)) for n, t in zip(names, tensors))
+    return out
+
+
+class VersionedRayClient(RayVLLMWeightSyncClient):
+    """RayVLLMWeightSyncClient that stamps the engines' weight version when an update finishes.
+
+    The trainer engines call `finish_weight_update()` without a version; this fills in the one
+    the current `send` is for, so each engine's `get_weight_version()` reads it afterwards.
+    """
+
+    next_version: str | None = None
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        super().finish_weight_update(weight_version if weight_version is not None else self.next_version)
+
+
+def trainer_init_info(init_info: dict, rank: int):
+    """The backend's TrainerInitInfo from the driver's plain dict ({"backend": ..., backend fields})."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+    fields = dict(init_info)
+    backend = fields.pop("backend")
+    if backend == "gloo":
+        import actors.gloo_transfer  # noqa: F401  (registers the CPU backend with vLLM's factories)
+    registry = WeightTransferTrainerFactory._registry  # no public lookup of a backend's classes
+    if backend not in registry:
+        raise ValueError(f"unknown weight-transfer backend {backend!r}; registered: {sorted(registry)}")
+    return registry[backend]().init_info_cls(**fields, rank=rank)
+
+
+class WeightSync:
+    """Trainer side of the weight broadcast for one DeepSpeed engine (every rank builds one)."""
+
+    def __init__(self, ds_engine, *, rank: int, zero3: bool, rollout_handles: list, init_info: dict, on_gpu: bool):
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        self.rank = rank
+        self.source = DeepSpeedWeightSource(ds_engine.module, zero3=zero3, is_sender=rank == 0)
+        self.client = VersionedRayClient(list(rollout_handles))
+        info = trainer_init_info(init_info, rank)
+        # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
+        self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
+
+    def send(self, version: int) -> dict:
+        """One full update: start, stream every parameter, finish + stamp `version`. Every rank."""
+        t0 = time.perf_counter()
+        self.client.next_version = str(version)
+        self.source.begin_pass()
+        try:
+            self.engine.send_weights()
+        except BaseException:
+            self.source.drain()  # let the other ranks out of their gathers, then report
+            raise
+        return {"bytes": self.source.num_bytes() if self.rank == 0 else 0,
+                "seconds": time.perf_counter() - t0, "weight_version": version}
+
+    def shutdown(self) -> None:
+        try:
+            self.engine.shutdown()
+        except Exception:  # a dead peer (restarted rollout worker) must not block rebuilding
+            pass

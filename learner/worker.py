@@ -1,0 +1,349 @@
+"""LearnerWorker: one DeepSpeed rank. The driver wraps the class with ray.remote, one actor per rank.
+
+Single-controller style (as in verl): the driver calls a few coarse methods on every rank
+at once (train_step, sync_weights, save/load_checkpoint, export_hf) and the ranks meet
+inside those calls in DeepSpeed's collectives. Every rank must therefore get every call,
+in the same order.
+
+Exact micro-batching. Each rank trains on its contiguous 1/W of the batch, in micro-batches
+of cfg.micro_batch_size, with ONE optimizer step per pass over the batch. Each micro-batch
+loss is its share of the full-batch loss (policy_loss with the GLOBAL token/sequence counts
+divided by W, because DeepSpeed averages gradients over the W ranks), DeepSpeed's own
+gradient-accumulation scaling is off (GAS=1, backward(scale_wrt_gas=False)) and the
+accumulation boundary is set by hand on the last micro-batch, so the update equals one
+full-batch step in plain torch (tests/e2e/test_learner.py checks this to 1e-5).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import socket
+import time
+
+import numpy as np
+import torch
+
+from learner import grpo
+from learner.batch import MicroBatch, TrainBatch
+from learner.config import AlgoConfig, LearnerConfig
+
+# Metrics that are token-weighted means over the whole batch (summed as value * tokens, then / tokens).
+_TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "entropy", "tis_weight_mean")
+
+
+def lr_factor(update: int, *, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the base LR before optimizer update `update` (0-based): linear warm-up,
+    then constant / linear to 0 / cosine to 0 at `total`."""
+    if warmup > 0 and update < warmup:
+        return (update + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_ds_config(cfg: LearnerConfig, *, world_size: int, on_gpu: bool) -> dict:
+    """The DeepSpeed config for `cfg`. Batch sizes are nominal: we feed micro-batches ourselves."""
+    bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and on_gpu)
+    zero: dict = {"stage": cfg.zero_stage}
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
+    if cfg.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
+    if cfg.zero_stage == 3:
+        # We consolidate weights ourselves (layer by layer) for sync and export.
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    return {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,  # the boundary is set by hand, see train_step
+        "train_batch_size": cfg.micro_batch_size * world_size,
+        "gradient_clipping": cfg.grad_clip,
+        "optimizer": {
+            "type": "AdamW",
+            # torch.optim.AdamW: DeepSpeed's fused/CPU Adam need compiled ops (and a GPU for fused).
+            "params": {"lr": cfg.lr, "betas": [cfg.adam_beta1, cfg.adam_beta2], "eps": cfg.adam_eps,
+                       "weight_decay": cfg.weight_decay, "torch_adam": True},
+        },
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": False},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,  # torch AdamW with optimizer offload is fine
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: no weight decay on biases and norm weights (1-D tensors), as HF Trainer does."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        ndim = len(p.ds_shape) if hasattr(p, "ds_shape") else p.dim()  # ZeRO-3 params are flat shards
+        (no_decay if ndim < 2 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+class LearnerWorker:
+    """One DeepSpeed rank (a Ray actor). See the module docstring for the calling contract."""
+
+    def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, *, rank: int, world_size: int,
+                 master_addr: str, master_port: int, total_steps: int, seed: int):
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        t0 = time.perf_counter()
+        self.cfg, self.algo, self.model_path = cfg, algo, str(model_path)
+        self.rank, self.world_size, self.total_steps, self.seed = rank, world_size, total_steps, seed
+        self.on_gpu = cfg.num_gpus > 0 and torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size),
+                          # Ray gives each rank its own device(s), so the rank is local rank 0 there.
+                          LOCAL_RANK="0")
+        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
+                                   rank=rank, world_size=world_size, verbose=False)
+        seed_everything(seed)  # the same seed on every rank: any random init must agree across ranks
+
+        self.ds_config = build_ds_config(cfg, world_size=world_size, on_gpu=self.on_gpu)
+        dtype = torch.bfloat16 if self.ds_config["bf16"]["enabled"] else torch.float32
+        self._hf_ds_config = None
+        if cfg.zero_stage == 3:
+            # Must exist (and stay referenced: transformers keeps a weakref) before from_pretrained,
+            # so the weights are loaded straight into ZeRO-3 partitions (DESIGN.md).
+            from transformers.integrations import HfDeepSpeedConfig
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        model.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+
+        warmup, horizon = cfg.warmup_steps * cfg.mu, total_steps * cfg.mu  # the LR moves once per optimizer update
+
+        def make_scheduler(optimizer):
+            return torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda u: lr_factor(u, warmup=warmup, total=horizon, schedule=cfg.lr_schedule))
+
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=_param_groups(model, cfg.weight_decay),
+                                               config=self.ds_config, lr_scheduler=make_scheduler)
+        self.step = 0  # train_step calls completed (the driver's step on resume)
+        self.nonfinite_streak = 0
+        self.last_checkpoint: str | None = None
+        self._transfer = None  # trainer-side weight-transfer engine (learner/weight_sync.py)
+        self.init_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ #
+    # small helpers
+    # ------------------------------------------------------------------ #
+    def info(self) -> dict:
+        node_id = None
+        try:
+            import ray
+            node_id = ray.get_runtime_context().get_node_id()
+        except Exception:  # not inside Ray (a plain process in a test)
+            pass
+        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "node_id": node_id,
+                "hostname": socket.gethostname(), "device": str(self.device), "zero_stage": self.cfg.zero_stage,
+                "init_seconds": self.init_seconds, "step": self.step}
+
+    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        import deepspeed.comm as dist
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def _forward(self, mb: MicroBatch, with_entropy: bool):
+        """Log-probs [n, C] of the completion tokens (one forward pass), and optionally their entropy."""
+        out = self.engine(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device),
+                          position_ids=mb.position_ids.to(self.device), use_cache=False)
+        logits = out.logits[:, :-1]  # row t scores token t+1
+        index = mb.comp_index.to(self.device)
+        logp = grpo.token_logprobs(logits, mb.input_ids[:, 1:].to(self.device)).gather(1, index)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                picked = logits.detach().gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+                entropy = grpo.entropy_from_logits(picked)
+        return logp, entropy
+
+    # ------------------------------------------------------------------ #
+    # training
+    # ------------------------------------------------------------------ #
+    def train_step(self, batch: TrainBatch) -> dict:
+        """mu optimisation passes over `batch` (the full batch; this rank takes its shard). Returns metrics,
+        identical on every rank (averaged / summed over ranks)."""
+        t0 = time.perf_counter()
+        batch.validate()
+        cfg, algo = self.cfg, self.algo
+        shard = batch.shard(self.rank, self.world_size)
+        num_tokens = batch.num_completion_tokens() / self.world_size
+        num_seqs = len(batch) / self.world_size
+        mbs = shard.micro_batches(cfg.micro_batch_size)
+        to = lambda x: None if x is None else x.to(self.device)  # noqa: E731
+
+        old_logps = None
+        if cfg.mu > 1:  # pi_old is the policy before the first of the mu updates
+            with torch.no_grad():
+                old_logps = [self._forward(mb, with_entropy=False)[0] for mb in mbs]
+
+        sums = {k: 0.0 for k in ("loss", "pg_loss", *_TOKEN_MEAN_METRICS)}
+        grad_norm, lr, passes, skipped = 0.0, self.engine.get_lr()[0], 0, False
+        for k in range(cfg.mu):
+            lr = self.engine.get_lr()[0]
+            for j, mb in enumerate(mbs):
+                self.engine.set_gradient_accumulation_boundary(j == len(mbs) - 1)
+                logp, entropy = self._forward(mb, with_entropy=(k == 0))
+                old = logp.detach() if old_logps is None else old_logps[j]
+                mask = to(mb.mask)
+                loss, m = grpo.policy_loss(
+                    logp, old, to(mb.advantages), mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                    ratio_level=algo.ratio_level, aggregation=algo.aggregation, ref_logp=to(mb.ref_logp),
+                    beta=algo.beta, kl_estimator=algo.kl_estimator, behavior_logp=to(mb.behavior_logp),
+                    tis_cap=algo.tis_cap, norm_length=self._norm_length(batch), num_tokens=num_tokens,
+                    num_seqs=num_seqs)
+                if not torch.isfinite(loss):
+                    # A NaN/inf loss can still give finite gradients (e.g. k3 KL with ref_logp=-inf).
+                    # Poison the gradients so DeepSpeed's overflow check skips the update on every
+                    # rank (it all-reduces the check), keeping its bookkeeping consistent.
+                    loss = loss * float("nan")
+                self.engine.backward(loss, scale_wrt_gas=False)
+                tokens = float(mb.mask.sum())
+                sums["loss"] += float(loss.detach())
+                sums["pg_loss"] += m["pg_loss"]
+                for name in ("clip_frac", "ratio_mean", "kl", "tis_weight_mean"):
+                    if name in m:
+                        sums[name] += m[name] * tokens
+                if entropy is not None:
+                    sums["entropy"] += float(grpo.masked_mean(entropy, mask)) * tokens
+            grad_norm, applied = self._optimizer_step()
+            passes += 1
+            if not applied:  # the same on every rank (the overflow check is all-reduced)
+                skipped = True
+                break  # a batch that gave NaN/inf once will again: no further passes on it
+
+        self.step += 1
+        self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
+        metrics = self._reduce_metrics(sums, passes, batch.num_completion_tokens())
+        metrics.update(grad_norm=grad_norm, lr=lr, tokens=batch.num_completion_tokens(), skipped=skipped,
+                       nonfinite_count=self.nonfinite_streak, seconds=time.perf_counter() - t0, step=self.step)
+        if self.nonfinite_streak >= cfg.max_nonfinite_steps:
+            raise RuntimeError(
+                f"loss was NaN/inf for {self.nonfinite_streak} consecutive steps at step {self.step}; "
+                f"lower learner.lr or check rewards and advantages for NaN/inf (every update was skipped, "
+                f"the weights are those of step {self.step - self.nonfinite_streak}); "
+                f"the last checkpoint is at {self.last_checkpoint or '(none written by this run)'}")
+        return metrics
+
+    def _norm_length(self, batch: TrainBatch) -> float | None:
+        """Dr. GRPO's constant length normaliser (only for aggregation seq-mean-token-sum-norm)."""
+        if self.algo.aggregation != "seq-mean-token-sum-norm":
+            return None
+        return batch.max_new_tokens or max(1, max(len(c) for c in batch.completion_ids))
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """engine.step() once; returns (grad norm before clipping, whether the update was applied)."""
+        if self.cfg.zero_stage == 0:
+            # No ZeRO optimizer, so no overflow check in fp32: check the (already averaged) grads here.
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+            if not math.isfinite(norm):
+                self.engine.zero_grad()
+                return norm, False
+            self.engine.step()
+            return norm, True
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        norm = float(norm) if norm is not None else float("nan")
+        return norm, bool(self.engine.was_step_applied())
+
+    def _reduce_metrics(self, sums: dict, passes: int, total_tokens: int) -> dict:
+        """Exact batch-level values: loss/pg_loss are sums of per-micro-batch shares (mean over ranks
+        = full-batch value); the rest are token-weighted. Averaged over the mu passes run."""
+        keys = list(sums)
+        reduced = dict(zip(keys, self._all_reduce([sums[k] for k in keys])))
+        out = {"loss": reduced["loss"] / self.world_size / passes,
+               "pg_loss": reduced["pg_loss"] / self.world_size / passes}
+        for name in ("clip_frac", "ratio_mean", "kl", "tis_weight_mean"):
+            out[name] = reduced[name] / max(total_tokens, 1) / passes
+        out["entropy"] = reduced["entropy"] / max(total_tokens, 1)
+        if self.algo.tis_cap is None:
+            out.pop("tis_weight_mean")
+        return out
+
+    # ------------------------------------------------------------------ #
+    # weights: broadcast to the engines, consolidated copies
+    # ------------------------------------------------------------------ #
+    def init_weight_sync(self, rollout_handles: list, init_info: dict) -> None:
+        """(Re)build the trainer-side transfer engine towards `rollout_handles`. Every rank is called."""
+        from learner.weight_sync import WeightSync
+        if self._transfer is not None:
+            self._transfer.shutdown()
+        self._transfer = WeightSync(self.engine, rank=self.rank, zero3=self.cfg.zero_stage == 3,
+                                    rollout_handles=rollout_handles, init_info=init_info, on_gpu=self.on_gpu)
+
+    def sync_weights(self, version: int) -> dict:
+        """Send the current weights to every engine; their weight version becomes `version`."""
+        if self._transfer is None:
+            raise RuntimeError("sync_weights called before init_weight_sync")
+        return self._transfer.send(version)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Consolidated float32 weights on CPU (HF names) on rank 0, {} elsewhere. Collective."""
+        from learner.weight_sync import consolidated_state_dict
+        sd = consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank)
+        return {k: v.float() for k, v in sd.items()} if self.rank == 0 else {}
+
+    def export_hf(self, out_dir: str) -> None:
+        """A plain HF model directory (safetensors + config + tokenizer); rank 0 writes. Collective."""
+        from learner.checkpoint import write_hf_dir
+        from learner.weight_sync import consolidated_state_dict
+        sd = consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank)
+        if self.rank == 0:
+            write_hf_dir(sd, out_dir, self.model_path)
+        self._barrier()
+
+    def _barrier(self) -> None:
+        import deepspeed.comm as dist
+        dist.barrier()
+
+    # ------------------------------------------------------------------ #
+    # checkpoints (learner/checkpoint.py holds the formats and the driver's side)
+    # ------------------------------------------------------------------ #
+    def save_checkpoint(self, path: str, tag: str) -> None:
+        """Model, optimizer and LR schedule (DeepSpeed's files) + this rank's RNG and counters (JSON)."""
+        from learner import checkpoint
+        self.engine.save_checkpoint(path, tag=tag, client_state={}, save_latest=False)
+        if self.rank == 0:  # config + tokenizer, so the checkpoint exports on its own
+            checkpoint.write_hf_meta(self.model_path, os.path.join(path, checkpoint.HF_META_DIR))
+        checkpoint.write_worker_state(path, tag, self.rank, {
+            "step": self.step, "nonfinite_streak": self.nonfinite_streak, "rng": checkpoint.rng_state()})
+        self.last_checkpoint = checkpoint.final_path(path)  # where the driver's commit will put it
+        self._barrier()  # every rank's files are on disk before the driver commits
+
+    def load_checkpoint(self, path: str, tag: str) -> None:
+        """Restore what save_checkpoint wrote. Call on fresh workers (ZeRO-3 needs an unpartitioned start)."""
+        from learner import checkpoint
+        with checkpoint.safe_torch_load():
+            load_path, _ = self.engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
+                                                       load_lr_scheduler_states=True)
+        if load_path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint with tag {tag!r} under {path}")
+        state = checkpoint.read_worker_state(path, tag, self.rank)
+        self.step, self.nonfinite_streak = state["step"], state["nonfinite_streak"]
+        checkpoint.set_rng_state(state["rng"])
+        self.last_checkpoint = path
+        self._barrier()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,52 @@
+"""Pure parts of the learner (no Ray, no DeepSpeed; fast): batch sharding and padding, the LR schedule.
+They live beside the learner e2e tests they support; nothing here starts a process."""
+from __future__ import annotations
+
+import pytest
+
+from learner.batch import TrainBatch
+from learner.worker import lr_factor
+
+
+def _batch():
+    return TrainBatch(prompt_ids=[[5, 6], [7], [8, 9, 10], [11]], completion_ids=[[1, 2, 3], [4], [], [12, 13]],
+                      advantages=[0.5, -1.0, 0.0, 2.0], behavior_logp=[[-1.0, -2.0, -3.0], [-4.0], [], [-5.0, -6.0]],
+                      pad_id=0)
+
+
+def test_micro_batch_layout_right_pads_and_indexes_completion_tokens():
+    mb = _batch().micro_batches(2)[0]
+    assert mb.input_ids.tolist() == [[5, 6, 1, 2, 3], [7, 4, 0, 0, 0]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4]] * 2
+    # log-prob row t scores token t+1: completion token j of a prompt of length P is at P-1+j
+    assert mb.comp_index.tolist() == [[1, 2, 3], [0, 0, 0]]
+    assert mb.mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert mb.behavior_logp.tolist() == [[-1, -2, -3], [-4, 0, 0]]
+    empty = _batch().micro_batches(2)[1]  # an empty completion is all padding, never a token
+    assert empty.mask.tolist() == [[0, 0], [1, 1]]
+
+
+def test_shards_are_contiguous_and_must_divide():
+    b = _batch()
+    assert b.shard(1, 2).prompt_ids == [[8, 9, 10], [11]]
+    with pytest.raises(ValueError, match="does not split evenly over 3 learner ranks"):
+        b.shard(0, 3)
+
+
+def test_validate_names_the_mismatch():
+    b = _batch()
+    b.behavior_logp[3] = [-1.0]
+    with pytest.raises(ValueError, match="sequence 3: 2 completion tokens but 1 behavior_logp"):
+        b.validate()
+
+
+@pytest.mark.parametrize("schedule,expected", [
+    ("constant", [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    ("linear", [0.5, 1.0, 1.0, 2 / 3, 1 / 3, 0.0]),
+    ("cosine", [0.5, 1.0, 1.0, 0.75, 0.25, 0.0]),
+])
+def test_lr_schedule(schedule, expected):
+    """Warm-up never spends an update at LR 0; the decay reaches 0 at `total` (after the last update)."""
+    got = [lr_factor(u, warmup=2, total=5, schedule=schedule) for u in range(6)]
+    assert got == pytest.approx(expected)

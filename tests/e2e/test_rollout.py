@@ -1,0 +1,144 @@
+"""RolloutWorker in Ray with a real vLLM engine on the tiny model.
+
+Two engines for the whole module (starting one costs seconds): `skip` handles over-long
+prompts by skipping them, `strict` by raising.
+"""
+from __future__ import annotations
+
+import pytest
+
+from actors.config import RolloutConfig
+from actors.rollout import split_evenly
+
+EOS = 1  # cluster/tinymodel.py
+MAX_NEW = 16
+PROMPTS = ["1+2=", "3+4=", "10+20=", "7*8=", "99-9="]
+
+
+@pytest.fixture(scope="module")
+def workers(ray_cluster, tiny_model_dir):
+    import ray
+
+    from actors.rollout import RolloutWorker
+
+    def start(index, long_prompt):
+        cfg = RolloutConfig(max_model_len=128, max_new_tokens=MAX_NEW, cpu_kv_cache_mb=64, long_prompt=long_prompt)
+        return ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), cfg, worker_index=index)
+
+    skip, strict = start(0, "skip"), start(1, "error")
+    ray.get([skip.info.remote(), strict.info.remote()])  # both engines up
+    yield ray, skip, strict
+    for w in (skip, strict):
+        ray.kill(w)
+
+
+def test_split_evenly():
+    assert split_evenly(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+    assert split_evenly(list(range(4)), 4) == [[0], [1], [2], [3]]
+    assert split_evenly([1], 3) == [[1], [], []]
+    chunks = split_evenly(list(range(11)), 3)
+    assert [len(c) for c in chunks] == [4, 4, 3] and sum(chunks, []) == list(range(11))
+    with pytest.raises(ValueError):
+        split_evenly([1], 0)
+
+
+def test_group_of_completions(workers):
+    from cluster.tinymodel import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    ray, skip, _ = workers
+    rollouts = ray.get(skip.generate.remote(PROMPTS, 4, seeds=list(range(len(PROMPTS)))))
+    assert [r.prompt for r in rollouts] == PROMPTS
+    for r in rollouts:
+        assert r.skipped is None and r.weight_version == 0
+        assert r.prompt_ids == tokenizer.convert_tokens_to_ids(list(r.prompt))  # char-level
+        assert len(r.completions) == 4
+        for c in r.completions:
+            assert 1 <= len(c.token_ids) <= MAX_NEW
+            assert len(c.logprobs) == len(c.token_ids)
+            assert all(lp <= 0.0 for lp in c.logprobs)
+            assert c.finish_reason in ("stop", "length")
+            if c.finish_reason == "length":
+                assert len(c.token_ids) == MAX_NEW
+            else:
+                assert c.token_ids[-1] == EOS
+            assert isinstance(c.text, str)
+
+
+def test_behaviour_logprobs_are_the_engines_own(workers):
+    """The sampled tokens' log-probs equal the engine's log-probs of the same sequence."""
+    ray, skip, _ = workers
+    (r,) = ray.get(skip.generate.remote(["12+30="], 3, seeds=[7]))
+    seqs = [r.prompt_ids + c.token_ids for c in r.completions]
+    scored = ray.get(skip.prompt_logprobs.remote(seqs))
+    for c, lps in zip(r.completions, scored):
+        tail = lps[len(r.prompt_ids) - 1:]
+        assert max(abs(a - b) for a, b in zip(c.logprobs, tail)) <= 1e-4
+
+
+def test_seeds_reproduce(workers):
+    ray, skip, _ = workers
+    seeds = [11, 12, 13, 14, 15]
+    a = ray.get(skip.generate.remote(PROMPTS, 3, seeds=seeds))
+    b = ray.get(skip.generate.remote(PROMPTS, 3, seeds=seeds))
+    c = ray.get(skip.generate.remote(PROMPTS, 3, seeds=[s + 100 for s in seeds]))
+    ids = lambda rs: [[x.token_ids for x in r.completions] for r in rs]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert [[x.logprobs for x in r.completions] for r in a] == [[x.logprobs for x in r.completions] for r in b]
+    assert ids(a) != ids(c)
+    # The G samples of one request differ from each other (not G copies of one seed).
+    assert any(len({tuple(x.token_ids) for x in r.completions}) > 1 for r in a)
+
+
+def test_seeds_reproduce_across_engines(workers):
+    """Another engine process (as after a restart or a resume) gives the same samples."""
+    ray, skip, strict = workers
+    seeds = [21, 22, 23, 24, 25]
+    a, b = ray.get([w.generate.remote(PROMPTS, 3, seeds=seeds) for w in (skip, strict)])
+    assert [[x.token_ids for x in r.completions] for r in a] == [[x.token_ids for x in r.completions] for r in b]
+
+
+def test_greedy_and_max_new_tokens(workers):
+    ray, skip, _ = workers
+    (r,) = ray.get(skip.generate.remote(["5+5="], 3, greedy=True, max_new_tokens=4))
+    assert len({tuple(c.token_ids) for c in r.completions}) == 1
+    assert all(len(c.token_ids) <= 4 for c in r.completions)
+
+
+def test_long_prompt_skipped_and_reported(workers):
+    ray, skip, _ = workers
+    long = "1+" * 60 + "1="  # 122 tokens > 128 - 16
+    rollouts = ray.get(skip.generate.remote(["1+1=", long, "2+2="], 2, seeds=[1, 2, 3]))
+    assert rollouts[1].skipped == "prompt is 122 tokens, limit 112 (max_model_len 128 - max_new_tokens 16)"
+    assert rollouts[1].completions == []
+    assert rollouts[0].skipped is None and len(rollouts[0].completions) == 2
+    assert len(rollouts[2].completions) == 2
+    # With a smaller max_new_tokens the same prompt fits.
+    (fits,) = ray.get(skip.generate.remote([long], 1, max_new_tokens=4))
+    assert fits.skipped is None
+
+
+def test_long_prompt_error_mode(workers):
+    ray, _, strict = workers
+    long = "1+" * 60 + "1="
+    with pytest.raises(ValueError, match=r"prompt 1: prompt is 122 tokens, limit 112"):
+        ray.get(strict.generate.remote(["1+1=", long], 2))
+    # The engine survived and still serves.
+    (r,) = ray.get(strict.generate.remote(["1+1="], 2, seeds=[0]))
+    assert len(r.completions) == 2
+
+
+def test_two_workers_share_a_batch(workers):
+    ray, skip, strict = workers
+    prompts = [f"{i}+{i}=" for i in range(7)]
+    seeds = list(range(100, 107))
+    parts = split_evenly(list(zip(prompts, seeds)), 2)
+    futures = [w.generate.remote([p for p, _ in part], 2, seeds=[s for _, s in part])
+               for w, part in zip((skip, strict), parts)]
+    merged = [r for chunk in ray.get(futures) for r in chunk]
+    assert [r.prompt for r in merged] == prompts
+    assert all(len(r.completions) == 2 for r in merged)
+    infos = ray.get([skip.info.remote(), strict.info.remote()])
+    assert [i["worker_index"] for i in infos] == [0, 1]
+    assert infos[0]["pid"] != infos[1]["pid"]
+    assert all(i["node_id"] and i["weight_version"] == 0 for i in infos)

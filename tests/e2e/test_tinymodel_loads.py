@@ -1,0 +1,49 @@
+"""What cluster/tinymodel.py writes loads and generates in transformers and in stock vLLM.
+
+(DeepSpeed loading is covered by the learner's tests, which initialise it anyway.)
+"""
+from __future__ import annotations
+
+import torch
+
+from cluster.tinymodel import EOS, PAD, num_parameters
+
+
+def test_transformers_loads_and_generates(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    assert tokenizer.pad_token == PAD and tokenizer.eos_token == EOS
+    assert model.config.pad_token_id == tokenizer.pad_token_id and model.config.eos_token_id == tokenizer.eos_token_id
+    ids = tokenizer("12+34=", return_tensors="pt").input_ids
+    assert ids.shape[1] == 6  # one token per character
+    assert tokenizer.decode(ids[0]) == "12+34="
+    assert model.config.tie_word_embeddings
+    assert sum(p.numel() for p in model.parameters()) == num_parameters(tiny_model_dir)
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] > ids.shape[1]
+
+
+def test_vllm_loads_and_generates(ray_cluster, tiny_model_dir):
+    import ray
+
+    def _vllm_generate(model_dir: str) -> list[str]:
+        """Runs inside a Ray task (nested: pickled by value): stock vllm.LLM, in-process engine, no RolloutWorker."""
+        import os
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=model_dir, dtype="float32", max_model_len=64, kv_cache_memory_bytes=16 << 20,
+                  enforce_eager=True, seed=0)
+        outs = llm.generate(["12+34=", "7*8="], SamplingParams(max_tokens=8, temperature=1.0, seed=0), use_tqdm=False)
+        return [o.outputs[0].text for o in outs]
+
+    # max_calls=1: the worker process exits afterwards instead of serving later tasks with an engine's
+    # leftovers (env vars, torch thread settings).
+    task = ray.remote(num_cpus=0.5, max_calls=1)(_vllm_generate)
+    texts = ray.get(task.remote(str(tiny_model_dir)))
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+    assert any(texts)  # random weights, but 8 sampled characters are not all EOS

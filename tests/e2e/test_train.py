@@ -1,0 +1,118 @@
+"""The whole system, driven by the real driver loop: real Ray, vLLM, DeepSpeed, tiny model.
+
+Each run starts its own actors in the session's Ray cluster, so a run costs an engine start
+plus a DeepSpeed start; the runs are kept few and short.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.config import load_config
+from cluster.metrics import read_metrics
+from cluster.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def config(tiny_model_dir, run_dir, *overrides):
+    base = [
+        f"model.path={tiny_model_dir}", f"trainer.run_dir={run_dir}", "trainer.steps=4", "trainer.prompts_per_step=4",
+        "trainer.group_size=4", "data.num_eval=0", "data.task_digits=1", "rollout.max_model_len=48",
+        "rollout.max_new_tokens=6", "rollout.gpu_memory_utilization=0.03", "learner.lr=1e-3",
+        "learner.micro_batch_size=8", "metrics.tensorboard=false", "trainer.actor_timeout_s=300",
+        "reward.functions=[exact_match, format]",
+    ]
+    return load_config(None, [*base, *overrides])
+
+
+def train_rows(run_dir):
+    return read_metrics(run_dir)
+
+
+def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluster, tmp_path):
+    """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal."""
+    full = tmp_path / "full"
+    Trainer(config(tiny_model_dir, full, "algo.beta=0.05", "checkpoint.every=2")).run()
+    rows = train_rows(full)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["weight_version"] == r["step"] and r["staleness"] == 0 for r in rows)
+    assert all(r["kl"] is not None for r in rows) and rows[-1]["kl"] > 0  # reference actor served log-probs
+    assert all(r["gen_tokens"] > 0 and r["sync_bytes"] > 0 for r in rows)
+    assert (full / "hf_model" / "config.json").exists()
+    assert (full / "config.yaml").exists()
+
+    part = tmp_path / "part"
+    Trainer(config(tiny_model_dir, part, "algo.beta=0.05", "trainer.steps=2")).run()
+    summary = Trainer(config(tiny_model_dir, part, "algo.beta=0.05")).run()  # resume=auto
+    assert summary["checkpoint"].endswith("step-00000004")
+    resumed = train_rows(part)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(rows[2:], resumed[2:]):
+        assert a["reward_mean"] == b["reward_mean"], (a, b)
+        assert a["gen_tokens"] == b["gen_tokens"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-5)
+
+
+def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster, tmp_path):
+    """SIGKILL an engine's process while step 3's generation is in flight (async: it overlaps
+    step 2's training): Ray restarts it, the driver re-syncs it and re-sends its prompts."""
+    run_dir = tmp_path / "async"
+    cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2")
+    trainer = Trainer(cfg)
+    learn, killed = trainer._learn, []
+
+    def learn_then_kill(batch, sw):
+        if trainer.step == 1 and not killed:  # training step 2, generating step 3
+            pid = next(p["pid"] for p in trainer.placement if p["role"] == "rollout-1")
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return learn(batch, sw)
+
+    trainer._learn = learn_then_kill
+    summary = trainer.run()
+    assert killed, "the worker was never killed: the test did not test anything"
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert summary["rollout_restarts"] >= 1 and rows[-1]["rollout_restarts"] >= 1
+    # async: each batch comes from the previous version (never older than max_staleness=1)
+    assert all(0 <= r["staleness"] <= 1 for r in rows) and any(r["staleness"] == 1 for r in rows)
+    # no prompt lost: every step trained on full groups, and the weights kept advancing
+    assert all(r["trained_groups"] == 4 for r in rows)
+    assert [r["weight_version"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def run_cli(*args, cwd=ROOT, timeout=600):
+    return subprocess.run([sys.executable, "-m", "cluster.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+def test_malformed_dataset_line_is_named_and_exits_nonzero(tiny_model_dir, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"\n')
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {tiny_model_dir}}}\ndata: {{train: {data}}}\ntrainer: {{run_dir: {tmp_path / 'run'}}}\n")
+    out = run_cli("train", cfg)
+    assert out.returncode == 2
+    assert f"{data}:2" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_reward_function_that_always_raises_stops_the_run_clearly(tiny_model_dir, ray_cluster, tmp_path):
+    """Occasional reward errors are counted (tests/unit/test_rewards.py); one that fails on every
+    sample would train on fallback rewards only, so the run stops and says which function failed."""
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text("def reward(prompt, completion, **kw):\n    raise RuntimeError('boom from user code')\n")
+    cfg = config(tiny_model_dir, tmp_path / "run", f"reward.functions=['{bad}:reward']", "trainer.steps=2")
+    with pytest.raises(RuntimeError) as e:
+        Trainer(cfg).run()
+    assert "boom from user code" in str(e.value) and "reward" in str(e.value)
+    assert (tmp_path / "run" / "config.yaml").exists()  # what was written stays

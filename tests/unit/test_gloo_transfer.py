@@ -1,0 +1,221 @@
+"""The gloo weight-transfer backend in isolation: no vLLM engine, no Ray.
+
+The trainer side runs in the test's thread; each "engine" is a GlooWeightTransferEngine
+around a stand-in model that records what `load_weights` received, driven by a client that,
+like RayVLLMWeightSyncClient, fans each call out to every engine concurrently.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.distributed.weight_transfer.base import ModuleSource, WeightTransferInitRequest
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+from actors.gloo_engine import GlooWeightTransferEngine
+from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, plan_buckets
+
+
+class RecordingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.received: dict[str, torch.Tensor] = {}
+        self.calls = 0
+
+    def load_weights(self, weights):
+        self.calls += 1
+        for name, tensor in weights:
+            self.received[name] = tensor.clone()  # the tensors are views of a reused buffer
+
+
+def make_engine() -> GlooWeightTransferEngine:
+    vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_index=0, world_size=1, rank=0),
+                                  model_config=None)
+    return GlooWeightTransferEngine(SimpleNamespace(backend="gloo"), vllm_config, torch.device("cpu"),
+                                    RecordingModel())
+
+
+class FanOutClient:
+    """The four-method client protocol over local engines, each call concurrent on all."""
+
+    def __init__(self, engines):
+        self.engines = engines
+        self.pool = ThreadPoolExecutor(max_workers=len(engines))
+        self.finished = 0
+        self.versions = []
+
+    def _all(self, fn):
+        for f in [self.pool.submit(fn, e) for e in self.engines]:
+            f.result()
+
+    def init_weight_transfer_engine(self, init_info):
+        # Engines receive the request the way vLLM's worker does: parse, then init.
+        request = WeightTransferInitRequest(init_info=init_info)
+        self._all(lambda e: e.init_transfer_engine(e.parse_init_info(request.init_info)))
+
+    def start_weight_update(self):
+        self._all(lambda e: e.start_weight_update())
+
+    def update_weights(self, update_info):
+        self._all(lambda e: e.update_weights(update_info))
+
+    def finish_weight_update(self, weight_version=None):
+        self._all(lambda e: e.finish_weight_update())
+        self.finished += 1
+        self.versions.append(weight_version)
+
+
+class TinyNet(torch.nn.Module):
+    def __init__(self, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.embed = torch.nn.Parameter(torch.randn(50, 16, generator=g))
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(3)])
+        self.scale = torch.nn.Parameter(torch.tensor(2.5))  # 0-dim
+        self.bf16 = torch.nn.Parameter(torch.randn(7, 3, generator=g).to(torch.bfloat16))  # another dtype
+        with torch.no_grad():
+            for layer in self.layers:
+                layer.weight.copy_(torch.randn(16, 16, generator=g))
+
+
+def test_plan_buckets_matches_pack_rule():
+    assert plan_buckets([], 10) == []
+    assert plan_buckets([4, 4, 4], 10) == [[0, 1, 2]]
+    assert plan_buckets([6, 6, 6], 10) == [[0, 1], [2]]  # a bucket closes once it holds more than 10
+    assert plan_buckets([30, 1], 10) == [[0], [1]]  # a tensor larger than a bucket travels alone
+
+
+@pytest.mark.parametrize("num_engines,bucket_bytes", [(1, 1 << 20), (2, 700)])
+def test_weights_arrive_identical(num_engines, bucket_bytes):
+    engines = [make_engine() for _ in range(num_engines)]
+    client = FanOutClient(engines)
+    net = TinyNet()
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=1 + num_engines,
+                               bucket_bytes=bucket_bytes, timeout_s=60, rank=0)
+    # Through vLLM's factory, as the learner will call it.
+    trainer = WeightTransferTrainerFactory.trainer_init(init, client=client, source=ModuleSource(net))
+    assert isinstance(trainer, GlooTrainerWeightTransferEngine)
+    assert sorted(e.rank for e in engines) == list(range(1, 1 + num_engines))
+    trainer.send_weights(weight_version=3)
+    expected = dict(net.named_parameters())
+    for engine in engines:
+        got = engine.model.received
+        assert set(got) == set(expected)
+        for name, param in expected.items():
+            assert got[name].dtype == param.dtype and got[name].shape == param.shape, name
+            assert torch.equal(got[name], param.detach()), name
+        if bucket_bytes < 1000:
+            assert engine.model.calls > 1  # really split into several buckets
+    assert client.versions == ["3"]
+
+    # A second round sends the new values (the engines keep their group).
+    with torch.no_grad():
+        net.scale.add_(1.0)
+    trainer.send_weights()
+    for engine in engines:
+        assert float(engine.model.received["scale"]) == pytest.approx(3.5)
+    trainer.shutdown()
+    for engine in engines:
+        engine.shutdown()
+
+
+def test_reinit_replaces_previous_group():
+    """A new trainer_init (e.g. after a rollout worker restarted) must work on engines that
+    still hold the previous group."""
+    engines = [make_engine()]
+    client = FanOutClient(engines)
+    net = TinyNet(seed=1)
+    for round_ in range(2):
+        init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2, timeout_s=60, rank=0)
+        trainer = GlooTrainerWeightTransferEngine.trainer_init(init, client=client, source=ModuleSource(net))
+        with torch.no_grad():
+            net.scale.fill_(10.0 + round_)
+        trainer.send_weights()
+        assert float(engines[0].model.received["scale"]) == 10.0 + round_
+        trainer.shutdown()  # the engine side is not told: its next init must tear its group down
+    engines[0].shutdown()
+
+
+def test_non_sender_rank_only_iterates_the_source():
+    class CountingSource(ModuleSource):
+        passes = 0
+
+        def __iter__(self):
+            CountingSource.passes += 1
+            yield from super().__iter__()
+
+    class NoClient:
+        def __getattr__(self, name):
+            raise AssertionError(f"a non-sender rank called client.{name}")
+
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2, rank=1)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(init, client=NoClient(), source=CountingSource(TinyNet()))
+    trainer.send_weights()
+    assert CountingSource.passes == 1
+
+
+def test_world_size_too_small_is_a_clear_error():
+    engines = [make_engine(), make_engine()]
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2, timeout_s=20, rank=0)
+    with pytest.raises(ValueError, match="world_size"):
+        GlooTrainerWeightTransferEngine.trainer_init(init, client=FanOutClient(engines), source=ModuleSource(TinyNet()))
+
+
+def test_source_that_disagrees_with_its_metadata_fails_fast():
+    class LyingSource(ModuleSource):
+        def __iter__(self):
+            for name, t in super().__iter__():
+                yield name, t.reshape(-1) if name == "embed" else t  # metadata() said [50, 16]
+
+    engines = [make_engine()]
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2, timeout_s=60, rank=0)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(init, client=FanOutClient(engines),
+                                                           source=LyingSource(TinyNet()))
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="disagrees with metadata"):
+        trainer.send_weights()
+    assert time.monotonic() - t0 < 30
+    engines[0].shutdown()
+
+
+def test_backends_registered():
+    import actors.vllm_ext
+
+    actors.vllm_ext.register()
+    actors.vllm_ext.register()  # idempotent
+    assert WeightTransferEngineFactory._registry["gloo"]() is GlooWeightTransferEngine
+    assert "gloo" in WeightTransferTrainerFactory._registry
+
+
+def test_explicit_rank_offset():
+    """A payload with rank_offset (the NCCL convention) places the worker at offset + its rank."""
+    import datetime
+    import threading as th
+
+    import torch.distributed as dist
+
+    from actors.gloo_transfer import new_gloo_group
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    engine = make_engine()
+    payload = dict(master_address="127.0.0.1", master_port=store.port, world_size=3, generation="g",
+                   rank_offset=2, timeout_s=30)
+    t = th.Thread(target=lambda: engine.init_transfer_engine(engine.parse_init_info(payload)))
+    t.start()
+    groups = {}
+
+    def join(rank):  # each rank with its own store client, as in separate processes
+        client = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, is_master=False)
+        groups[rank] = new_gloo_group(dist.PrefixStore("raygrpo/g/", client), rank, 3, "127.0.0.1", 30)
+
+    joiners = [th.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for j in joiners:
+        j.start()
+    for j in [t, *joiners]:
+        j.join(60)
+    assert engine.rank == 2 and engine.group is not None and set(groups) == {0, 1}
+    engine.shutdown()
