@@ -43,4 +43,8 @@ class ReferenceActor:
         return completion_logprobs(self.model, prompt_ids, completion_ids, self.cfg.micro_batch_size, self.pad_id)
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "device": str(self.device), "dtype": str(next(self.model.parameters()).dtype)}
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"pid": os.getpid(), "node_id": node_id, "device": str(self.device),
+                "dtype": str(next(self.model.parameters()).dtype)}

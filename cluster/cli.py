@@ -14,7 +14,7 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What `submit` never uploads to the cluster: environments, runs, caches, VCS data.
-SUBMIT_EXCLUDES = [".venv/", "runs/", ".cache/", ".git/", "**/__pycache__/", ".pytest_cache/", ".hypothesis/",
+SUBMIT_EXCLUDES = [".venv*/", "venv/", "runs/", ".cache/", ".git/", "**/__pycache__/", ".pytest_cache/", ".hypothesis/",
                    "*.egg-info/", ".whl/"]
 
 
@@ -49,6 +49,7 @@ def cmd_submit(args) -> int:
               "so put the config inside it (e.g. examples/)", file=sys.stderr)
         return 2
     load_config(config, args.overrides, validate_paths=False)  # catch config mistakes before uploading anything
+    _use_ray_auth_token()
     client = JobSubmissionClient(args.address)
     # ray.address=auto: the job's driver joins the cluster it runs on instead of starting its own
     entrypoint = " ".join(["python", "-m", "cluster.cli", "train", str(rel), *map(_shell_quote, args.overrides),
@@ -71,6 +72,14 @@ def cmd_submit(args) -> int:
             print(f"job {job_id}: {status.value}")
             return 0 if status == JobStatus.SUCCEEDED else 1
         time.sleep(2)
+
+
+def _use_ray_auth_token() -> None:
+    """Ray 2.60 clusters require a token by default (`ray start` writes it to ~/.ray/auth_token);
+    Ray's HTTP clients send it only in token mode, which they do not switch on by themselves."""
+    if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                                              or (Path.home() / ".ray" / "auth_token").exists()):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _shell_quote(s: str) -> str:
@@ -153,12 +162,33 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     b = sub.add_parser("bench", help="measure throughput, sync cost, schedules, ZeRO stages; compare with TRL",
-                       description="Prints a table and writes it as JSON (see docs/benchmarks.md).")
-    b.add_argument("--hidden-size", type=int, default=128)
-    b.add_argument("--num-layers", type=int, default=4)
-    b.add_argument("--steps", type=int, default=5)
-    b.add_argument("--out", default="runs/bench/bench.json")
-    b.add_argument("--skip-trl", action="store_true")
+                       description="Measures, in one run on this machine: (1) rollout tokens/s through a RolloutWorker "
+                       "Ray actor vs the same vLLM engine called directly, (2) a full weight update (learner -> vLLM, "
+                       "gloo) vs a raw gloo broadcast of the same bytes, and sync's share of a step, (3) sync vs async "
+                       "schedule step time, (4) learner tokens/s under ZeRO-2 and ZeRO-3, (5) TRL's GRPOTrainer on the "
+                       "same task/model/batch/steps/lr (installed on demand into .venv-bench). Prints a table and "
+                       "writes it as JSON with the machine's details (see docs/benchmarks.md).")
+    b.add_argument("overrides", nargs="*", help="dotted config overrides on examples/cpu_demo.yaml for the training "
+                   "runs, e.g. algo.beta=0 learner.lr=5e-5")
+    b.add_argument("--hidden-size", type=int, default=128, help="tiny Qwen2 hidden size (head_dim 32); default ~1M params")
+    b.add_argument("--num-layers", type=int, default=4, help="tiny Qwen2 layers")
+    b.add_argument("--model", default="", help="an existing HF model directory instead of a tiny one (no warm start)")
+    b.add_argument("--steps", type=int, default=5, help="training steps of the sync/async/TRL runs (the first is warm-up)")
+    b.add_argument("--out", default="runs/bench/bench.json", help="where the JSON goes (work files beside it)")
+    b.add_argument("--skip-trl", action="store_true", help="leave out part 5 (no .venv-bench, no TRL install)")
+    b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl (default: all)")
+    b.add_argument("--cache-dir", default=".cache/bench", help="where the tiny models and warm starts are cached")
+    b.add_argument("--warm-start-steps", type=int, default=900, help="supervised warm-start steps (cached; 0: none)")
+    b.add_argument("--gen-prompts", type=int, default=32, help="prompts per rollout call in part 1")
+    b.add_argument("--gen-tokens", type=int, default=32, help="max new tokens per completion in part 1")
+    b.add_argument("--gen-repeats", type=int, default=3, help="timed rollout calls per path in part 1 (after warm-up)")
+    b.add_argument("--learner-ranks", type=int, default=2, help="DeepSpeed ranks for parts 2 and 4")
+    b.add_argument("--learner-steps", type=int, default=3, help="timed train steps per ZeRO stage (after warm-up)")
+    b.add_argument("--sync-repeats", type=int, default=5, help="timed full weight updates / raw broadcasts")
+    b.add_argument("--trl-threads", default="1", help="torch threads of the TRL process, or a comma list to run it once "
+                   "per value, e.g. 1,2 (0: all CPUs); 1 matches raygrpo's one thread per actor")
+    b.add_argument("--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s, to report learner MFU")
+    b.add_argument("--timeout", type=float, default=900, help="seconds any single wait may take")
     b.set_defaults(fn=cmd_bench)
     return p
 
@@ -167,7 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.config import ConfigError
     from cluster.data import DataError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # overrides may come after options too (`submit cfg.yaml --address URL a.b=c`)
+    args, extra = parser.parse_known_args(argv)
+    bad = [x for x in extra if "=" not in x or x.startswith("-")]
+    if bad or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(bad or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.fn(args)
     except (ConfigError, DataError, FileNotFoundError, FileExistsError) as e:

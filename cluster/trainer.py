@@ -7,6 +7,7 @@ batch is one weight version old (`max_staleness` bounds how old it may be).
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -58,7 +59,9 @@ class Trainer:
         self.step = self.version = 0
         self.engine_version = 0  # the version every engine is known to hold (set after each sync)
         self.learner_restarts = 0
-        self._learner_lock = threading.RLock()  # a rollout restart re-syncs weights: not while training
+        # An engine must not serve a generate between the calls of a weight update (vLLM holds mixed
+        # weights then): the collector holds this lock around each generate, the sync around itself.
+        self._engines_lock = threading.RLock()
         self._collector = ThreadPoolExecutor(1, thread_name_prefix="collect")
 
     # ------------------------------------------------------------------ the story of a run
@@ -100,8 +103,7 @@ class Trainer:
                 batch = self._collect_async(self.step).result()
             if t.mode == "async" and self.step + 1 < t.steps:
                 pending = self._collect_async(self.step + 1)  # overlaps the training below
-            with self._learner_lock:
-                m = self._learn(batch, sw)
+            m = self._learn(batch, sw)
             self.step += 1
             sw.t["step_s"] = time.perf_counter() - t0
             self.log.log_step(self._step_metrics(batch, m, sw))
@@ -140,14 +142,15 @@ class Trainer:
 
     def _sync_weights(self) -> dict:
         """Broadcast the learner's weights; an engine that died during it is revived and re-synced."""
-        try:
-            out = self.learners.sync_weights(self.version)
-        except Exception:
-            if not self.pool.restarted_workers():  # not a rollout crash: a real error
-                raise
-            out = {"bytes": 0}  # _resync_after_restart has sent the weights to every engine
-        self.engine_version = self.version
-        return out
+        with self._engines_lock:
+            try:
+                out = self.learners.sync_weights(self.version)
+            except Exception:
+                if not self.pool.restarted_workers():  # not a rollout crash: a real error
+                    raise
+                out = {"bytes": 0}  # _resync_after_restart has sent the weights to every engine
+            self.engine_version = self.version
+            return out
 
     # ------------------------------------------------------------------ collecting a batch
     def _collect_async(self, step: int) -> Future:
@@ -173,9 +176,10 @@ class Trainer:
             examples = self.stream.take(n)
             sw = Stopwatch()
             with sw("gen"):
-                rollouts = self.pool.generate([e.prompt for e in examples], G,
-                                              [sample_seed(t.seed, step, round_, i) for i in range(n)],
-                                              expected_version=self.engine_version)
+                with self._engines_lock:
+                    rollouts = self.pool.generate([e.prompt for e in examples], G,
+                                                  [sample_seed(t.seed, step, round_, i) for i in range(n)],
+                                                  expected_version=self.engine_version)
             with sw("reward"):
                 for ex, ro in zip(examples, rollouts):
                     if ro.skipped:
@@ -241,11 +245,12 @@ class Trainer:
         """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = exact match of the
         `answer` field when the data has one, else a positive configured reward."""
         t, ex = self.cfg.trainer, self.heldout
-        greedy = self.pool.generate([e.prompt for e in ex], 1, [0] * len(ex), greedy=True,
-                                    expected_version=self.engine_version)
-        sampled = self.pool.generate([e.prompt for e in ex], t.eval_pass_k,
-                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))],
-                                     expected_version=self.engine_version)
+        with self._engines_lock:
+            greedy = self.pool.generate([e.prompt for e in ex], 1, [0] * len(ex), greedy=True,
+                                        expected_version=self.engine_version)
+            sampled = self.pool.generate([e.prompt for e in ex], t.eval_pass_k,  # same seeds at every evaluation
+                                         [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))],
+                                         expected_version=self.engine_version)
 
         def correct(e: Example, text: str) -> bool:
             if "answer" in e.fields:
@@ -267,6 +272,7 @@ class Trainer:
         launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
         self.actors = launch.create_actors(cfg, with_reference=cfg.algo.beta > 0)
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
+        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
                                 [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
@@ -278,9 +284,13 @@ class Trainer:
         self._resume()
 
     def _resync_after_restart(self, worker_index: int) -> None:
-        """A restarted engine holds the base weights: rebuild the transfer group and send the current ones."""
+        """A restarted engine holds the base weights: rebuild the transfer group and send the current ones.
+
+        Runs with the engines lock held. If the learner is mid-step, Ray queues these calls after
+        it, so the engine may get weights one step newer than `version` says; the loss still uses
+        the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
         print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
-        with self._learner_lock:
+        with self._engines_lock:
             self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb,
                                            self.cfg.rollout.tensor_parallel_size)
             self.learners.sync_weights(self.version)
