@@ -90,6 +90,8 @@ class Trainer:
 
     def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
+        if getattr(self, "log", None) is not None:  # a restart after a dead learner rank
+            self.log.close()
         self.log = MetricsLogger(self.run_dir, t.steps, self.step, tensorboard=cfg.metrics.tensorboard,
                                  wandb=cfg.metrics.wandb, wandb_project=cfg.metrics.wandb_project, config=cfg.to_dict())
         before = self.evaluate() if self.step == 0 and self.heldout else None
@@ -238,6 +240,7 @@ class Trainer:
             "trained_groups": len(batch.examples), "rollout_restarts": self.pool.restarts,
             "update_skipped": m.get("skipped", False), "sync_bytes": sync.get("bytes", 0),
             "pg_loss": m.get("pg_loss", float("nan")), "ratio_mean": m.get("ratio_mean", float("nan")),
+            "tis_weight_mean": m.get("tis_weight_mean", float("nan")),
         }
 
     # ------------------------------------------------------------------ evaluation

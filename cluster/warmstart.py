@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -96,11 +97,14 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))  # short warm-up
     steps = range(spec.steps)
-    if progress:
+    tty = sys.stderr.isatty()
+    if progress and tty:
         from tqdm import tqdm
 
-        steps = tqdm(steps, desc="warm start (supervised)", unit="step", disable=None)
-    for _ in steps:
+        steps = tqdm(steps, desc="warm start (supervised)", unit="step")
+    for step in steps:
+        if progress and not tty and step % 100 == 0:
+            print(f"warm start: step {step}/{spec.steps}", flush=True)
         ids, att, lab = _encode(tok, rng.sample(train, spec.batch_size))
         logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
         target, mask = ids[:, 1:], lab[:, 1:]

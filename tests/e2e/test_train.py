@@ -116,3 +116,25 @@ def test_reward_function_that_always_raises_stops_the_run_clearly(tiny_model_dir
         Trainer(cfg).run()
     assert "boom from user code" in str(e.value) and "reward" in str(e.value)
     assert (tmp_path / "run" / "config.yaml").exists()  # what was written stays
+
+
+def test_dead_learner_rank_resumes_from_the_last_checkpoint(tiny_model_dir, ray_cluster, tmp_path):
+    """SIGKILL the learner while it trains step 4 (checkpoint at step 2): the driver restarts every
+    actor, resumes at step 2, and the run still ends with exactly steps 1..4 logged once each."""
+    run_dir = tmp_path / "learner_dies"
+    trainer = Trainer(config(tiny_model_dir, run_dir, "checkpoint.every=2", "trainer.max_learner_restarts=1"))
+    learn, killed = trainer._learn, []
+
+    def learn_then_kill(batch, sw):
+        if trainer.step == 3 and not killed:
+            pid = next(p["pid"] for p in trainer.placement if p["role"] == "learner-0")
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return learn(batch, sw)
+
+    trainer._learn = learn_then_kill
+    summary = trainer.run()
+    assert killed and trainer.learner_restarts == 1
+    assert summary["checkpoint"].endswith("step-00000004")
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
