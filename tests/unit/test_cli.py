@@ -42,3 +42,15 @@ def test_submit_refuses_a_config_outside_the_project(tmp_path, capsys):
     cfg.write_text("{}\n")
     assert main(["submit", str(cfg), "--address", "http://127.0.0.1:1"]) == 2
     assert "outside the project directory" in capsys.readouterr().err
+
+
+def test_unknown_reward_function_is_a_config_error(tmp_path, capsys):
+    from cluster.tinymodel import TinyModelSpec, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", TinyModelSpec(num_layers=1))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {model}}}\nreward: {{functions: [no_such_reward]}}\n"
+                   f"trainer: {{run_dir: {tmp_path / 'run'}}}\n")
+    assert main(["train", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown reward function 'no_such_reward'" in err and "exact_match" in err
