@@ -168,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "schedule step time, (4) learner tokens/s under ZeRO-2 and ZeRO-3, (5) TRL's GRPOTrainer on the "
                        "same task/model/batch/steps/lr (installed on demand into .venv-bench). Prints a table and "
                        "writes it as JSON with the machine's details (see docs/benchmarks.md).")
-    b.add_argument("overrides", nargs="*", help="dotted config overrides on examples/cpu_demo.yaml for the training "
-                   "runs, e.g. algo.beta=0 learner.lr=5e-5")
+    b.add_argument("overrides", nargs="*", help="dotted config overrides on the bench's pinned training settings "
+                   "(cluster/bench/report.py BENCH_SETTINGS), e.g. algo.beta=0 learner.lr=5e-5")
     b.add_argument("--hidden-size", type=int, default=128, help="tiny Qwen2 hidden size (head_dim 32); default ~1M params")
     b.add_argument("--num-layers", type=int, default=4, help="tiny Qwen2 layers")
     b.add_argument("--model", default="", help="an existing HF model directory instead of a tiny one (no warm start)")
@@ -185,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--learner-ranks", type=int, default=2, help="DeepSpeed ranks for parts 2 and 4")
     b.add_argument("--learner-steps", type=int, default=3, help="timed train steps per ZeRO stage (after warm-up)")
     b.add_argument("--sync-repeats", type=int, default=5, help="timed full weight updates / raw broadcasts")
-    b.add_argument("--trl-threads", default="1", help="torch threads of the TRL process, or a comma list to run it once "
-                   "per value, e.g. 1,2 (0: all CPUs); 1 matches raygrpo's one thread per actor")
+    b.add_argument("--trl-threads", default="1,0", help="torch threads of the TRL process, a comma list runs it once per "
+                   "value (0: all CPUs; default 1,0: one thread, as each raygrpo actor has, then every CPU)")
     b.add_argument("--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s, to report learner MFU")
     b.add_argument("--timeout", type=float, default=900, help="seconds any single wait may take")
     b.set_defaults(fn=cmd_bench)

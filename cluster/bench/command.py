@@ -1,0 +1,200 @@
+"""`raygrpo bench`: run the parts, print the table, write the JSON."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from cluster.bench.learner_sync import (
+    bench_learner_and_sync,
+    bench_raw_broadcast,
+    fixed_batch,
+)
+from cluster.bench.report import (
+    BENCH_SETTINGS,
+    _log,
+    fmt_value,
+    format_table,
+    load_average,
+    machine_info,
+    model_spec,
+    ratio,
+    table_rows,
+    write_json,
+)
+from cluster.bench.rollout import _direct_vllm_main, bench_rollout, current_niceness
+from cluster.bench.schedule import _heldout, bench_schedule, heldout_accuracy
+from cluster.bench.trl import _trl_main, bench_trl, parse_threads, trl_settings
+
+
+def run_bench(args) -> int:
+    """`raygrpo bench`. A part that fails still leaves the parts before it in the JSON (with `error`)."""
+    res: dict = {}
+    try:
+        return _run_bench(args, res)
+    except BaseException as e:
+        if res:
+            res["error"] = f"{type(e).__name__}: {e}"
+            res["load_average_end"] = load_average()
+            write_json(args.out, res)
+            print(f"raygrpo bench: partial results written to {args.out}", file=sys.stderr)
+        raise
+
+
+def _run_bench(args, res: dict) -> int:
+    import ray
+
+    from cluster import launch
+    from cluster.config import load_config
+    from cluster.data import load_splits
+    from cluster.tinymodel import build_tiny_model, num_parameters
+    from cluster.warmstart import WarmStartSpec, warm_start
+
+    t_start = time.perf_counter()
+    out_path = Path(args.out)
+    workdir = out_path.parent / "work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    timeout_s = float(getattr(args, "timeout", 900))
+    res.update({"machine": machine_info(), "load_average_start": load_average(), "command": " ".join(sys.argv)})
+    _log(f"load average at start: {res['load_average_start']} on {res['machine']['cpu_count']} CPUs")
+
+    cache = Path(args.cache_dir)
+    if args.model:
+        base = warm = Path(args.model)
+        n_params = num_parameters(base) if (base / "model.safetensors").exists() else None
+        hf = json.loads((base / "config.json").read_text())
+        res["model"] = {"path": str(base), "parameters": n_params, "hidden_size": hf.get("hidden_size"),
+                        "num_layers": hf.get("num_hidden_layers"), "model_type": hf.get("model_type")}
+    else:
+        spec = model_spec(args.hidden_size, args.num_layers)
+        base = build_tiny_model(cache / f"base-h{spec.hidden_size}-l{spec.num_layers}", spec)
+        n_params = num_parameters(base)
+        res["model"] = {"path": str(base), "parameters": n_params, **dataclasses.asdict(spec)}
+    _log(f"model: {base} ({(n_params or 0) / 1e6:.2f}M parameters)")
+
+    user = list(args.overrides or [])
+    cfg0 = load_config(None, [*BENCH_SETTINGS, f"model.path={base}", *user])
+    if not args.model and args.warm_start_steps > 0:
+        t = time.perf_counter()
+        train_set, _ = load_splits(cfg0.data.train, cfg0.data.eval, cfg0.data.num_eval, cfg0.data.task_digits,
+                                   cfg0.trainer.seed)
+        ws = WarmStartSpec(steps=args.warm_start_steps)
+        warm = warm_start(base, cache / f"warm-h{args.hidden_size}-l{args.num_layers}-{ws.steps}", train_set, ws)
+        res["model"]["warm_start"] = {"path": str(warm), **dataclasses.asdict(ws), "seconds": time.perf_counter() - t}
+        _log(f"warm start: {warm} ({time.perf_counter() - t:.0f}s; cached by spec)")
+    # The training config of parts 3 and 5 (and the shapes of 1, 2, 4): BENCH_SETTINGS + the user's overrides.
+    train_overrides = [*BENCH_SETTINGS, f"model.path={warm}", f"trainer.steps={args.steps}", *user]
+    cfg = load_config(None, train_overrides)
+    res["config"] = {"overrides": train_overrides, "resolved": cfg.to_dict()}
+
+    parts = set(args.parts.split(",")) if args.parts else {"rollout", "learner", "sync", "schedule", "trl"}
+    launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
+    # Ray runs its workers at a raised niceness (15 by default); the baselines get the same
+    res["ray_worker_niceness"] = ray.get(ray.remote(num_cpus=0)(current_niceness).remote(), timeout=timeout_s)
+    res["driver_niceness"] = current_niceness()
+    rollout_actor = None
+    try:
+        # 1. rollout throughput (random base model: completions mostly run to max tokens)
+        rollouts = None
+        if parts & {"rollout", "learner", "sync"}:
+            rcfg = dataclasses.replace(cfg.rollout, max_model_len=max(cfg.rollout.max_model_len, args.gen_tokens + 32))
+            train_set, _ = load_splits(cfg.data.train, "", 0, cfg.data.task_digits, cfg.trainer.seed)
+            prompts = [e.prompt for e in train_set[:args.gen_prompts]]
+            res["rollout"], rollout_actor, rollouts = bench_rollout(
+                ray, str(base), rcfg, prompts, cfg.trainer.group_size, args.gen_tokens, args.gen_repeats, workdir,
+                timeout_s, res["ray_worker_niceness"])
+            ro = res["rollout"]
+            _log(f"rollout: direct {fmt_value(ro['direct']['tokens_per_s'])} tok/s, RolloutWorker no Ray "
+                 f"{fmt_value(ro['wrapper']['tokens_per_s'])}, via Ray {fmt_value(ro['actor']['tokens_per_s'])} "
+                 f"(ratio {fmt_value(ro['actor_vs_direct'])}, same tokens: {ro['same_tokens']})")
+
+        # 4. learner ZeRO-2 / ZeRO-3 on the rollouts just generated; 2. weight sync with the same ranks
+        if rollouts is not None and parts & {"learner", "sync"}:
+            from transformers import AutoTokenizer
+
+            pad = AutoTokenizer.from_pretrained(str(base)).pad_token_id or 0
+            batch = fixed_batch(rollouts, pad, with_ref=cfg.algo.beta > 0)
+            ranks = args.learner_ranks
+            while len(batch) % ranks:
+                ranks -= 1
+            res["learner"] = {}
+            for stage in (2, 3):
+                lr_res, sy = bench_learner_and_sync(
+                    ray, str(base), cfg, stage, ranks, batch, args.learner_steps if "learner" in parts else 0,
+                    args.sync_repeats if "sync" in parts else 0, rollout_actor, n_params, args.peak_tflops, timeout_s)
+                if lr_res:
+                    res["learner"][f"ZeRO-{stage}"] = lr_res
+                    _log(f"learner ZeRO-{stage}: {fmt_value(lr_res['tokens_per_s'])} tokens/s")
+                if sy:
+                    res["sync" if stage == 2 else "sync_zero3"] = sy
+                    _log(f"sync ZeRO-{stage}: {fmt_value(sy['seconds'])} s for {sy['bytes'] / 2**20:.2f} MiB")
+            if not res["learner"]:
+                res.pop("learner")
+        if rollout_actor is not None:
+            ray.kill(rollout_actor)
+            rollout_actor = None
+        if "sync" in parts and res.get("sync", {}).get("backend") == "gloo":  # the raw baseline is gloo only
+            res["raw_broadcast"] = bench_raw_broadcast(ray, res["sync"]["bytes"], args.sync_repeats, timeout_s)
+            res["sync"]["vs_raw"] = ratio(res["sync"]["seconds"], res["raw_broadcast"]["seconds"])
+
+        # 3. sync vs async schedule (the sync run is also raygrpo's side of part 5)
+        if parts & {"schedule", "trl"}:
+            res["schedules"] = {}
+            for mode in ("sync", "async") if "schedule" in parts else ("sync",):
+                summary, rows = bench_schedule(train_overrides, mode, out_path.parent / f"train-{mode}")
+                res["schedules"][mode] = {**summary, "rows": rows}
+                _log(f"schedule {mode}: {fmt_value(summary.get('step_s'))} s/step")
+    finally:
+        if rollout_actor is not None:
+            ray.kill(rollout_actor)
+        ray.shutdown()
+
+    # held-out greedy accuracy, one procedure for every model (after Ray is down: nothing runs beside it)
+    sync_run = res.get("schedules", {}).get("sync")
+    if sync_run and sync_run.get("hf_model"):
+        data = dataclasses.asdict(cfg.data)
+        _log(f"held-out accuracy: the starting model and raygrpo's after {args.steps} steps (HF greedy)")
+        res["heldout"] = {"prompts": len(_heldout(data, cfg.trainer.seed)),
+                          "before": heldout_accuracy(str(warm), data, cfg.trainer.seed, cfg.rollout.max_new_tokens),
+                          "raygrpo_after": heldout_accuracy(sync_run["hf_model"], data, cfg.trainer.seed,
+                                                            cfg.rollout.max_new_tokens)}
+
+    # 5. TRL (its own environment, after Ray is down so nothing else runs beside it)
+    if "trl" in parts:
+        for i, threads in enumerate(parse_threads(args.trl_threads)):
+            key = "trl" if i == 0 else f"trl_{threads}threads"
+            res[key] = bench_trl(trl_settings(cfg, str(warm), threads), workdir, args.skip_trl, timeout_s,
+                                 res.get("ray_worker_niceness"))
+            if res[key].get("status") == "ok":
+                if i == 0 and "heldout" in res:
+                    res["heldout"]["trl_after"] = res[key].get("heldout_accuracy_after")
+                _log(f"TRL ({threads} thread(s)): {fmt_value(res[key].get('step_s'))} s/step, reward "
+                     f"{fmt_value(res[key].get('reward_first'))} -> {fmt_value(res[key].get('reward_last'))}")
+            else:
+                _log(f"TRL: {res[key].get('status')}: {res[key].get('message')}")
+                break
+
+    res["load_average_end"] = load_average()
+    res["wall_seconds"] = time.perf_counter() - t_start
+    res["table"] = [list(r) for r in table_rows(res)]
+    write_json(out_path, res)
+    print()
+    print(f"raygrpo bench: {res['model'].get('parameters') or 0:,} parameters, {res['machine']['cpu_count']} CPUs "
+          f"({res['machine']['cpu_model']}), load average {res['load_average_start']} -> {res['load_average_end']}, "
+          f"{res['wall_seconds'] / 60:.1f} min")
+    print(format_table(table_rows(res)))
+    print(f"\nwritten: {out_path}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "direct-vllm":
+        return _direct_vllm_main(argv[1])
+    if len(argv) >= 3 and argv[0] == "trl":
+        return _trl_main(argv[1], argv[2])
+    print("usage: python -m cluster.bench direct-vllm SPEC | trl SPEC OUT   (internal; run `raygrpo bench`)",
+          file=sys.stderr)
+    return 2
+

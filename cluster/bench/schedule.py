@@ -1,0 +1,58 @@
+"""3. Sync vs async schedule step time, and held-out accuracy of a trained model."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from cluster.bench.report import _log, schedule_summary
+
+
+def _heldout(data: dict, seed: int):
+    from cluster.data import load_splits
+
+    return load_splits(data["train"], data["eval"], data["num_eval"], data["task_digits"], seed)[1]
+
+
+def heldout_accuracy(model_dir: str, data: dict, seed: int, max_new_tokens: int) -> float | None:
+    """Greedy exact-match accuracy of a saved model on the held-out split, with HF generate on one
+    thread: the one procedure applied to the starting model, raygrpo's result and TRL's result."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cluster.warmstart import greedy_accuracy
+
+    examples = _heldout(data, seed)
+    if not examples:
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        return greedy_accuracy(model, AutoTokenizer.from_pretrained(model_dir), examples, max_new_tokens=max_new_tokens)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def bench_schedule(config_overrides: list[str], mode: str, run_dir: Path) -> tuple[dict, list[dict]]:
+    """A short `Trainer(cfg).run()` in `mode`; returns (summary, metrics rows)."""
+    import shutil
+
+    from cluster.config import load_config
+    from cluster.trainer import Trainer
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cfg = load_config(None, [*config_overrides, f"trainer.mode={mode}", f"trainer.run_dir={run_dir}"])
+    _log(f"schedule: trainer.mode={mode}, {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x "
+         f"G={cfg.trainer.group_size}, run dir {run_dir}")
+    t = time.perf_counter()
+    out = Trainer(cfg).run()
+    total = time.perf_counter() - t
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("kind", "train") == "train"]
+    summary = schedule_summary(rows, skip=1)
+    summary["run_wall_s"] = total
+    summary["trainer_eval"] = {"before": out.get("before"), "after": out.get("after")}  # vLLM greedy, pass@k
+    summary["hf_model"] = out.get("hf_model")
+    return summary, rows
