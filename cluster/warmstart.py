@@ -70,7 +70,6 @@ def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: l
                spec: WarmStartSpec = WarmStartSpec(), progress: bool = True) -> Path:
     """Fine-tune `base_dir` on `train` for spec.steps; write (or reuse) `out_dir`."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = Path(out_dir)
     key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train)}, sort_keys=True)

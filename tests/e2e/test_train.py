@@ -5,13 +5,10 @@ plus a DeepSpeed start; the runs are kept few and short.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +33,22 @@ def config(tiny_model_dir, run_dir, *overrides):
 
 def train_rows(run_dir):
     return read_metrics(run_dir)
+
+
+def kill_while_learning(trainer: Trainer, at_step: int, role: str) -> list[int]:
+    """SIGKILL the actor `role` (from placement.json's roles) once, when the driver starts training
+    with `trainer.step == at_step`. Returns the list the killed pid is appended to."""
+    learn, killed = trainer._learn, []
+
+    def learn_then_kill(batch, sw):
+        if trainer.step == at_step and not killed:
+            pid = next(p["pid"] for p in trainer.placement if p["role"] == role)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return learn(batch, sw)
+
+    trainer._learn = learn_then_kill
+    return killed
 
 
 def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluster, tmp_path):
@@ -69,16 +82,7 @@ def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster,
     run_dir = tmp_path / "async"
     cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2")
     trainer = Trainer(cfg)
-    learn, killed = trainer._learn, []
-
-    def learn_then_kill(batch, sw):
-        if trainer.step == 1 and not killed:  # training step 2, generating step 3
-            pid = next(p["pid"] for p in trainer.placement if p["role"] == "rollout-1")
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        return learn(batch, sw)
-
-    trainer._learn = learn_then_kill
+    killed = kill_while_learning(trainer, at_step=1, role="rollout-1")  # training step 2, generating step 3
     summary = trainer.run()
     assert killed, "the worker was never killed: the test did not test anything"
     rows = train_rows(run_dir)
@@ -123,16 +127,7 @@ def test_dead_learner_rank_resumes_from_the_last_checkpoint(tiny_model_dir, ray_
     actor, resumes at step 2, and the run still ends with exactly steps 1..4 logged once each."""
     run_dir = tmp_path / "learner_dies"
     trainer = Trainer(config(tiny_model_dir, run_dir, "checkpoint.every=2", "trainer.max_learner_restarts=1"))
-    learn, killed = trainer._learn, []
-
-    def learn_then_kill(batch, sw):
-        if trainer.step == 3 and not killed:
-            pid = next(p["pid"] for p in trainer.placement if p["role"] == "learner-0")
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        return learn(batch, sw)
-
-    trainer._learn = learn_then_kill
+    killed = kill_while_learning(trainer, at_step=3, role="learner-0")
     summary = trainer.run()
     assert killed and trainer.learner_restarts == 1
     assert summary["checkpoint"].endswith("step-00000004")
