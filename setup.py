@@ -19,7 +19,6 @@ setup(
     description="Distributed GRPO: Ray actors, vLLM rollouts, DeepSpeed-ZeRO learner",
     python_requires=">=3.10",
     packages=find_packages(include=["actors", "actors.*", "learner", "learner.*", "cluster", "cluster.*"]),
-    package_data={"cluster": ["examples/*.yaml"]},
     install_requires=[
         "torch==2.13.0",
         "transformers>=5.16.1,<5.20",

@@ -187,23 +187,28 @@ class Trainer:
                                                   [sample_seed(t.seed, step, round_, i) for i in range(n)],
                                                   expected_version=self.engine_version)
             with sw("reward"):
-                for ex, ro in zip(examples, rollouts):
-                    if ro.skipped:
-                        stats["skipped_prompts"] += 1
-                        continue
-                    res = self.scorer.score([ex.prompt] * G, ro.completions, [ex.fields] * G,
-                                            max_new_tokens=self.cfg.rollout.max_new_tokens)
+                live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
+                stats["skipped_prompts"] += len(examples) - len(live)
+                # one call for the whole round: user reward code fans out over the scorer's processes
+                res = self.scorer.score([ex.prompt for ex, _ in live for _ in range(G)],
+                                        [c for _, ro in live for c in ro.completions],
+                                        [ex.fields for ex, _ in live for _ in range(G)],
+                                        max_new_tokens=self.cfg.rollout.max_new_tokens) if live else None
+                if res is not None:
                     stats["reward_errors"] += res.errors
-                    if res.errors and all(any(math.isnan(v[i]) for v in res.per_function.values()) for i in range(G)):
+                    stats["error_samples"] = stats.get("error_samples") or res.error_samples
+                for g, (ex, ro) in enumerate(live):
+                    group = range(g * G, (g + 1) * G)
+                    rewards = res.rewards[g * G:(g + 1) * G]
+                    if res.errors and all(any(math.isnan(v[i]) for v in res.per_function.values()) for i in group):
                         stats["failed_groups"] += 1
-                        stats["error_samples"] = stats.get("error_samples") or res.error_samples
-                    stats["all_rewards"] += res.rewards
+                    stats["all_rewards"] += rewards
                     stats["gen_tokens"] += sum(len(c.token_ids) for c in ro.completions)
-                    if max(res.rewards) == min(res.rewards):
+                    if max(rewards) == min(rewards):
                         stats["zero_var_groups"] += 1
                         if t.dynamic_sampling:
                             continue
-                    kept.append((ex, ro, res.rewards))
+                    kept.append((ex, ro, rewards))
             scored = len(stats["all_rewards"]) // G
             if scored and stats["failed_groups"] == scored:  # training on fallback rewards only teaches nothing
                 raise RuntimeError(

@@ -6,6 +6,7 @@ restarts it; the pool re-syncs its weights and re-sends exactly the prompts it l
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 from actors.rollout import PromptRollout, split_evenly
@@ -95,17 +96,15 @@ class RolloutPool:
 
     def restarted_workers(self) -> list[int]:
         """Workers whose process changed since we last looked (after waiting for each to be up), revived."""
-        out = []
-        for w, h in enumerate(self.handles):
-            info = wait_restarted(h, f"rollout worker {w}", self.timeout_s)
-            if info["pid"] != self.pids[w]:
-                out.append(w)
+        infos = [wait_restarted(h, f"rollout worker {w}", self.timeout_s) for w, h in enumerate(self.handles)]
+        out = [w for w, info in enumerate(infos) if info["pid"] != self.pids[w]]
         for w in out:
-            self._revive(w)
+            self._revive(w, infos[w])
         return out
 
-    def _revive(self, w: int) -> None:
-        info = wait_restarted(self.handles[w], f"rollout worker {w}", self.timeout_s)
+    def _revive(self, w: int, info: dict | None = None) -> None:
+        """Record worker w's new process (waiting for it unless `info` already came from it), re-sync it."""
+        info = info or wait_restarted(self.handles[w], f"rollout worker {w}", self.timeout_s)
         self.pids[w] = info["pid"]
         self.restarts += 1
         self.on_restart(w)
@@ -116,14 +115,10 @@ class Stopwatch:
     def __init__(self):
         self.t: dict[str, float] = {}
 
+    @contextlib.contextmanager
     def __call__(self, name: str):
-        sw = self
-
-        class _Ctx:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                sw.t[f"{name}_s"] = sw.t.get(f"{name}_s", 0.0) + time.perf_counter() - self.t0
-
-        return _Ctx()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.t[f"{name}_s"] = self.t.get(f"{name}_s", 0.0) + time.perf_counter() - t0
