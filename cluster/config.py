@@ -199,7 +199,7 @@ def _coerce(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
             return float(value)
         except ValueError:
             pass
-    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+    if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
         problems.append(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     return value
 
