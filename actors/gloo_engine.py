@@ -15,9 +15,18 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
-from actors.gloo_transfer import (DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, RANK_COUNTER, GlooWeightTransferInitInfo,
-                                  GlooWeightTransferUpdateInfo, nbytes, new_gloo_group, plan_buckets, unpack_bucket,
-                                  wait_work)
+from actors.gloo_transfer import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_TIMEOUT_S,
+    RANK_COUNTER,
+    GlooWeightTransferInitInfo,
+    GlooWeightTransferUpdateInfo,
+    nbytes,
+    new_gloo_group,
+    plan_buckets,
+    unpack_bucket,
+    wait_work,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -31,7 +40,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     update_info_cls = GlooWeightTransferUpdateInfo
     supports_draft_weight_update = False
 
-    def __init__(self, config: "WeightTransferConfig", vllm_config: "VllmConfig", device: torch.device,
+    def __init__(self, config: WeightTransferConfig, vllm_config: VllmConfig, device: torch.device,
                  model: torch.nn.Module) -> None:
         super().__init__(config, vllm_config, device, model)
         self.group = None

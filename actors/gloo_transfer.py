@@ -218,7 +218,7 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
             )
 
     @classmethod
-    def from_metadata(cls, meta: list[ParamMeta]) -> "GlooWeightTransferUpdateInfo":
+    def from_metadata(cls, meta: list[ParamMeta]) -> GlooWeightTransferUpdateInfo:
         return cls(
             names=[m.name for m in meta],
             dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
@@ -267,7 +267,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
-                     source: WeightSource | None = None) -> "GlooTrainerWeightTransferEngine":
+                     source: WeightSource | None = None) -> GlooTrainerWeightTransferEngine:
         if source is None:
             raise ValueError("gloo trainer weight transfer needs a WeightSource")
         if init_info.world_size < 2:

@@ -53,7 +53,7 @@ class TrainBatch:
     def num_completion_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)
 
-    def shard(self, rank: int, world_size: int) -> "TrainBatch":
+    def shard(self, rank: int, world_size: int) -> TrainBatch:
         """Rank `rank`'s contiguous 1/world_size of the sequences (every rank gets the same count)."""
         n = len(self)
         if n % world_size:
@@ -68,7 +68,7 @@ class TrainBatch:
             ref_logp=None if self.ref_logp is None else self.ref_logp[sl], pad_id=self.pad_id,
             max_new_tokens=self.max_new_tokens)
 
-    def micro_batches(self, size: int) -> list["MicroBatch"]:
+    def micro_batches(self, size: int) -> list[MicroBatch]:
         """Consecutive chunks of at most `size` sequences, each padded to its own longest sequence."""
         return [MicroBatch.build(self, range(s, min(s + size, len(self)))) for s in range(0, len(self), size)]
 
@@ -95,7 +95,7 @@ class MicroBatch:
     ref_logp: torch.Tensor | None
 
     @staticmethod
-    def build(batch: TrainBatch, rows) -> "MicroBatch":
+    def build(batch: TrainBatch, rows) -> MicroBatch:
         rows = list(rows)
         seqs = [batch.prompt_ids[i] + batch.completion_ids[i] for i in rows]
         n, L = len(rows), max(len(s) for s in seqs)

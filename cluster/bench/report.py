@@ -285,7 +285,7 @@ def machine_info() -> dict:
         pass
     mem = None
     try:
-        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")).split()[1])
         mem = round(kb / 2**20, 1)
     except (OSError, StopIteration, ValueError):
         pass

@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 import random
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-from pathlib import Path
 
 from learner import checkpoint as ck
 

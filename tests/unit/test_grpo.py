@@ -3,10 +3,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from learner.grpo import (entropy_from_logits, group_advantages, kl_penalty, masked_mean,
-                          policy_loss, token_logprobs)
+from learner.grpo import entropy_from_logits, group_advantages, kl_penalty, masked_mean, policy_loss, token_logprobs
 
 FAST = settings(max_examples=50, deadline=None)
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

@@ -8,8 +8,7 @@ import time
 import pytest
 
 from actors.config import RewardConfig
-from actors.rewards import (REWARDS, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty,
-                            register)
+from actors.rewards import REWARDS, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty, register
 from actors.rollout import Completion
 
 
