@@ -186,9 +186,12 @@ def _worker_main(conn, specs: list[str]) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, specs):
+    """One isolated process and the parent's end of its pipe. `target(conn, specs)` runs in the
+    child (the reward loop here; actors/envs.py runs its environment loop in the same shell)."""
+
+    def __init__(self, ctx, specs, target=_worker_main, name="raygrpo-reward"):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, specs), daemon=True, name="raygrpo-reward")
+        self.proc = ctx.Process(target=target, args=(child, specs), daemon=True, name=name)
         self.proc.start()
         child.close()
         self.ready = False
