@@ -110,6 +110,14 @@ class RolloutWorker:
         self._version = 0
         self._updating = False
         self.llm.update_weight_version("0")  # vLLM's own default is the string "default"
+        self._chat = self._envs = None
+        if cfg.env:  # multi-turn: refuse a non-prefix-preserving template now, start the environment processes
+            from actors.envs import EnvPool
+            from actors.multiturn import ChatTokens
+
+            self._chat = ChatTokens(self.tokenizer)
+            self._envs = EnvPool(cfg.env, cfg.env_num_procs, cfg.env_timeout_s)
+            self._env_keys = 0
 
     def _warm_up(self) -> None:
         """The first seeded sampling call pays a one-off ~3 s (sampler set-up); pay it at start so
@@ -181,6 +189,27 @@ class RolloutWorker:
                     completions = [copy.deepcopy(completions[0]) for _ in range(group_size)]
                 rollouts[i].completions = completions
         return rollouts
+
+    def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
+                           seeds: list[int] | None = None, greedy: bool = False) -> list:
+        """`group_size` multi-turn trajectories per conversation (a list of chat messages), driven
+        turn by turn with `cfg.env` answering each turn; `fields[i]` build conversation i's
+        environments. Returns one actors.multiturn.MultiTurnRollout per conversation."""
+        from actors.multiturn import run_trajectories
+
+        self._check_not_updating()
+        if self._envs is None:
+            raise RuntimeError("generate_multiturn needs rollout.env (an environment) set when the worker starts")
+        if len(fields) != len(conversations) or (seeds is not None and len(seeds) != len(conversations)):
+            raise ValueError(f"{len(conversations)} conversations, {len(fields)} fields, "
+                             f"{None if seeds is None else len(seeds)} seeds")
+
+        def next_key():
+            self._env_keys += 1
+            return self._env_keys
+
+        return run_trajectories(self.llm, self._chat, self._envs, self.cfg, conversations, fields, group_size,
+                                seeds, greedy, self._version, next_key)
 
     def _check_not_updating(self) -> None:
         if self._updating:

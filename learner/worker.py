@@ -246,7 +246,7 @@ class LearnerWorker:
         """Dr. GRPO's constant length normaliser (only for aggregation seq-mean-token-sum-norm)."""
         if self.algo.aggregation != "seq-mean-token-sum-norm":
             return None
-        return batch.max_new_tokens or max(1, max(len(c) for c in batch.completion_ids))
+        return batch.max_new_tokens or max(1, batch.max_trained_tokens())
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """engine.step() once; returns (grad norm before clipping, whether the update was applied)."""
