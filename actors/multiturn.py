@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 # Why a trajectory ended.
 #   stop           the environment said done after a model turn that ended with the end-of-turn token
-#   length         a model turn reached rollout.max_new_tokens without ending
+#   length         the environment said done after a turn cut at rollout.max_new_tokens
 #   max_turns      rollout.max_turns model turns and the environment was not done
 #   max_model_len  the next turn or the environment's messages did not fit in rollout.max_model_len
 #   env_error      the environment raised, hung, died or broke the contract (counted as env_errors)
@@ -48,6 +48,7 @@ class Trajectory:
     env_reward: float = 0.0  # sum of the environment's step rewards
     env_tokens: int = 0
     env_error: str | None = None
+    turn_ended: bool = True  # the last model turn ended with the end-of-turn token (not cut at max_new_tokens)
 
     def model_logprobs_full(self) -> list[float]:
         """Behaviour log-probs spread over token_ids (NaN at environment positions, never read)."""
@@ -108,16 +109,18 @@ class ChatTokens:
                                 "token-exact: " + "; ".join(problems) + ". Use a template that renders earlier "
                                 "turns identically whatever follows (e.g. ChatML).")
 
-    def env_suffix(self, conversation: list[dict], new: list[dict]) -> list[int]:
-        """Tokens that follow the model's end-of-turn token to add `new` and open the next
-        assistant turn: the template's tail after the end-of-turn token, then the new messages."""
+    def env_suffix(self, conversation: list[dict], new: list[dict], turn_ended: bool) -> list[int]:
+        """Tokens that follow the model's last sampled token to add `new` and open the next
+        assistant turn: the template's closing of the assistant turn (after the end-of-turn token
+        when the model sampled it; from it, when the turn was cut at max_new_tokens), then the
+        new messages and the next generation prompt."""
         base = self.ids(conversation, False)
         full = self.ids(conversation + new, True)
         if full[:len(base)] != base:
             raise TemplateError("the chat template rendered this conversation's earlier turns differently once "
                                 "the environment's messages were added (not prefix-preserving here)")
         last_eos = len(base) - 1 - base[::-1].index(self.eos)
-        return base[last_eos + 1:] + full[len(base):]
+        return base[last_eos + (1 if turn_ended else 0):] + full[len(base):]
 
 
 def _seed(seed: int | None, index: int, turn: int) -> int | None:
@@ -179,7 +182,9 @@ def run_trajectories(llm, chat: ChatTokens, envs, cfg, conversations: list[list[
             params.append(SamplingParams(
                 n=1, temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p,
                 top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=min(cfg.max_new_tokens, room),
-                stop_token_ids=[chat.eos], logprobs=0,
+                # The turn ends at the template's end-of-turn token and only there: ignore_eos keeps vLLM
+                # from adding generation_config's other eos ids (e.g. <|endoftext|>) as stops.
+                ignore_eos=True, stop_token_ids=[chat.eos], logprobs=0,
                 seed=None if seeds is None else _seed(seeds[p], g, turn)))
         outputs = llm.generate(requests, params, use_tqdm=False)
         stepping = []
@@ -197,9 +202,12 @@ def run_trajectories(llm, chat: ChatTokens, envs, cfg, conversations: list[list[
             ended = bool(ids) and ids[-1] == chat.eos
             traj.text = chat.tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
             traj.messages.append({"role": "assistant", "content": traj.text})
-            if not ended:  # cut off mid-turn: the environment never sees half a turn
-                traj.finish_reason = "length" if sp.max_tokens == cfg.max_new_tokens else "max_model_len"
+            traj.turn_ended = ended
+            if not ended and sp.max_tokens < cfg.max_new_tokens:  # cut by the trajectory's token budget
+                traj.finish_reason = "max_model_len"
                 continue
+            # A turn cut at max_new_tokens still goes to the environment (it decides what a truncated
+            # turn means); the end-of-turn token the model did not sample is then template (env) tokens.
             stepping.append((traj, key, p, g))
         # 2. one batch of environment calls: every trajectory whose turn ended
         results = env_calls([(key, "step", traj.text) for traj, key, _, _ in stepping])
@@ -213,13 +221,13 @@ def run_trajectories(llm, chat: ChatTokens, envs, cfg, conversations: list[list[
             conversation_so_far = list(traj.messages)
             traj.messages += value["messages"]
             if value["done"]:
-                traj.finish_reason = "stop"
+                traj.finish_reason = "stop" if traj.turn_ended else "length"
                 continue
             if turn + 1 == cfg.max_turns:
                 traj.finish_reason = "max_turns"
                 continue
             try:
-                suffix = chat.env_suffix(conversation_so_far, value["messages"])
+                suffix = chat.env_suffix(conversation_so_far, value["messages"], traj.turn_ended)
             except TemplateError as e:
                 traj.env_error, traj.finish_reason = str(e), "env_error"
                 continue
