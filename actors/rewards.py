@@ -6,6 +6,11 @@ sample: `_num_tokens` (completion length in tokens), `_finish_reason` ("stop" | 
 `_max_new_tokens` and `_overlong_buffer`. A function receives only the keywords its signature
 names, unless it takes `**kwargs`, so `def reward(prompt, completion, answer)` works.
 
+Multi-turn trajectories (actors/multiturn.py) are scored on the final assistant turn's text as
+`completion`, with the whole conversation as `_messages` (a list of chat messages, prompt
+included), `_turns`, and `_num_tokens` counting the model's tokens only; the environment's
+own rewards (`Trajectory.env_reward`) are added to the weighted sum.
+
 `RewardConfig.functions` names registry entries (`exact_match`) or user code
 (`path/to/file.py:function_name`). Built-ins run in-process (fast, trusted). User code runs in
 a small pool of worker processes: a call that raises, returns a non-number / NaN, exceeds
@@ -333,15 +338,23 @@ class RewardScorer:
 
     def score(self, prompts: list[str], completions: list, examples: list[dict],
               max_new_tokens: int | None = None) -> RewardResult:
-        """completions: strings, or Completion objects (then `_num_tokens` and `_finish_reason`
-        come from them). examples[i] holds sample i's dataset fields (e.g. `answer`)."""
+        """completions: strings, Completion objects (then `_num_tokens` and `_finish_reason`
+        come from them) or multi-turn Trajectory objects (see the module docstring).
+        examples[i] holds sample i's dataset fields (e.g. `answer`)."""
         if not len(prompts) == len(completions) == len(examples):
             raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions, {len(examples)} examples")
         t0 = time.perf_counter()
-        texts, fields = [], []
+        texts, fields, env_rewards = [], [], []
         for completion, example in zip(completions, examples):
             f = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
-            if hasattr(completion, "token_ids"):
+            env_rewards.append(float(getattr(completion, "env_reward", 0.0)))
+            if hasattr(completion, "loss_mask"):  # a multi-turn trajectory
+                f.setdefault("_num_tokens", sum(completion.loss_mask))
+                f.setdefault("_finish_reason", completion.finish_reason)
+                f.setdefault("_messages", completion.messages)
+                f.setdefault("_turns", completion.turns)
+                completion = completion.text
+            elif hasattr(completion, "token_ids"):
                 f.setdefault("_num_tokens", len(completion.token_ids))
                 f.setdefault("_finish_reason", completion.finish_reason)
                 completion = completion.text
@@ -380,8 +393,8 @@ class RewardScorer:
                 record(spec, i, ok, value)
 
         rewards = [
-            self.cfg.fallback if failed[i]
-            else sum(w * values[spec][i] for spec, w in zip(self.cfg.functions, self.weights))
+            env_rewards[i] + (self.cfg.fallback if failed[i]
+                              else sum(w * values[spec][i] for spec, w in zip(self.cfg.functions, self.weights)))
             for i in range(n)
         ]
         return RewardResult(rewards, len(errors), errors[:MAX_ERROR_SAMPLES], time.perf_counter() - t0, values)

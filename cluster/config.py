@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
+from actors.envs import env_spec_problems
 from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
 
 
@@ -151,6 +152,9 @@ class RunConfig:
             )
         if t.mode == "async" and t.max_staleness < 1:
             p.append("trainer.mode=async generates each batch one weight version behind: set trainer.max_staleness >= 1")
+        p += env_spec_problems(r.env)
+        if r.max_turns > 1 and not r.env:
+            p.append(f"rollout.max_turns={r.max_turns} needs rollout.env (an environment that answers each turn)")
         if t.dynamic_sampling and t.max_extra_prompts < 1:
             p.append("trainer.dynamic_sampling needs trainer.max_extra_prompts >= 1")
         return p

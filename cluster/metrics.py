@@ -12,6 +12,10 @@ STEP_KEYS = (
     "step", "reward_mean", "reward_std", "reward_errors", "kl", "loss", "clip_frac", "entropy", "grad_norm", "lr",
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
     "zero_var_groups",
+    # multi-turn rollouts (rollout.env; NaN in single-turn runs): assistant turns and "tool" messages per
+    # trajectory, environment failures (each ends its trajectory), seconds waiting on environments,
+    # environment tokens per trajectory (in the context, out of the loss)
+    "turns_mean", "tool_calls_mean", "env_errors", "env_s", "env_tokens_mean",
 )
 
 

@@ -94,6 +94,43 @@ class RolloutPool:
             pending = lost  # re-send exactly the prompts the dead engine held
         return [results[i] for i in range(len(prompts))]
 
+    def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
+                           seeds: list[int], greedy: bool = False, expected_version: int | None = None) -> list:
+        """Every conversation's multi-turn rollouts (RolloutWorker.generate_multiturn), in order, with the
+        same recovery as `generate`: a dead or restarted engine's share is sent again."""
+        return self._fan_out(
+            len(conversations), "running {} multi-turn conversations",
+            lambda h, idx: h.generate_multiturn.remote([conversations[i] for i in idx], [fields[i] for i in idx],
+                                                       group_size, [seeds[i] for i in idx], greedy),
+            expected_version)
+
+    def _fan_out(self, n: int, what: str, call, expected_version: int | None) -> list:
+        """`call(handle, indices)` on every engine with its share of n items; results in item order.
+        An engine that died mid-call, or answers with a weight version older than `expected_version`
+        (restarted between calls: base weights), is revived and its share sent again."""
+        shares = split_evenly(list(range(n)), len(self.handles))
+        results: dict = {}
+        pending = {w: idx for w, idx in enumerate(shares) if idx}
+        while pending:
+            refs = {w: call(self.handles[w], idx) for w, idx in pending.items()}
+            lost = {}
+            for w, ref in refs.items():
+                try:
+                    out = wait_for(ref, f"rollout worker {w}", what.format(len(pending[w])), self.timeout_s)
+                except ActorFailed as e:
+                    if not e.died:
+                        raise
+                    lost[w] = pending[w]
+                    continue
+                if expected_version is not None and any(r.weight_version < expected_version for r in out):
+                    lost[w] = pending[w]
+                    continue
+                results.update(zip(pending[w], out))
+            for w in lost:
+                self._revive(w)
+            pending = lost
+        return [results[i] for i in range(n)]
+
     def restarted_workers(self) -> list[int]:
         """Workers whose process changed since we last looked (after waiting for each to be up), revived."""
         infos = [wait_restarted(h, f"rollout worker {w}", self.timeout_s) for w, h in enumerate(self.handles)]

@@ -1,0 +1,83 @@
+"""Multi-turn pieces without an engine: the template check and suffixes, rewards on trajectories,
+the loss mask's token counts, the config's checks."""
+from __future__ import annotations
+
+import pytest
+
+from actors.config import RewardConfig
+from actors.multiturn import ChatTokens, TemplateError, Trajectory
+from actors.rewards import RewardScorer
+from cluster.config import ConfigError, load_config
+from learner.batch import TrainBatch
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from cluster.tinychat import TinyChatSpec, build_bpe_tokenizer
+
+    return build_bpe_tokenizer(TinyChatSpec(corpus_size=200))
+
+
+def test_env_suffix_keeps_the_turn_separator(tokenizer):
+    chat = ChatTokens(tokenizer)
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "calc(1+1)"}]
+    new = [{"role": "tool", "content": "2"}]
+    ended = chat.env_suffix(conv, new, turn_ended=True)
+    assert tokenizer.decode(ended) == "\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n"
+    cut = chat.env_suffix(conv, new, turn_ended=False)
+    assert cut == [tokenizer.eos_token_id] + ended
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
+    # Like templates that strip earlier assistant turns' reasoning: only the LAST assistant turn keeps its text.
+    original = tokenizer.chat_template
+    tokenizer.chat_template = (
+        "{%- for m in messages %}{%- if m['role'] == 'assistant' and not loop.last %}"
+        "{{- '<|im_start|>assistant\\n<|im_end|>\\n' }}{%- else %}"
+        "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    try:
+        with pytest.raises(TemplateError, match="not prefix-preserving"):
+            ChatTokens(tokenizer)
+    finally:
+        tokenizer.chat_template = original
+
+
+def test_rewards_see_the_conversation_and_add_the_env_reward(tmp_path):
+    path = tmp_path / "r.py"
+    path.write_text("def turns_reward(prompt, completion, _messages, _turns, _num_tokens):\n"
+                    "    assert _messages[-1]['content'] == completion\n"
+                    "    return 10 * _turns + _num_tokens\n")
+    traj = Trajectory(prompt_ids=[1], token_ids=[5, 6, 7, 8], loss_mask=[1, 0, 0, 1], logprobs=[-1.0, -2.0],
+                      messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                                {"role": "tool", "content": "t"}, {"role": "assistant", "content": "final"}],
+                      text="final", finish_reason="stop", turns=2, env_reward=0.5)
+    with RewardScorer(RewardConfig(functions=[f"{path}:turns_reward"], num_procs=1)) as scorer:
+        res = scorer.score(["q"], [traj], [{}])
+    assert res.errors == 0 and res.rewards == [20 + 2 + 0.5]
+    assert traj.model_logprobs_full()[0] == -1.0 and traj.model_logprobs_full()[3] == -2.0
+
+
+def test_loss_mask_counts_model_tokens_only():
+    nan = float("nan")
+    batch = TrainBatch(prompt_ids=[[1, 2], [3]], completion_ids=[[4, 5, 6, 7], [8, 9]], advantages=[1.0, -1.0],
+                       behavior_logp=[[-1.0, nan, nan, -2.0], [-1.0, -1.0]], loss_mask=[[1, 0, 0, 1], [1, 1]])
+    batch.validate()
+    assert batch.num_completion_tokens() == 4 and batch.max_trained_tokens() == 2
+    mb = batch.micro_batches(2)[0]
+    assert mb.mask.tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
+    assert mb.behavior_logp.isfinite().all()  # environment positions zeroed, never NaN downstream
+    assert batch.shard(1, 2).loss_mask == [[1, 1]]
+    bad = TrainBatch(prompt_ids=[[1]], completion_ids=[[4, 5]], advantages=[1.0], behavior_logp=[[-1.0, -1.0]],
+                     loss_mask=[[1]])
+    with pytest.raises(ValueError, match="loss_mask"):
+        bad.validate()
+
+
+def test_config_checks_the_environment(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.path=/nonexistent", "rollout.env=nope", "rollout.max_turns=0"])
+    text = str(e.value)
+    assert "rollout.env 'nope'" in text and "rollout.max_turns must be >= 1" in text
+    with pytest.raises(ConfigError, match="needs rollout.env"):
+        load_config(None, ["model.path=/nonexistent", "rollout.max_turns=3"])
