@@ -67,6 +67,11 @@ def safe_eval(expr: str) -> str:
     return str(round(value, 6) if isinstance(value, float) else value)
 
 
+# A system prompt that tells the model about the tool (the data carries it: the system prompt lives in the data).
+CALC_SYSTEM_PROMPT = ("Solve the problem. You may write calc(expression) to use a calculator; its result comes "
+                      "back in the next message. End with the answer after ####.")
+
+
 @register_env("calculator")
 class CalculatorEnv:
     """The model may write `calc(<expression>)` in a turn; the environment answers with a `tool`
