@@ -65,6 +65,14 @@ class MultiTurnRollout:
     skipped: str | None = None
     env_s: float = 0.0  # this prompt's share of the time spent waiting on environments
 
+    @property
+    def completions(self) -> list[Trajectory]:  # what the scorer and the driver read, as for PromptRollout
+        return self.trajectories
+
+    def training_rows(self) -> list[tuple]:
+        """(prompt_ids, completion_ids, behavior_logp, loss_mask) per trajectory, as PromptRollout's."""
+        return [(t.prompt_ids, t.token_ids, t.model_logprobs_full(), t.loss_mask) for t in self.trajectories]
+
 
 class ChatTokens:
     """The chat template as token ids: the prompt, and the suffix that appends environment messages."""

@@ -40,6 +40,12 @@ class PromptRollout:
     weight_version: int
     skipped: str | None = None  # why the prompt was skipped (e.g. too long)
 
+    def training_rows(self) -> list[tuple]:
+        """Per completion, what the learner trains on: (prompt_ids, completion_ids, behavior_logp,
+        loss_mask); loss_mask None = every completion token is the model's (multi-turn rollouts,
+        actors/multiturn.py, answer the same call with their environment tokens masked)."""
+        return [(self.prompt_ids, c.token_ids, c.logprobs, None) for c in self.completions]
+
 
 def split_evenly(items: list, n: int) -> list[list]:
     """Split `items` into `n` contiguous chunks whose sizes differ by at most one (the first
