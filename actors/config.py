@@ -42,6 +42,13 @@ class RolloutConfig:
     env_timeout_s: float = 10.0  # per environment call (constructor+reset, or one step)
     env_num_procs: int = 2  # isolated processes that run environment code (per rollout worker)
 
+    def model_token_cap(self) -> int:
+        """The most tokens the model samples for one completion: max_new_tokens, or for a multi-turn
+        trajectory every turn's (bounded by the whole budget). Dr. GRPO's normaliser, DAPO's overlong cap."""
+        if not self.env:
+            return self.max_new_tokens
+        return min(self.max_turns * self.max_new_tokens, self.max_model_len)
+
     def problems(self) -> list[str]:
         p = []
         if self.max_turns < 1:

@@ -174,7 +174,10 @@ def run_trajectories(llm, chat: ChatTokens, envs, cfg, conversations: list[list[
             trajs.append(traj)
         skipped = None
         if all(t.finish_reason == "max_model_len" for t in trajs):
-            skipped = f"prompt is {len(trajs[0].prompt_ids)} tokens, no room in max_model_len {budget}"
+            skipped = f"prompt {p} is {len(trajs[0].prompt_ids)} tokens, no room in max_model_len {budget}"
+            if cfg.long_prompt == "error":
+                envs.run([(k, "close", None) for row in keys for k in row])
+                raise ValueError(skipped)
             live = [x for x in live if x[2] != p]
         rollouts.append(MultiTurnRollout(trajs, version, skipped=skipped))
 
