@@ -135,16 +135,15 @@ def _seed(seed: int | None, index: int, turn: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + index * 7_919 + turn * 104_729) % (2**31)
 
 
-def run_trajectories(llm, chat: ChatTokens, envs, cfg, conversations: list[list[dict]], fields: list[dict],
-                     group_size: int, seeds: list[int] | None, greedy: bool, version: int,
-                     next_key) -> list[MultiTurnRollout]:
+def run_trajectories(sample, chat: ChatTokens, envs, cfg, conversations: list[list[dict]], fields: list[dict],
+                     group_size: int, seeds: list[int] | None, version: int, next_key) -> list[MultiTurnRollout]:
     """G trajectories per conversation, all advancing together turn by turn.
 
-    `envs` is an actors.envs.EnvPool, `next_key()` a fresh key for one environment instance.
+    `sample(requests)` is the engine: requests are (context token ids, max_tokens, seed), one per live
+    trajectory, sampled in one call and stopped at `chat.eos` only; it returns per request
+    (sampled token ids, their log-probs, finish reason). `envs` is an actors.envs.EnvPool,
+    `next_key()` a fresh key for one environment instance.
     """
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
     G, budget = group_size, cfg.max_model_len
     env_s = 0.0
 
@@ -185,27 +184,12 @@ def run_trajectories(llm, chat: ChatTokens, envs, cfg, conversations: list[list[
         if not live:
             break
         # 1. one engine call: the next model turn of every live trajectory
-        requests, params = [], []
-        for traj, _, p, g in live:
-            context = traj.prompt_ids + traj.token_ids
-            room = budget - len(context)
-            requests.append(TokensPrompt(prompt_token_ids=context))
-            params.append(SamplingParams(
-                n=1, temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p,
-                top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=min(cfg.max_new_tokens, room),
-                # The turn ends at the template's end-of-turn token and only there: ignore_eos keeps vLLM
-                # from adding generation_config's other eos ids (e.g. <|endoftext|>) as stops.
-                ignore_eos=True, stop_token_ids=[chat.eos], logprobs=0,
-                seed=None if seeds is None else _seed(seeds[p], g, turn)))
-        outputs = llm.generate(requests, params, use_tqdm=False)
+        requests = [(traj.prompt_ids + traj.token_ids,
+                     min(cfg.max_new_tokens, budget - len(traj.prompt_ids) - len(traj.token_ids)),
+                     None if seeds is None else _seed(seeds[p], g, turn)) for traj, _, p, g in live]
         stepping = []
-        for (traj, key, p, g), out, sp in zip(live, outputs, params):
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs or [])]
-            if len(logprobs) != len(ids) or c.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens, "
-                                   f"finish_reason {c.finish_reason!r}")
+        for (traj, key, p, g), (ids, logprobs, _), (_, max_tokens, _) in zip(live, sample(requests), requests):
+            ids = list(ids)
             traj.token_ids += ids
             traj.loss_mask += [1] * len(ids)
             traj.logprobs += logprobs
@@ -214,7 +198,7 @@ def run_trajectories(llm, chat: ChatTokens, envs, cfg, conversations: list[list[
             traj.text = chat.tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
             traj.messages.append({"role": "assistant", "content": traj.text})
             traj.turn_ended = ended
-            if not ended and sp.max_tokens < cfg.max_new_tokens:  # cut by the trajectory's token budget
+            if not ended and max_tokens < cfg.max_new_tokens:  # cut by the trajectory's token budget
                 traj.finish_reason = "max_model_len"
                 continue
             # A turn cut at max_new_tokens still goes to the environment (it decides what a truncated

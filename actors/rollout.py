@@ -214,8 +214,30 @@ class RolloutWorker:
             self._env_keys += 1
             return self._env_keys
 
-        return run_trajectories(self.llm, self._chat, self._envs, self.cfg, conversations, fields, group_size,
-                                seeds, greedy, self._version, next_key)
+        return run_trajectories(lambda requests: self._sample_turns(requests, greedy), self._chat, self._envs,
+                                self.cfg, conversations, fields, group_size, seeds, self._version, next_key)
+
+    def _sample_turns(self, requests: list[tuple], greedy: bool) -> list[tuple]:
+        """One engine call for the next turn of every live trajectory: (context ids, max_tokens, seed) ->
+        (sampled ids, their behaviour log-probs, finish reason)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        cfg = self.cfg
+        params = [SamplingParams(
+            n=1, temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p,
+            top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=max_tokens,
+            # A turn ends at the template's end-of-turn token and only there: ignore_eos keeps vLLM from
+            # adding generation_config's other eos ids (e.g. <|endoftext|>) as stops.
+            ignore_eos=True, stop_token_ids=[self._chat.eos], logprobs=0, seed=seed)
+            for _, max_tokens, seed in requests]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _, _ in requests], params,
+                                    use_tqdm=False)
+        out = []
+        for o in outputs:
+            c = self._completion(o.outputs[0])  # checks log-probs and finish reason
+            out.append((c.token_ids, c.logprobs, c.finish_reason))
+        return out
 
     def _check_not_updating(self) -> None:
         if self._updating:

@@ -81,3 +81,75 @@ def test_config_checks_the_environment(tmp_path):
     assert "rollout.env 'nope'" in text and "rollout.max_turns must be >= 1" in text
     with pytest.raises(ConfigError, match="needs rollout.env"):
         load_config(None, ["model.path=/nonexistent", "rollout.max_turns=3"])
+
+
+class _FakeLLM:
+    """Stands in for the engine: each request samples `length` tokens [7, 8, ...] and then the eos (or is
+    cut at max_tokens), with log-prob -1 per token; records the contexts it was given."""
+
+    def __init__(self, eos, ends=True, length=3):
+        self.eos, self.ends, self.length, self.prompts = eos, ends, length, []
+
+    def __call__(self, requests):
+        outs = []
+        for context, max_tokens, _ in requests:
+            self.prompts.append(list(context))
+            ids = [7 + i for i in range(self.length)] + ([self.eos] if self.ends else [])
+            cut = len(ids) > max_tokens
+            ids = ids[:max_tokens]
+            outs.append((ids, [-1.0] * len(ids), "length" if cut or not self.ends else "stop"))
+        return outs
+
+
+class _FakeEnvs:
+    """An in-process EnvPool: `done_after` steps, each answered with one tool message."""
+
+    def __init__(self, done_after=99):
+        self.done_after, self.steps = done_after, {}
+
+    def run(self, calls):
+        out = []
+        for key, method, _ in calls:
+            if method == "step":
+                self.steps[key] = self.steps.get(key, 0) + 1
+                out.append((True, {"messages": [{"role": "tool", "content": "5"}],
+                                   "done": self.steps[key] >= self.done_after, "reward": 0.0}))
+            else:
+                out.append((True, [] if method == "open" else None))
+        return out
+
+
+def _run(tokenizer, llm, envs, **cfg):
+    import itertools
+
+    from actors.config import RolloutConfig
+    from actors.multiturn import run_trajectories
+
+    counter = itertools.count()
+    config = RolloutConfig(env="calculator", **cfg)
+    return run_trajectories(llm, ChatTokens(tokenizer), envs, config, [[{"role": "user", "content": "q"}]], [{}], 2,
+                            [0], 0, lambda: next(counter))[0].trajectories
+
+
+@pytest.mark.parametrize("case", ["max_turns", "stop", "length", "max_model_len"])
+def test_finish_reasons_and_budget(tokenizer, case):
+    eos = tokenizer.eos_token_id
+    if case == "max_turns":
+        trajs = _run(tokenizer, _FakeLLM(eos), _FakeEnvs(), max_turns=3, max_new_tokens=8)
+        assert all(t.turns == 3 and t.tool_calls == 3 and t.finish_reason == "max_turns" for t in trajs)
+    elif case == "stop":
+        trajs = _run(tokenizer, _FakeLLM(eos), _FakeEnvs(done_after=1), max_turns=3, max_new_tokens=8)
+        assert all(t.turns == 1 and t.finish_reason == "stop" and t.env_tokens == 0 for t in trajs)
+        assert trajs[0].token_ids == [7, 8, 9, eos] and trajs[0].loss_mask == [1, 1, 1, 1]
+    elif case == "length":  # cut turns go to the environment; the template closes them (env tokens)
+        trajs = _run(tokenizer, _FakeLLM(eos, ends=False, length=8), _FakeEnvs(done_after=2), max_turns=3,
+                     max_new_tokens=4)
+        t = trajs[0]
+        assert t.turns == 2 and t.finish_reason == "length"
+        assert t.token_ids[:5] == [7, 8, 9, 10, eos] and t.loss_mask[:5] == [1, 1, 1, 1, 0]
+    else:
+        llm = _FakeLLM(eos, length=10)
+        trajs = _run(tokenizer, llm, _FakeEnvs(), max_turns=50, max_new_tokens=16, max_model_len=64)
+        for t in trajs:
+            assert t.finish_reason == "max_model_len" and len(t.prompt_ids) + len(t.token_ids) <= 64
+        assert all(len(p) < 64 for p in llm.prompts)  # never a request without room for a token
