@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from actors.devices import transfer_backend
 from actors.rewards import RewardScorer, exact_match
 from cluster import launch
 from cluster.collect import Batch, CollectStats, ScoredGroup, trim_to_ranks
@@ -264,9 +265,7 @@ class Trainer:
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
                                 [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
-        self.backend = cfg.rollout.weight_transfer_backend
-        if self.backend == "auto":
-            self.backend = "nccl" if cfg.rollout.num_gpus > 0 else "gloo"
+        self.backend = transfer_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
                                        cfg.rollout.tensor_parallel_size)
         self._resume()

@@ -6,6 +6,7 @@ import datetime
 import statistics
 import time
 
+from actors.devices import transfer_backend
 from cluster.bench.report import _log, per_second, ratio
 
 
@@ -21,13 +22,6 @@ def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
     logp = [c.logprobs for r in rollouts for c in r.completions]
     return TrainBatch(prompt_ids=prompt_ids, completion_ids=comps, advantages=[g.gauss(0, 1) for _ in comps],
                       behavior_logp=logp, ref_logp=[list(x) for x in logp] if with_ref else None, pad_id=pad_id)
-
-
-def transfer_backend(rcfg) -> str:
-    """The weight-transfer backend a run with this rollout config uses (as the trainer decides it)."""
-    if rcfg.weight_transfer_backend != "auto":
-        return rcfg.weight_transfer_backend
-    return "nccl" if rcfg.num_gpus > 0 else "gloo"
 
 
 def _start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
@@ -71,7 +65,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
                        "seconds_each": [round(m["seconds"], 4) for m in ms], "loss": [m.get("loss") for m in ms]}
         sync = None
         if rollout_actor is not None and sync_repeats > 0:
-            backend = transfer_backend(base_cfg.rollout)
+            backend = transfer_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
             _log(f"sync: ZeRO-{stage} rank 0 -> RolloutWorker, {backend}, 1 warm-up + {sync_repeats} full updates")
             group.init_weight_sync([rollout_actor], backend, base_cfg.rollout.bucket_mb, 1)
             outs, walls = [], []
