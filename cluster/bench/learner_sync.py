@@ -7,7 +7,7 @@ import statistics
 import time
 
 from actors.devices import transfer_backend
-from cluster.bench.report import _log, per_second, ratio
+from cluster.bench.report import per_second, progress, ratio
 
 
 def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
@@ -42,7 +42,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
     from cluster.workers import LearnerGroup
 
     lcfg = dataclasses.replace(base_cfg.learner, zero_stage=stage, num_ranks=ranks)
-    _log(f"learner: ZeRO-{stage}, {ranks} rank(s), {len(batch)} sequences, 1 warm-up + {steps} steps")
+    progress(f"learner: ZeRO-{stage}, {ranks} rank(s), {len(batch)} sequences, 1 warm-up + {steps} steps")
     handles = _start_learners(ray, model, lcfg, base_cfg.algo, ranks, timeout_s)
     group = LearnerGroup(handles, timeout_s)
     try:
@@ -66,7 +66,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
         sync = None
         if rollout_actor is not None and sync_repeats > 0:
             backend = transfer_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
-            _log(f"sync: ZeRO-{stage} rank 0 -> RolloutWorker, {backend}, 1 warm-up + {sync_repeats} full updates")
+            progress(f"sync: ZeRO-{stage} rank 0 -> RolloutWorker, {backend}, 1 warm-up + {sync_repeats} full updates")
             group.init_weight_sync([rollout_actor], backend, base_cfg.rollout.bucket_mb, 1)
             outs, walls = [], []
             for v in range(sync_repeats + 1):
@@ -126,7 +126,7 @@ class GlooPeer:
 
 def bench_raw_broadcast(ray, nbytes: int, repeats: int, timeout_s: float) -> dict:
     """Part 2's baseline: one flat uint8 tensor of `nbytes`, rank 0 -> rank 1, two Ray actor processes."""
-    _log(f"raw broadcast: {nbytes / 2**20:.2f} MiB over ProcessGroupGloo, 1 warm-up + {repeats}")
+    progress(f"raw broadcast: {nbytes / 2**20:.2f} MiB over ProcessGroupGloo, 1 warm-up + {repeats}")
     cls = ray.remote(num_cpus=0.5)(GlooPeer)
     a, b = cls.remote(0), cls.remote(1)
     try:
