@@ -153,3 +153,27 @@ def test_finish_reasons_and_budget(tokenizer, case):
         for t in trajs:
             assert t.finish_reason == "max_model_len" and len(t.prompt_ids) + len(t.token_ids) <= 64
         assert all(len(p) < 64 for p in llm.prompts)  # never a request without room for a token
+
+
+def test_collect_reads_trajectories_like_completions():
+    from actors.multiturn import MultiTurnRollout
+    from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
+    from cluster.data import Example
+
+    def traj(prompt, ids, mask, error=None):
+        return Trajectory(prompt_ids=prompt, token_ids=ids, loss_mask=mask, logprobs=[-0.5] * sum(mask), turns=2,
+                          tool_calls=1, env_tokens=len(mask) - sum(mask), env_error=error, text="t",
+                          finish_reason="env_error" if error else "stop")
+
+    ro = MultiTurnRollout([traj([1, 2], [5, 6, 7], [1, 0, 1]), traj([1, 2, 3], [5], [1], error="step: boom")],
+                          weight_version=3, env_s=0.25)
+    stats = CollectStats()
+    stats.add_trajectories([ro])
+    assert model_tokens(ro) == 3
+    m = stats.metrics()
+    assert m["turns_mean"] == 2 and m["tool_calls_mean"] == 1 and m["env_errors"] == 1
+    assert m["env_s"] == 0.25 and m["env_tokens_mean"] == 0.5
+    batch = Batch.from_groups([ScoredGroup(Example("q", {}), ro, [1.0, 0.0])], {}, stats, version_if_empty=0)
+    assert batch.prompt_ids == [[1, 2], [1, 2, 3]] and batch.completion_ids == [[5, 6, 7], [5]]
+    assert batch.loss_mask == [[1, 0, 1], [1]] and batch.behavior_logp[0][0] == -0.5
+    assert "turns_mean" not in CollectStats().metrics()  # single-turn runs: the logger writes NaN
