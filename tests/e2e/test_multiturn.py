@@ -202,6 +202,12 @@ def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model
 
     env_file = tmp_path / "nudged_calculator.py"
     env_file.write_text(NUDGED_CALCULATOR)
+    reward_file = tmp_path / "conversation_reward.py"  # sees the whole conversation; varies, so advantages do
+    reward_file.write_text(
+        "def conversation_reward(prompt, completion, _messages, _turns, _num_tokens):\n"
+        "    assert _messages[-1] == {'role': 'assistant', 'content': completion} and _turns >= 2\n"
+        "    assert [m['role'] for m in _messages[:3]] == ['user', 'assistant', 'user']\n"
+        "    return len(completion) / 10\n")
     data = tmp_path / "problems.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Tom has {a} apples and gets {b} more. How many?",
                                         "answer": str(a + b)}) + "\n" for a in range(1, 5) for b in range(1, 5)))
@@ -212,7 +218,7 @@ def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model
         trainer: {{steps: 3, prompts_per_step: 2, group_size: 2, run_dir: {tmp_path / 'run'}, actor_timeout_s: 300}}
         rollout: {{env: "{env_file}:NudgedCalculator", max_turns: 3, max_new_tokens: 8, max_model_len: 192,
                   cpu_kv_cache_mb: 64}}
-        reward: {{functions: [exact_match]}}
+        reward: {{functions: [exact_match, "{reward_file}:conversation_reward"]}}
         learner: {{lr: 1.0e-4, micro_batch_size: 4}}
         metrics: {{tensorboard: false}}
     """))
@@ -225,4 +231,4 @@ def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model
     for r in rows:
         assert r["turns_mean"] > 1 and r["env_errors"] == 0 and r["env_tokens_mean"] > 0 and r["env_s"] >= 0
         assert r["tool_calls_mean"] == 0.0  # the random model never writes calc(); the nudge is a user message
-        assert math.isfinite(r["loss"])
+        assert r["reward_errors"] == 0 and r["grad_norm"] > 0 and math.isfinite(r["loss"])
