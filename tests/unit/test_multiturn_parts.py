@@ -177,3 +177,33 @@ def test_collect_reads_trajectories_like_completions():
     assert batch.prompt_ids == [[1, 2], [1, 2, 3]] and batch.completion_ids == [[5, 6, 7], [5]]
     assert batch.loss_mask == [[1, 0, 1], [1]] and batch.behavior_logp[0][0] == -0.5
     assert "turns_mean" not in CollectStats().metrics()  # single-turn runs: the logger writes NaN
+
+
+def test_an_environment_that_fails_at_reset_ends_its_trajectory_before_any_turn(tokenizer):
+    class FailingOpen(_FakeEnvs):
+        def run(self, calls):
+            return [(False, "TypeError: bad field") if m == "open" else (True, None) for _, m, _ in calls]
+
+    llm = _FakeLLM(tokenizer.eos_token_id)
+    trajs = _run(tokenizer, llm, FailingOpen(), max_turns=3, max_new_tokens=8)
+    assert all(t.finish_reason == "env_error" and t.turns == 0 and t.token_ids == [] for t in trajs)
+    assert "bad field" in trajs[0].env_error and llm.prompts == []  # nothing was sent to the engine
+
+
+def test_the_driver_refuses_a_bad_template_or_env_before_any_actor(tokenizer, tmp_path):
+    from cluster.trainer import check_multiturn
+
+    model = tmp_path / "model"
+    tokenizer.save_pretrained(model)
+    (model / "config.json").write_text("{}")
+    check_multiturn(load_config(None, [f"model.path={model}", "rollout.env=calculator"]))  # fine as it is
+    original = tokenizer.chat_template
+    tokenizer.chat_template = "{%- for m in messages %}{{- m['content'] }}{%- endfor %}"  # no end-of-turn token
+    tokenizer.save_pretrained(model)
+    tokenizer.chat_template = original
+    with pytest.raises(ConfigError, match="not prefix-preserving"):
+        check_multiturn(load_config(None, [f"model.path={model}", "rollout.env=calculator"]))
+    bad_env = tmp_path / "env.py"
+    bad_env.write_text("raise ImportError('missing dependency')\n")
+    with pytest.raises(ConfigError, match="missing dependency"):
+        check_multiturn(load_config(None, [f"model.path={model}", f"rollout.env={bad_env}:Env"]))
