@@ -91,6 +91,7 @@ class _FakeLLM:
         self.eos, self.ends, self.length, self.prompts = eos, ends, length, []
 
     def __call__(self, requests):
+        self.calls = getattr(self, "calls", 0) + 1
         outs = []
         for context, max_tokens, _ in requests:
             self.prompts.append(list(context))
@@ -135,8 +136,10 @@ def _run(tokenizer, llm, envs, **cfg):
 def test_finish_reasons_and_budget(tokenizer, case):
     eos = tokenizer.eos_token_id
     if case == "max_turns":
-        trajs = _run(tokenizer, _FakeLLM(eos), _FakeEnvs(), max_turns=3, max_new_tokens=8)
+        llm = _FakeLLM(eos)
+        trajs = _run(tokenizer, llm, _FakeEnvs(), max_turns=3, max_new_tokens=8)
         assert all(t.turns == 3 and t.tool_calls == 3 and t.finish_reason == "max_turns" for t in trajs)
+        assert llm.calls == 3 and len(llm.prompts) == 6  # one engine call per turn, for every trajectory
     elif case == "stop":
         trajs = _run(tokenizer, _FakeLLM(eos), _FakeEnvs(done_after=1), max_turns=3, max_new_tokens=8)
         assert all(t.turns == 1 and t.finish_reason == "stop" and t.env_tokens == 0 for t in trajs)
