@@ -210,3 +210,11 @@ def test_the_driver_refuses_a_bad_template_or_env_before_any_actor(tokenizer, tm
     bad_env.write_text("raise ImportError('missing dependency')\n")
     with pytest.raises(ConfigError, match="missing dependency"):
         check_multiturn(load_config(None, [f"model.path={model}", f"rollout.env={bad_env}:Env"]))
+
+
+def test_the_calculator_example_config_is_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "calculator.yaml", validate_paths=False)  # model and data are the user's
+    assert cfg.rollout.env == "calculator" and cfg.rollout.max_turns > 1
