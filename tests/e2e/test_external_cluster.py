@@ -47,7 +47,7 @@ def tiny_run(model_dir, run_dir, steps: int) -> list[str]:
     return [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
             "trainer.prompts_per_step=4", "trainer.group_size=4", "data.num_eval=0", "data.task_digits=1",
             "rollout.max_model_len=48", "rollout.max_new_tokens=6", "rollout.gpu_memory_utilization=0.03",
-            "metrics.tensorboard=false", "trainer.actor_timeout_s=300"]
+            "metrics.tensorboard=false"]
 
 
 def train_steps(run_dir: Path) -> list[int]:
@@ -132,6 +132,14 @@ def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_
     every step done. During the run, our own listeners (the learner ranks' rendezvous store, the
     weight-transfer store, gloo) are on the node's address, never on 0.0.0.0."""
     gcs, _ = head
+    # a user without the cluster's token (another HOME) gets told where to put it
+    no_token = subprocess.run([str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml",
+                               *tiny_run(tiny_model_dir, tmp_path / "no-token", 5), f"ray.address={gcs}"],
+                              cwd=ROOT, env={**user_env(), "HOME": str(tmp_path)}, capture_output=True, text=True,
+                              timeout=300)
+    assert no_token.returncode == 2, no_token.stderr[-3000:]
+    assert "no token was found" in no_token.stderr and "~/.ray/auth_token" in no_token.stderr, no_token.stderr[-3000:]
+
     run_dir = tmp_path / "run"
     log = open(tmp_path / "train.log", "w")
     proc = subprocess.Popen([str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", *tiny_run(tiny_model_dir, run_dir, 5),
