@@ -56,6 +56,8 @@ def gcs_auth_mode(address: str, timeout_s: float = 10.0) -> str | None:
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None  # a TLS cluster: leave the handshake to Ray
     with grpc.insecure_channel(address) as channel:
         try:
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
