@@ -91,8 +91,9 @@ def _shell_quote(s: str) -> str:
 def cmd_export(args) -> int:
     from learner.checkpoint import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out_dir)
-    print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM)")
+    out = export_checkpoint(args.checkpoint, args.out_dir, args.model_path)
+    print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM"
+          + ("; LoRA adapter in peft format under adapter/" if (Path(out) / "adapter").is_dir() else "") + ")")
     return 0
 
 
@@ -144,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
     e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
     e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer)")
+    e.add_argument("--model-path", default=None,
+                   help="the original model directory (default: the checkpoint's own config; LoRA runs: "
+                   "the base model they trained from, where its weights come from)")
     e.set_defaults(fn=cmd_export)
 
     pl = sub.add_parser("plot", help="PNG curves of a run: reward, KL, step time split",
