@@ -88,7 +88,9 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
 
     from learner.checkpoint import export_checkpoint
 
-    lora = ["learner.lora_rank=4", "algo.beta=0.05", "learner.lr=1e-2"]
+    length = tmp_path / "length_reward.py"  # a reward that varies within a group: every step learns
+    length.write_text("def reward(prompt, completion, **kw):\n    return len(completion) / 10\n")
+    lora = ["learner.lora_rank=4", "algo.beta=0.05", "learner.lr=1e-2", f"reward.functions=[{length}:reward]"]
     full = tmp_path / "full"
     Trainer(config(tiny_model_dir, full, *lora, "trainer.steps=3")).run()
     rows = train_rows(full)
