@@ -382,6 +382,14 @@ class LearnerWorker:
         from learner.lora import adapter_config_json, write_adapter_dir
         write_adapter_dir(tensors, adapter_config_json(self.engine.module, self.model_path), out_dir)
 
+    def optimizer_state_bytes(self) -> int:
+        """Bytes this rank's optimizer holds (Adam moments, and ZeRO's fp32 master partitions)."""
+        opt = self.engine.optimizer
+        inner = getattr(opt, "optimizer", opt)  # ZeRO wraps the torch optimizer
+        tensors = [t for st in inner.state.values() for t in st.values() if torch.is_tensor(t)]
+        tensors += [p for g in inner.param_groups for p in g["params"]]  # what it steps (ZeRO: fp32 partitions)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def _barrier(self) -> None:
         import deepspeed.comm as dist
         dist.barrier()
