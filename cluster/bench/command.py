@@ -70,6 +70,7 @@ def _run_bench(args, res: dict) -> int:
     else:
         spec = model_spec(args.hidden_size, args.num_layers)
         base = build_tiny_model(cache / f"base-h{spec.hidden_size}-l{spec.num_layers}", spec)
+        warm = base  # replaced by the warm start below unless --warm-start-steps 0
         n_params = num_parameters(base)
         res["model"] = {"path": str(base), "parameters": n_params, **dataclasses.asdict(spec)}
     _log(f"model: {base} ({(n_params or 0) / 1e6:.2f}M parameters)")
