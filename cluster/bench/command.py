@@ -121,7 +121,7 @@ def _run_bench(args, res: dict) -> int:
             while len(batch) % ranks:
                 ranks -= 1
             res["learner"] = {}
-            for stage in (2, 3):
+            for stage in (2, 3) if parts & {"learner", "sync"} else ():
                 lr_res, sy = bench_learner_and_sync(
                     ray, str(base), cfg, stage, ranks, batch, args.learner_steps if "learner" in parts else 0,
                     args.sync_repeats if "sync" in parts else 0, rollout_actor, n_params, args.peak_tflops, timeout_s)
