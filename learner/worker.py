@@ -337,10 +337,13 @@ class LearnerWorker:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Consolidated float32 weights on CPU (HF names) on rank 0, {} elsewhere. Collective."""
+        return {k: v.float() for k, v in self._hf_state_dict().items()}
+
+    def _hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Whole weights in their training dtype under HF names (LoRA: merged) on rank 0. Collective."""
         from learner.weight_sync import consolidated_state_dict
-        sd = consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank,
-                                     source=self._hf_source())
-        return {k: v.float() for k, v in sd.items()} if self.rank == 0 else {}
+        return consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank,
+                                       source=self._hf_source())
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter (peft names, as saved by peft) on rank 0, {} elsewhere. Collective."""
@@ -370,7 +373,7 @@ class LearnerWorker:
     def export_hf(self, out_dir: str) -> None:
         """A plain HF model directory (safetensors + config + tokenizer); rank 0 writes. Collective."""
         from learner.checkpoint import write_hf_dir
-        sd = self.full_state_dict()
+        sd = self._hf_state_dict()
         adapter = self.adapter_state_dict() if self.cfg.lora else {}
         if self.rank == 0:
             write_hf_dir(sd, out_dir, self.model_path)
