@@ -6,8 +6,9 @@ import dataclasses
 import statistics
 import time
 
-from cluster.bench.learner_sync import _start_learners, transfer_backend
-from cluster.bench.report import _log
+from actors.devices import transfer_backend
+from cluster.bench.learner_sync import _start_learners
+from cluster.bench.report import progress
 
 
 def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeout_s: float) -> dict:
@@ -19,7 +20,7 @@ def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeou
     variants = {"full": {"lora_rank": 0},
                 "adapter": {"lora_rank": rank, "lora_sync": "adapter"},
                 "merged": {"lora_rank": rank, "lora_sync": "merged"}}
-    backend = transfer_backend(base_cfg.rollout)
+    backend = transfer_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
     out: dict = {"lora_rank": rank, "repeats": repeats, "backend": backend}
     engines: dict = {}
     try:
@@ -30,7 +31,7 @@ def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeou
                 engines[key] = ray.remote(RolloutWorker).options(num_cpus=base_cfg.rollout.num_cpus).remote(
                     model, base_cfg.rollout, max_lora_rank=key)
             engine = engines[key]
-            _log(f"lora: {name} (rank {lcfg.lora_rank}), 1 train step, 1 warm-up + {repeats} syncs")
+            progress(f"lora: {name} (rank {lcfg.lora_rank}), 1 train step, 1 warm-up + {repeats} syncs")
             handles = _start_learners(ray, model, lcfg, base_cfg.algo, 1, timeout_s)
             group = LearnerGroup(handles, timeout_s)
             try:
@@ -47,7 +48,7 @@ def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeou
                              "wall_seconds": statistics.median(walls[1:]),
                              "optimizer_state_bytes": ray.get(handles[0].optimizer_state_bytes.remote(), timeout=timeout_s),
                              "trainable_params": info["trainable_params"], "total_params": info["total_params"]}
-                _log(f"lora {name}: {out[name]['bytes'] / 2**20:.3f} MiB in {out[name]['seconds']:.4f} s, optimizer "
+                progress(f"lora {name}: {out[name]['bytes'] / 2**20:.3f} MiB in {out[name]['seconds']:.4f} s, optimizer "
                      f"{out[name]['optimizer_state_bytes'] / 2**20:.3f} MiB")
             finally:
                 for h in handles:
