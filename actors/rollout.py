@@ -57,6 +57,24 @@ def split_evenly(items: list, n: int) -> list[list]:
     return chunks
 
 
+def _adapter_dir(tmp: str) -> str:
+    """This process's adapter dir, `raygrpo-lora-<pid>`; those of dead processes (engines killed
+    by Ray, which runs no cleanup) are removed first."""
+    import shutil
+
+    for name in os.listdir(tmp):
+        if name.startswith("raygrpo-lora-") and name[13:].isdigit():
+            try:
+                os.kill(int(name[13:]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+            except PermissionError:  # alive, another user's
+                pass
+    path = os.path.join(tmp, f"raygrpo-lora-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 class RolloutWorker:
     """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
 
@@ -276,7 +294,7 @@ class RolloutWorker:
         self._check_not_updating()
         t0 = time.perf_counter()
         if self._adapter_root is None:
-            self._adapter_root = tempfile.mkdtemp(prefix="raygrpo-lora-")
+            self._adapter_root = _adapter_dir(tempfile.gettempdir())
         path = os.path.join(self._adapter_root, f"v{int(version)}")
         os.makedirs(path, exist_ok=True)
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(path, "adapter_model.safetensors"))

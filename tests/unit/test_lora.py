@@ -61,3 +61,21 @@ def test_unknown_target_module_is_named(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     with pytest.raises(ValueError, match="lora_target_modules"):
         apply_lora(model, LearnerConfig(lora_rank=4, lora_target_modules=["no_such_proj"]))
+
+
+def test_engine_adapter_dirs_of_dead_processes_are_removed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from actors.rollout import _adapter_dir
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"raygrpo-lora-{int(dead.stdout)}"
+    (stale / "v3").mkdir(parents=True)
+    other = tmp_path / "raygrpo-lora-notapid"
+    other.mkdir()
+    mine = _adapter_dir(str(tmp_path))
+    assert mine == str(tmp_path / f"raygrpo-lora-{os.getpid()}") and os.path.isdir(mine)
+    assert not stale.exists() and other.exists()
+    assert _adapter_dir(str(tmp_path)) == mine  # idempotent: a live process's dir stays
