@@ -63,10 +63,30 @@ def split_evenly(items: list, n: int) -> list[list]:
     return chunks
 
 
+def _adapter_dir(tmp: str) -> str:
+    """This process's adapter dir, `raygrpo-lora-<pid>`; those of dead processes (engines killed
+    by Ray, which runs no cleanup) are removed first."""
+    import shutil
+
+    for name in os.listdir(tmp):
+        if name.startswith("raygrpo-lora-") and name[13:].isdigit():
+            try:
+                os.kill(int(name[13:]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+            except PermissionError:  # alive, another user's
+                pass
+    path = os.path.join(tmp, f"raygrpo-lora-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 class RolloutWorker:
     """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
 
-    def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0):
+    def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0, max_lora_rank: int = 0):
+        """`max_lora_rank` > 0 starts the engine with vLLM's LoRA support (one adapter slot, see
+        `load_adapter`); it must be a value vLLM accepts (learner/config.py VLLM_LORA_RANKS)."""
         problems = cfg.problems()
         if problems:
             raise ValueError("invalid RolloutConfig: " + "; ".join(problems))
@@ -88,6 +108,10 @@ class RolloutWorker:
         kwargs = {}
         if not gpu and cfg.cpu_kv_cache_mb > 0:
             kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_mb * 1024 * 1024
+        if max_lora_rank > 0:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+        self._lora = None  # the LoRARequest every generate uses, once an adapter arrived
+        self._adapter_root = None  # this engine's own temp dir for adapter files (vLLM loads from disk)
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path,
@@ -179,7 +203,7 @@ class RolloutWorker:
                 ))
                 slots.append(i)
         if requests:
-            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
             for i, out in zip(slots, outputs):
                 completions = [self._completion(c) for c in out.outputs]
                 if greedy:  # G identical samples: copies of the one greedy completion
@@ -258,7 +282,7 @@ class RolloutWorker:
                 raise ValueError(f"sequence {i} has {len(ids)} tokens; need 2..{self.cfg.max_model_len - 1}")
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids],
-                                    params, use_tqdm=False)
+                                    params, use_tqdm=False, lora_request=self._lora)
         return [[float(step[tok].logprob) for tok, step in zip(ids[1:], out.prompt_logprobs[1:])]
                 for ids, out in zip(token_ids, outputs)]
 
@@ -308,6 +332,40 @@ class RolloutWorker:
 
     def get_weight_version(self) -> str:
         return self.llm.get_weight_version()
+
+    # ------------------------------------------------------------------ LoRA adapters (adapter-mode sync)
+    def load_adapter(self, tensors: dict, adapter_config: str, version: int) -> dict:
+        """Serve the learner's LoRA adapter from now on: `tensors` are peft-named adapter weights,
+        `adapter_config` the text of peft's adapter_config.json. They arrive through Ray (no shared
+        filesystem); vLLM 0.32 loads adapters only from a path, so they are written to this engine's
+        own temp dir, then loaded in place under one adapter id (every later generate uses it)."""
+        import shutil
+        import tempfile
+
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            raise RuntimeError("load_adapter on an engine started without LoRA (max_lora_rank=0); "
+                               "start it with learner.lora_rank > 0 and learner.lora_sync=adapter")
+        self._check_not_updating()
+        t0 = time.perf_counter()
+        if self._adapter_root is None:
+            self._adapter_root = _adapter_dir(tempfile.gettempdir())
+        path = os.path.join(self._adapter_root, f"v{int(version)}")
+        os.makedirs(path, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(path, "adapter_model.safetensors"))
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            f.write(adapter_config)
+        request = LoRARequest("policy", 1, path, load_inplace=True)
+        self.llm.llm_engine.add_lora(request)  # loads now (not at the next generate), so errors surface here
+        old, self._lora = self._lora, request
+        if not self.llm.reset_prefix_cache():  # cached blocks hold K/V of the previous adapter
+            raise RuntimeError("vLLM could not reset its prefix cache after loading an adapter")
+        self.update_weight_version(version)
+        if old is not None and old.lora_path != path:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        return {"seconds": time.perf_counter() - t0, "path": path}
 
     # ------------------------------------------------------------------ health
     def info(self) -> dict:

@@ -92,8 +92,9 @@ def _shell_quote(s: str) -> str:
 def cmd_export(args) -> int:
     from learner.checkpoint import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out_dir)
-    print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM)")
+    out = export_checkpoint(args.checkpoint, args.out_dir, args.model_path)
+    print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM"
+          + ("; LoRA adapter in peft format under adapter/" if (Path(out) / "adapter").is_dir() else "") + ")")
     return 0
 
 
@@ -145,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
     e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
     e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer)")
+    e.add_argument("--model-path", default=None,
+                   help="the original model directory (default: the checkpoint's own config; LoRA runs: "
+                   "the base model they trained from, where its weights come from)")
     e.set_defaults(fn=cmd_export)
 
     pl = sub.add_parser("plot", help="PNG curves of a run: reward, KL, step time split",
@@ -167,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "Ray actor vs the same vLLM engine called directly, (2) a full weight update (learner -> vLLM, "
                        "gloo) vs a raw gloo broadcast of the same bytes, and sync's share of a step, (3) sync vs async "
                        "schedule step time, (4) learner tokens/s under ZeRO-2 and ZeRO-3, (5) TRL's GRPOTrainer on the "
-                       "same task/model/batch/steps/lr (installed on demand into .venv-bench). Prints a table and "
+                       "same task/model/batch/steps/lr (installed on demand into .venv-bench), (6) LoRA: sync bytes and seconds "
+                       "adapter vs merged vs full, optimizer state LoRA vs full. Prints a table and "
                        "writes it as JSON with the machine's details (see docs/benchmarks.md).")
     b.add_argument("overrides", nargs="*", help="dotted config overrides on the bench's pinned training settings "
                    "(cluster/bench/report.py BENCH_SETTINGS), e.g. algo.beta=0 learner.lr=5e-5")
@@ -177,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", type=int, default=5, help="training steps of the sync/async/TRL runs (the first is warm-up)")
     b.add_argument("--out", default="runs/bench/bench.json", help="where the JSON goes (work files beside it)")
     b.add_argument("--skip-trl", action="store_true", help="leave out part 5 (no .venv-bench, no TRL install)")
-    b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl (default: all)")
+    b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora (default: all)")
+    b.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of part 6 (adapter vs merged vs full sync)")
     b.add_argument("--cache-dir", default=".cache/bench", help="where the tiny models and warm starts are cached")
     b.add_argument("--warm-start-steps", type=int, default=900, help="supervised warm-start steps (cached; 0: none)")
     b.add_argument("--gen-prompts", type=int, default=32, help="prompts per rollout call in part 1")

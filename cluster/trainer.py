@@ -291,7 +291,8 @@ class Trainer:
         cfg = self.cfg
         self.pad_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id or 0
         launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
-        self.actors = launch.create_actors(cfg, with_reference=cfg.algo.beta > 0)
+        self.actors = launch.create_actors(  # LoRA: the learner's base model is the reference
+            cfg, with_reference=cfg.algo.beta > 0 and not cfg.learner.reference_from_learner(cfg.algo.beta))
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
