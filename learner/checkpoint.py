@@ -118,6 +118,8 @@ def prune(root: str | os.PathLike, keep: int, protect: str | os.PathLike | None 
 def verify(path: str | os.PathLike) -> list[str]:
     """Problems with the checkpoint at `path` ([] = complete and intact)."""
     path = Path(path)
+    if not path.is_dir():
+        return [f"{path}: no such checkpoint directory"]
     mpath = path / MANIFEST
     if not mpath.is_file():
         return [f"{path}: no {MANIFEST} marker (the save did not finish)"]
