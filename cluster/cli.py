@@ -91,7 +91,7 @@ def _shell_quote(s: str) -> str:
 def cmd_export(args) -> int:
     from learner.checkpoint import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out_dir)
+    out = export_checkpoint(args.checkpoint, args.out_dir, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM)")
     return 0
 
@@ -143,7 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "
                        "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
     e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
-    e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer)")
+    e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer); "
+                   "must be empty or new")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty OUT_DIR (it is removed once the new export is complete)")
     e.set_defaults(fn=cmd_export)
 
     pl = sub.add_parser("plot", help="PNG curves of a run: reward, KL, step time split",

@@ -347,11 +347,17 @@ def _tied_aliases(meta_dir: str) -> dict[str, str]:
 
 
 def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                      model_path: str | os.PathLike | None = None) -> str:
+                      model_path: str | os.PathLike | None = None, overwrite: bool = False) -> str:
     """Consolidate a checkpoint's weights into a HF directory, without Ray or DeepSpeed processes.
 
     ckpt_dir: a checkpoint (root/step-N) or its DeepSpeed folder; model_path: where config and
-    tokenizer come from (default: the checkpoint's own hf-config/)."""
+    tokenizer come from (default: the checkpoint's own hf-config/). A non-empty `out_dir` is
+    refused unless `overwrite`; then it is replaced whole once the new export is written (no stale
+    shards of an older model stay behind)."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out} is not empty: choose an empty or new directory, or pass --overwrite to "
+                              "replace what is there")
     ckpt = Path(ckpt_dir)
     if not (ckpt / LEARNER_TAG).is_dir() and ckpt.name == LEARNER_TAG:
         ckpt = ckpt.parent
@@ -365,7 +371,17 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise FileNotFoundError(f"no config.json in {meta}; pass the original model path")
     with safe_torch_load():
         sd = _consolidated_from_deepspeed(ckpt)
-    return write_hf_dir(sd, out_dir, meta)
+    if not out.exists():
+        return write_hf_dir(sd, out, meta)
+    staging = out.with_name(f".{out.name}.export-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    write_hf_dir(sd, staging, meta)
+    if out.is_dir():
+        shutil.rmtree(out)
+    else:
+        out.unlink()
+    os.replace(staging, out)
+    return str(out)
 
 
 def _consolidated_from_deepspeed(ckpt: Path) -> dict[str, torch.Tensor]:
