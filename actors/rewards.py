@@ -246,7 +246,7 @@ class RewardPool:
                     self.close()
                     raise ValueError(
                         f"the reward process ended while importing {', '.join(self.specs)} (exit code {code}): "
-                        "the module must not exit or crash when imported (e.g. sys.exit / os._exit at top level)")
+                        "the module must not exit or crash when imported (e.g. sys.exit / os._exit at top level)") from None
                 if worker in busy:
                     idx, _ = busy.pop(worker)
                     results[idx] = (False, f"reward process died (exit code {worker.proc.exitcode})")
