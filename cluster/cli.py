@@ -28,7 +28,7 @@ def cmd_train(args) -> int:
     cfg = load_config(args.config, args.overrides)  # before the heavy imports: config mistakes fail fast
     from cluster.trainer import Trainer
 
-    summary = Trainer(cfg).run()
+    summary = Trainer(cfg, overwrite=args.overwrite).run()
     print(f"done: run dir {summary['run_dir']}, checkpoint {summary['checkpoint']}, HF model {summary['hf_model']}")
     if summary.get("before") and summary.get("after"):
         print(f"held-out accuracy: {summary['before']['accuracy']:.3f} -> {summary['after']['accuracy']:.3f}")
@@ -123,9 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train from a YAML config (+ dotted overrides)",
                        description="Train with GRPO. Starts an embedded Ray cluster unless ray.address is set "
                        "(ray.address=auto joins the local node's cluster). Resumes from the run dir's latest "
-                       "complete checkpoint by default (checkpoint.resume=auto|none|PATH).")
+                       "complete checkpoint by default (checkpoint.resume=auto|none|PATH). A run dir belongs to "
+                       "one run: a second live run on it, a config that differs in more than trainer.steps / "
+                       "checkpoint.resume, or checkpoints that all fail verification are refused. SIGTERM or "
+                       "SIGINT: the step finishes, a checkpoint is saved (within trainer.stop_grace_s), exit "
+                       "128+signal; rerunning resumes. A health guard (trainer.halt_after) halts with a "
+                       "checkpoint and a diagnosis, exit 3.")
     t.add_argument("config", help="YAML config, e.g. examples/cpu_demo.yaml")
     t.add_argument("overrides", nargs="*", help=_overrides_help())
+    t.add_argument("--overwrite", action="store_true",
+                   help="start afresh in trainer.run_dir even if it holds another run: its contents are moved to "
+                   "RUN_DIR.replaced-<time> beside it (nothing is deleted)")
     t.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("submit", help="submit `train` as a job to a Ray cluster",
@@ -199,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from cluster.config import ConfigError
     from cluster.data import DataError
+    from cluster.health import TrainingHalted
+    from cluster.rundir import RunDirError
+    from cluster.stopping import Interrupted, RunStopped
 
     parser = build_parser()
     # overrides may come after options too (`submit cfg.yaml --address URL a.b=c`)
@@ -210,13 +221,20 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return args.fn(args)
-    except (ConfigError, DataError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, DataError, RunDirError, FileNotFoundError, FileExistsError) as e:
         _report(e, "error")
         return 2
-    except KeyboardInterrupt:
-        print("interrupted; the last complete checkpoint is kept, `raygrpo train` with the same config resumes from it",
-              file=sys.stderr)
-        return 130
+    except RunStopped as e:
+        print(f"raygrpo: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except TrainingHalted as e:
+        _report(e, "run halted")
+        return 3
+    except KeyboardInterrupt as e:
+        what = f"stopped by {e}" if isinstance(e, Interrupted) else "interrupted"
+        print(f"raygrpo: {what} before a step boundary; the last complete checkpoint is kept, the same command "
+              "resumes from it", file=sys.stderr)
+        return 128 + (e.signum if isinstance(e, Interrupted) else 2)
     except Exception as e:  # a run that failed: say what, keep what was written
         _report(e, "run failed")
         return 1
