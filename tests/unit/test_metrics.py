@@ -1,6 +1,8 @@
 import json
 import math
 
+import pytest
+
 from cluster.metrics import STEP_KEYS, MetricsLogger, plot_run, read_metrics
 
 
@@ -64,3 +66,10 @@ def test_reader_skips_a_truncated_last_line(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "reward_mean": 0.5}\n{"kind": "tr')
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
     assert "metrics.jsonl:2 is not a complete JSON line" in capsys.readouterr().err
+
+
+def test_an_undeclared_step_metric_is_refused(tmp_path):
+    log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False)
+    with pytest.raises(ValueError, match="not in cluster/metrics.py STEP_KEYS"):
+        log.log_step({"step": 1, "reward_meen": 0.1})
+    log.close()
