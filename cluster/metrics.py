@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 # What the learner reports for a step that a step's line carries.
-LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean")
+LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean",
+                "logprob_diff_mean", "logprob_diff_max")
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0).
 STEP_KEYS = (
     "step", "reward_mean", "reward_std", "reward_errors", *LEARNER_KEYS,
