@@ -14,9 +14,8 @@ from pathlib import Path
 
 from cluster.paths import PROJECT_ROOT
 
-# This module's importable name, what `submit` runs on the cluster (`python -m cluster.cli train ...`);
-# from the spec, because __name__ is "__main__" when run with -m.
-CLI_MODULE = __spec__.name
+# The entrypoint of a submitted job (runs the CLI with the cluster's Python; see the script).
+JOB_ENTRY = Path(__file__).with_name("job_entry.sh")
 # What `submit` never uploads to the cluster: environments, runs, caches, VCS data.
 SUBMIT_EXCLUDES = [".venv*/", "venv/", "runs/", ".cache/", ".git/", "**/__pycache__/", ".pytest_cache/", ".hypothesis/",
                    "*.egg-info/", ".whl/"]
@@ -44,6 +43,7 @@ def cmd_submit(args) -> int:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from cluster.config import load_config
+    from cluster.ray_auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
 
     config = Path(args.config).resolve()
     try:
@@ -53,13 +53,18 @@ def cmd_submit(args) -> int:
               "so put the config inside it (e.g. examples/)", file=sys.stderr)
         return 2
     load_config(config, args.overrides, validate_paths=False)  # catch config mistakes before uploading anything
-    _use_ray_auth_token()
+    use_cluster_auth_mode(dashboard_auth_mode(args.address), args.address)  # before the client reads the mode
     client = JobSubmissionClient(args.address)
-    # ray.address=auto: the job's driver joins the cluster it runs on instead of starting its own
-    entrypoint = " ".join(["python", "-m", CLI_MODULE, "train", str(rel), *map(_shell_quote, args.overrides),
+    # cluster/job_entry.sh runs the driver with the Python the cluster's Ray runs (not the first `python`
+    # on the head's PATH) after checking it has our dependencies; ray.address=auto: the driver joins the
+    # cluster it runs on instead of starting its own.
+    entrypoint = " ".join(["sh", str(JOB_ENTRY.relative_to(PROJECT_ROOT)), "train", str(rel), *map(_shell_quote, args.overrides),
                            "ray.address=auto"])
-    job_id = client.submit_job(
-        entrypoint=entrypoint, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SUBMIT_EXCLUDES})
+    try:
+        job_id = client.submit_job(
+            entrypoint=entrypoint, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SUBMIT_EXCLUDES})
+    except Exception as e:
+        raise (explain_auth_failure(e, args.address) or e) from e
     print(f"submitted job {job_id} to {args.address}")
     print(f"  logs:   ray job logs --address {args.address} -f {job_id}")
     print(f"  status: ray job status --address {args.address} {job_id}")
@@ -76,14 +81,6 @@ def cmd_submit(args) -> int:
             print(f"job {job_id}: {status.value}")
             return 0 if status == JobStatus.SUCCEEDED else 1
         time.sleep(2)
-
-
-def _use_ray_auth_token() -> None:
-    """Ray 2.60 clusters require a token by default (`ray start` writes it to ~/.ray/auth_token);
-    Ray's HTTP clients send it only in token mode, which they do not switch on by themselves."""
-    if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-                                              or (Path.home() / ".ray" / "auth_token").exists()):
-        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _shell_quote(s: str) -> str:
@@ -212,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.config import ConfigError
     from cluster.data import DataError
     from cluster.health import TrainingHalted
+    from cluster.ray_auth import ClusterAuthError
     from cluster.rundir import RunDirError
     from cluster.stopping import Interrupted, RunStopped
 
@@ -225,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return args.fn(args)
-    except (ConfigError, DataError, RunDirError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, DataError, RunDirError, ClusterAuthError, FileNotFoundError, FileExistsError) as e:
         _report(e, "error")
         return 2
     except RunStopped as e:

@@ -30,9 +30,9 @@ class LearnerGroup:
 
     def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int, tensor_parallel: int) -> None:
         """(Re)build the transfer group: the sender (learner rank 0) + every vLLM worker of every engine."""
-        import ray
 
-        info = {"backend": backend, "master_address": ray.util.get_node_ip_address(), "master_port": free_port(),
+        # master_address: the sender (learner rank 0) fills in its own node's; gloo picks its port there
+        info = {"backend": backend, "master_address": "", "master_port": 0 if backend == "gloo" else free_port(),
                 "world_size": 1 + len(rollout_handles) * tensor_parallel}
         if backend == "gloo":
             info |= {"bucket_bytes": bucket_mb << 20, "timeout_s": self.timeout_s}

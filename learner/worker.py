@@ -93,6 +93,38 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
+def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: int, world_size: int) -> None:
+    """The ranks' torch.distributed world, listening on `master_addr` only: rank 0 serves the
+    rendezvous store there (torch's env:// store would listen on every interface), and gloo's
+    own sockets use the interface that holds this node's address on the way to it."""
+    import torch.distributed as dist
+    from deepspeed.constants import default_pg_timeout
+
+    from actors.gloo_transfer import listening_store, local_ip_towards
+
+    timeout = default_pg_timeout  # what deepspeed.init_distributed would use
+    if rank == 0:
+        store = listening_store(master_addr, master_port, timeout)
+    else:
+        store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
+    if not on_gpu and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        ifname = interface_of(local_ip_towards(master_addr))
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
+
+
+def interface_of(ip: str) -> str | None:
+    """The name of the network interface that holds `ip` (gloo binds by interface name)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return None
+
+
 class LearnerWorker:
     """One DeepSpeed rank (a Ray actor). See the module docstring for the calling contract."""
 
@@ -104,12 +136,15 @@ class LearnerWorker:
         t0 = time.perf_counter()
         self.cfg, self.algo, self.model_path = cfg, algo, str(model_path)
         self.rank, self.world_size, self.total_steps, self.seed = rank, world_size, total_steps, seed
+        self.master_addr = master_addr
         self.on_gpu = on_gpu(cfg.num_gpus)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size),
                           # Ray gives each rank its own device(s), so the rank is local rank 0 there.
                           LOCAL_RANK="0")
+        init_process_group(self.on_gpu, master_addr, master_port, rank, world_size)
+        # DeepSpeed adopts the group made above (it initializes torch.distributed only if nobody did)
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
                                    rank=rank, world_size=world_size, verbose=False)
         seed_everything(seed)  # the same seed on every rank: any random init must agree across ranks
@@ -154,7 +189,8 @@ class LearnerWorker:
             pass
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "node_id": node_id,
                 "hostname": socket.gethostname(), "device": str(self.device), "zero_stage": self.cfg.zero_stage,
-                "init_seconds": self.init_seconds, "step": self.step}
+                "init_seconds": self.init_seconds, "step": self.step,
+                "listen_address": self.master_addr}  # rank 0's rendezvous and weight-transfer listeners
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         import deepspeed.comm as dist
@@ -292,6 +328,9 @@ class LearnerWorker:
     def init_weight_sync(self, rollout_handles: list, init_info: dict) -> None:
         """(Re)build the trainer-side transfer engine towards `rollout_handles`. Every rank is called."""
         from learner.weight_sync import WeightSync
+        # The sender (rank 0) listens for the engines where it listens for the other ranks: its
+        # node's IP on a cluster, loopback when everything runs on one machine (cluster/launch.py).
+        init_info = {**init_info, "master_address": self.master_addr}
         if self._transfer is not None:
             self._transfer.shutdown()
         self._transfer = WeightSync(self.engine, rank=self.rank, zero3=self.cfg.zero_stage == 3,
