@@ -82,6 +82,18 @@ class RolloutConfig:
             p.append(f"rollout.cpu_kv_cache_mb must be >= 0, got {self.cpu_kv_cache_mb}")
         if self.tensor_parallel_size < 1:
             p.append(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if not 0 < self.top_p <= 1:
+            p.append(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            p.append(f"rollout.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_model_len < 2:
+            p.append(f"rollout.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.bucket_mb < 1:
+            p.append(f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            p.append(f"rollout.num_cpus and rollout.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
+        if self.max_restarts < -1:
+            p.append(f"rollout.max_restarts must be >= 0 (or -1: unlimited), got {self.max_restarts}")
         return p
 
 
@@ -107,6 +119,8 @@ class RewardConfig:
             p.append(f"reward.timeout_s must be > 0, got {self.timeout_s}")
         if self.num_procs < 1:
             p.append(f"reward.num_procs must be >= 1, got {self.num_procs}")
+        if self.overlong_buffer < 0:
+            p.append(f"reward.overlong_buffer must be >= 0, got {self.overlong_buffer}")
         return p
 
 
@@ -124,4 +138,10 @@ class ReferenceConfig:
         p = []
         if self.micro_batch_size < 1:
             p.append(f"reference.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            p.append(f"reference.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            p.append(f"reference.num_cpus and reference.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
+        if self.max_restarts < -1:
+            p.append(f"reference.max_restarts must be >= 0 (or -1: unlimited), got {self.max_restarts}")
         return p

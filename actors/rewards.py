@@ -28,6 +28,7 @@ import multiprocessing as mp
 import numbers
 import os
 import re
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -247,6 +248,13 @@ class RewardPool:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
+                if not worker.ready:  # died while importing the user code: a respawn would die the same way
+                    worker.proc.join(5)
+                    code = worker.proc.exitcode
+                    self.close()
+                    raise ValueError(
+                        f"the reward process ended while importing {', '.join(self.specs)} (exit code {code}): "
+                        "the module must not exit or crash when imported (e.g. sys.exit / os._exit at top level)") from None
                 if worker in busy:
                     idx, _ = busy.pop(worker)
                     results[idx] = (False, f"reward process died (exit code {worker.proc.exitcode})")
@@ -392,6 +400,10 @@ class RewardScorer:
             for (spec, i), (ok, value) in zip(user_calls, out):
                 record(spec, i, ok, value)
 
+        if errors:  # said when it happens, not only counted: the first error and how many
+            print(f"reward: {len(errors)} of {n * len(self.cfg.functions)} reward call(s) failed "
+                  f"(those samples get reward.fallback={self.cfg.fallback:g}), first: {errors[0]}",
+                  file=sys.stderr, flush=True)
         rewards = [
             env_rewards[i] + (self.cfg.fallback if failed[i]
                               else sum(w * values[spec][i] for spec, w in zip(self.cfg.functions, self.weights)))

@@ -31,7 +31,7 @@ def cmd_train(args) -> int:
     cfg = load_config(args.config, args.overrides)  # before the heavy imports: config mistakes fail fast
     from cluster.trainer import Trainer
 
-    summary = Trainer(cfg).run()
+    summary = Trainer(cfg, overwrite=args.overwrite).run()
     print(f"done: run dir {summary['run_dir']}, checkpoint {summary['checkpoint']}, HF model {summary['hf_model']}")
     if summary.get("before") and summary.get("after"):
         print(f"held-out accuracy: {summary['before']['accuracy']:.3f} -> {summary['after']['accuracy']:.3f}")
@@ -92,7 +92,7 @@ def _shell_quote(s: str) -> str:
 def cmd_export(args) -> int:
     from learner.checkpoint import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out_dir, args.model_path)
+    out = export_checkpoint(args.checkpoint, args.out_dir, args.model_path, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM"
           + ("; LoRA adapter in peft format under adapter/" if (Path(out) / "adapter").is_dir() else "") + ")")
     return 0
@@ -125,9 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train from a YAML config (+ dotted overrides)",
                        description="Train with GRPO. Starts an embedded Ray cluster unless ray.address is set "
                        "(ray.address=auto joins the local node's cluster). Resumes from the run dir's latest "
-                       "complete checkpoint by default (checkpoint.resume=auto|none|PATH).")
+                       "complete checkpoint by default (checkpoint.resume=auto|none|PATH). A run dir belongs to "
+                       "one run: a second live run on it, a config that differs in more than trainer.steps / "
+                       "checkpoint.resume, or checkpoints that all fail verification are refused. SIGTERM or "
+                       "SIGINT: the step finishes, a checkpoint is saved (within trainer.stop_grace_s), exit "
+                       "128+signal; rerunning resumes. A health guard (trainer.halt_after) halts with a "
+                       "checkpoint and a diagnosis, exit 3.")
     t.add_argument("config", help="YAML config, e.g. examples/cpu_demo.yaml")
     t.add_argument("overrides", nargs="*", help=_overrides_help())
+    t.add_argument("--overwrite", action="store_true",
+                   help="start afresh in trainer.run_dir even if it holds another run: its contents are moved to "
+                   "RUN_DIR.replaced-<time> beside it (nothing is deleted)")
     t.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("submit", help="submit `train` as a job to a Ray cluster",
@@ -145,10 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "
                        "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
     e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
-    e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer)")
+    e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer); "
+                   "must be empty or new")
     e.add_argument("--model-path", default=None,
                    help="the original model directory (default: the checkpoint's own config; LoRA runs: "
                    "the base model they trained from, where its weights come from)")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty OUT_DIR (it is removed once the new export is complete)")
     e.set_defaults(fn=cmd_export)
 
     pl = sub.add_parser("plot", help="PNG curves of a run: reward, KL, step time split",
@@ -203,7 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from cluster.config import ConfigError
     from cluster.data import DataError
+    from cluster.health import TrainingHalted
     from cluster.ray_auth import ClusterAuthError
+    from cluster.rundir import RunDirError
+    from cluster.stopping import Interrupted, RunStopped
 
     parser = build_parser()
     # overrides may come after options too (`submit cfg.yaml --address URL a.b=c`)
@@ -215,13 +229,20 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return args.fn(args)
-    except (ConfigError, DataError, ClusterAuthError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, DataError, RunDirError, ClusterAuthError, FileNotFoundError, FileExistsError) as e:
         _report(e, "error")
         return 2
-    except KeyboardInterrupt:
-        print("interrupted; the last complete checkpoint is kept, `raygrpo train` with the same config resumes from it",
-              file=sys.stderr)
-        return 130
+    except RunStopped as e:
+        print(f"raygrpo: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except TrainingHalted as e:
+        _report(e, "run halted")
+        return 3
+    except KeyboardInterrupt as e:
+        what = f"stopped by {e}" if isinstance(e, Interrupted) else "interrupted"
+        print(f"raygrpo: {what} before a step boundary; the last complete checkpoint is kept, the same command "
+              "resumes from it", file=sys.stderr)
+        return 128 + (e.signum if isinstance(e, Interrupted) else 2)
     except Exception as e:  # a run that failed: say what, keep what was written
         _report(e, "run failed")
         return 1

@@ -10,6 +10,9 @@ that lists them all, so a user fixes a config in one round.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import struct
 import types
 import typing
 from dataclasses import dataclass, field
@@ -38,7 +41,45 @@ class ModelConfig:
             return ["model.path is empty: point it at a HF model directory (`raygrpo demo` builds a small one)"]
         if not (Path(self.path) / "config.json").exists():
             return [f"model.path {self.path!r} is not a model directory (no config.json there)"]
-        return []
+        return weight_problems(Path(self.path))
+
+
+def weight_problems(model_dir: Path) -> list[str]:
+    """The model dir must hold weights, and every safetensors file's header must parse and fit the
+    file (a truncated download fails here, not minutes later inside an engine)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError) as e:
+            return [f"model.path: {index} is not a readable safetensors index ({e})"]
+        files = [model_dir / n for n in names]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        if any(model_dir.glob("pytorch_model*.bin")):
+            return []  # pickled weights: no cheap header to check; transformers reads them
+        return [f"model.path {str(model_dir)!r} holds no weights (no *.safetensors or pytorch_model*.bin): "
+                "copy the model's weight files there"]
+    return [f"model.path: {p}" for f in files if (p := _safetensors_problem(f))]
+
+
+def _safetensors_problem(f: Path) -> str:
+    if not f.is_file():
+        return f"{f} is missing (listed in the index)"
+    size = f.stat().st_size
+    try:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > size - 8:
+                return f"{f} is truncated: its header says {n} bytes of metadata, the file has {size}"
+            header = json.loads(fh.read(n))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"{f} is not a valid safetensors file ({type(e).__name__}: {e})"
+    if 8 + n + end > size:
+        return f"{f} is truncated: {size} bytes, its header needs {8 + n + end}"
+    return ""
 
 
 @dataclass
@@ -50,6 +91,10 @@ class DataConfig:
 
     def problems(self) -> list[str]:
         p = []
+        if self.num_eval < 0:
+            p.append(f"data.num_eval must be >= 0, got {self.num_eval}")
+        if self.task_digits < 1:
+            p.append(f"data.task_digits must be >= 1, got {self.task_digits}")
         if not self.train.startswith("task:") and not Path(self.train).is_file():
             p.append(f"data.train {self.train!r} is neither task:<name> nor an existing JSONL file")
         if self.eval and not Path(self.eval).is_file():
@@ -72,9 +117,37 @@ class TrainerConfig:
     max_extra_prompts: int = 16  # cap on extra prompts generated per step to refill dropped groups
     actor_timeout_s: float = 600.0  # any single wait on an actor; past it: an error naming the actor
     max_learner_restarts: int = 1  # a dead learner rank: resume from the last checkpoint this many times
+    # SIGTERM / SIGINT: finish the step, save a checkpoint and exit, if that takes at most this long;
+    # past it (or on a second signal) stop at once, keeping the last complete checkpoint.
+    stop_grace_s: float = 25.0  # SLURM and Kubernetes wait 30 s before SIGKILL by default
+    # Training health, checked after every step. A condition that holds for `halt_after`
+    # consecutive steps halts the run (checkpoint first, then a diagnosis). 0 turns a guard off.
+    halt_after: int = 10  # 0: never halt (the conditions are still warned about)
+    halt_on_zero_variance: bool = True  # every group's rewards are all equal: no learning signal
+    entropy_floor: float = 1e-3  # mean token entropy (nats) below this: the policy collapsed
+    kl_ceiling: float = 5.0  # KL to the reference (per token) above this: the policy ran away
+    logprob_diff_warn: float = 0.05  # mean |learner - vLLM| log-prob of the sampled tokens: warn above
+    logprob_diff_ceiling: float = 1.0  # ... and count as unhealthy above this
 
     def problems(self) -> list[str]:
         p = []
+        if not self.run_dir.strip():
+            p.append("trainer.run_dir is empty: name a directory for this run (e.g. runs/my-run)")
+        if self.eval_pass_k < 1:
+            p.append(f"trainer.eval_pass_k must be >= 1, got {self.eval_pass_k}")
+        if self.eval_every < 0:
+            p.append(f"trainer.eval_every must be >= 0, got {self.eval_every}")
+        if self.max_extra_prompts < 0:
+            p.append(f"trainer.max_extra_prompts must be >= 0, got {self.max_extra_prompts}")
+        if self.max_learner_restarts < 0:
+            p.append(f"trainer.max_learner_restarts must be >= 0, got {self.max_learner_restarts}")
+        if self.stop_grace_s < 0:
+            p.append(f"trainer.stop_grace_s must be >= 0, got {self.stop_grace_s}")
+        if self.halt_after < 0:
+            p.append(f"trainer.halt_after must be >= 0 (0: never halt), got {self.halt_after}")
+        for name in ("entropy_floor", "kl_ceiling", "logprob_diff_warn", "logprob_diff_ceiling"):
+            if getattr(self, name) < 0:
+                p.append(f"trainer.{name} must be >= 0 (0: off), got {getattr(self, name)}")
         if self.steps < 1:
             p.append(f"trainer.steps must be >= 1, got {self.steps}")
         if self.prompts_per_step < 1:
@@ -99,6 +172,8 @@ class RayConfig:
 
     def problems(self) -> list[str]:
         p = []
+        if self.num_cpus < 0:
+            p.append(f"ray.num_cpus must be >= 0 (0: the machine's), got {self.num_cpus}")
         if self.placement not in ("separate", "colocate"):
             p.append(f"ray.placement must be separate|colocate, got {self.placement!r}")
         if self.strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
@@ -131,7 +206,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def problems(self) -> list[str]:
-        p = []
+        p = _nonfinite_numbers(self)
         for f in dataclasses.fields(self):
             p += getattr(self, f.name).problems()
         t, lrn, r = self.trainer, self.learner, self.rollout
@@ -161,6 +236,21 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _nonfinite_numbers(obj, where: str = "") -> list[str]:
+    """NaN / inf in any float knob (or list of them): every comparison with NaN is False, so the
+    range checks alone would wave it through."""
+    out = []
+    for f in dataclasses.fields(obj):
+        v, name = getattr(obj, f.name), f"{where}{f.name}"
+        if dataclasses.is_dataclass(v):
+            out += _nonfinite_numbers(v, name + ".")
+        for x in v if isinstance(v, list) else [v]:
+            if isinstance(x, float) and not math.isfinite(x):
+                out.append(f"{name} must be a finite number, got {x}")
+                break
+    return out
 
 
 # --------------------------------------------------------------------------- loading
@@ -217,9 +307,13 @@ def _build(cls, data: Any, where: str, problems: list[str]):
     for key in data:
         if key not in names:
             problems.append(f"unknown key {where + '.' if where else ''}{key} (known: {', '.join(sorted(names))})")
-    kwargs = {
-        k: _coerce(v, hints[k], f"{where + '.' if where else ''}{k}", problems) for k, v in data.items() if k in names
-    }
+    kwargs = {}
+    for k, v in data.items():
+        if k in names:
+            before = len(problems)
+            value = _coerce(v, hints[k], f"{where + '.' if where else ''}{k}", problems)
+            if len(problems) == before or dataclasses.is_dataclass(hints[k]):
+                kwargs[k] = value  # a mistyped value keeps its default, so range checks still run on the rest
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
@@ -264,16 +358,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), valid
         except yaml.YAMLError as e:
             raise ConfigError([f"not valid YAML: {e}"], source) from None
     data = apply_overrides(data, list(overrides), problems)
-    cfg = _build(RunConfig, data, "", problems)
-    if not problems:
-        problems += [p for p in cfg.problems() if validate_paths or not _is_path_problem(p)]
+    cfg = _build(RunConfig, data, "", problems)  # type problems; mistyped values are left at their defaults
+    problems += [p for p in cfg.problems() if validate_paths or not _is_path_problem(p)]  # ranges, together
     if problems:
         raise ConfigError(problems, source)
     return cfg
 
 
 def _is_path_problem(problem: str) -> bool:
-    return problem.startswith(("model.path", "data.train", "data.eval"))
+    return problem.startswith(("model.path", "data.train", "data.eval", "checkpoint.resume"))
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

@@ -195,16 +195,35 @@ def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
     return infos
 
 
-def wait_restarted(handle, name: str, timeout_s: float) -> dict:
-    """After a worker died, poll until Ray has restarted it, or give up with a clear error."""
+def wait_restarted(handle, name: str, timeout_s: float, budget_key: str = "rollout.max_restarts") -> dict:
+    """After a worker died, poll until Ray has restarted it, or give up with a clear error: at once
+    when Ray will not restart it (its restart budget is spent), else after `timeout_s`."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
             return wait_for(handle.info.remote(), name, "restarting", max(1.0, min(60.0, deadline - time.time())))
         except ActorFailed:
+            state, restarts = actor_state(handle)
+            if state == "DEAD":
+                raise ActorFailed(name, "restarting after a crash", died=True,
+                                  detail=f"it died for good: Ray restarted it {restarts} time(s), its whole restart "
+                                  f"budget ({budget_key}={restarts}); raise {budget_key} (-1: unlimited) if this "
+                                  "worker is expected to die now and then") from None
             time.sleep(2.0)  # still restarting (or its engine still loading)
     raise ActorFailed(name, "restarting after a crash", died=True,
                       detail=f"not back within {timeout_s:.0f}s (Ray restarts it at most rollout.max_restarts times)")
+
+
+def actor_state(handle) -> tuple[str, int]:
+    """(Ray's state of the actor: ALIVE | RESTARTING | DEAD | ..., restarts so far), ("", 0) if unknown.
+    Read from the GCS actor table (works without the dashboard)."""
+    try:
+        from ray._private import state
+
+        info = state.actors(handle._actor_id.hex())
+        return str(info.get("State", "")), int(info.get("NumRestarts", 0))
+    except Exception:  # noqa: BLE001 - an internal API; without it we fall back to polling
+        return "", 0
 
 
 def shutdown_actors(actors: Actors) -> None:

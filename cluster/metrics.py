@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
 # What the learner reports for a step that a step's line carries.
-LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean")
+LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean",
+                "logprob_diff_mean", "logprob_diff_max")
 # Multi-turn rollouts (rollout.env; NaN in single-turn runs): assistant turns and "tool" messages per
 # trajectory, environment failures (each ended its trajectory), seconds the engines waited on environments,
 # environment tokens per trajectory (in the context, out of the loss).
@@ -38,6 +40,10 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.total, self.start_step, self.t0 = total_steps, start_step, time.time()
+        moved = supersede_rows(self.path, start_step)
+        if moved:
+            print(f"resuming at step {start_step}: moved {moved} row(s) of later steps from {self.path} to "
+                  f"{self.path.name}.superseded (they are redone now)", flush=True)
         self._tb = self._wandb = self._bar = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -104,12 +110,45 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def read_metrics(run_dir: str | Path, kind: str = "train") -> list[dict]:
-    """The rows of one kind; when a run resumed, a later row for the same step replaces the earlier."""
-    rows: dict[int, dict] = {}
-    with open(Path(run_dir) / "metrics.jsonl") as f:
-        for line in f:
+def supersede_rows(path: Path, start_step: int) -> int:
+    """Make `path` hold each step once when a run (re)starts at `start_step`: rows of later steps
+    (and a line cut short by a crash) move to `<path>.superseded`, since those steps are redone.
+    Evaluations at `start_step` stay, except the one before training (step 0), which is redone."""
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        if not line.strip():
+            continue
+        try:
             row = json.loads(line)
+            step = int(row["step"])
+            stays = step < start_step or (step == start_step and (row.get("kind") == "train" or start_step > 0))
+        except (ValueError, KeyError, TypeError):
+            stays = False
+        (keep if stays else moved).append(line if line.endswith("\n") else line + "\n")
+    if moved:
+        with open(path.with_name(path.name + ".superseded"), "a") as f:
+            f.writelines(moved)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)
+    return len(moved)
+
+
+def read_metrics(run_dir: str | Path, kind: str = "train") -> list[dict]:
+    """The rows of one kind, one per step (a later row for the same step wins); a line cut short
+    by a crash is skipped with a warning."""
+    rows: dict[int, dict] = {}
+    path = Path(run_dir) / "metrics.jsonl"
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                print(f"warning: {path}:{n} is not a complete JSON line (a run stopped while writing it?); skipped",
+                      file=sys.stderr)
+                continue
             if row.get("kind") == kind:
                 rows[row["step"]] = row
     return [rows[s] for s in sorted(rows)]

@@ -22,7 +22,10 @@ from cluster import launch
 from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data import Example, PromptStream, load_splits
+from cluster.health import HealthMonitor, TrainingHalted
 from cluster.metrics import LEARNER_KEYS, MetricsLogger
+from cluster.rundir import claim
+from cluster.stopping import RunStopped, StopSignals
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
 from learner import checkpoint
 from learner.batch import TrainBatch
@@ -56,8 +59,9 @@ def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: RunConfig, overwrite: bool = False):
+        """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/rundir.py)."""
+        self.cfg, self.overwrite = cfg, overwrite
         t = cfg.trainer
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -76,10 +80,14 @@ class Trainer:
         # weights then): the collector holds this lock around each generate, the sync around itself.
         self._engines_lock = threading.RLock()
         self._collector = ThreadPoolExecutor(1, thread_name_prefix="collect")
+        self.stop = StopSignals(t.stop_grace_s)
+        r = cfg.rollout
+        self.health = HealthMonitor(t, beta=cfg.algo.beta, mismatch_expected=r.logprobs_mode == "processed_logprobs"
+                                    and (r.temperature != 1.0 or r.top_p < 1.0 or r.top_k != -1))
 
     # ------------------------------------------------------------------ the story of a run
     def run(self) -> dict:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir_lock = claim(self.cfg, self.overwrite)  # refuses a run dir another run holds or cannot share
         save_config(self.cfg, self.run_dir / "config.yaml")
         try:
             while True:
@@ -95,7 +103,9 @@ class Trainer:
                           f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
                     self._teardown()
         finally:
+            self.stop.restore()
             self._teardown()
+            run_dir_lock.release()
             self.scorer.close()
             self._collector.shutdown(wait=False, cancel_futures=True)
             if getattr(self, "log", None) is not None:
@@ -109,6 +119,7 @@ class Trainer:
                                  wandb=cfg.metrics.wandb, wandb_project=cfg.metrics.wandb_project, config=cfg.to_dict())
         before = self.evaluate() if self.step == 0 and self.heldout else None
         pending: Future | None = None
+        self.stop.armed = True  # from here a stop signal waits for the step boundary (and a checkpoint)
         while self.step < t.steps:
             sw, t0 = Stopwatch(), time.perf_counter()
             with sw("wait_gen"):
@@ -121,7 +132,11 @@ class Trainer:
             m = self._learn(batch, sw)
             self.step += 1
             sw.t["step_s"] = time.perf_counter() - t0
-            self.log.log_step(self._step_metrics(batch, m, sw))
+            row = self._step_metrics(batch, m, sw)
+            self.log.log_step(row)
+            self._check_health(row, batch, pending)
+            if self.stop.requested:
+                raise RunStopped(self.stop.signum, self.step, str(self.save_checkpoint(pending=pending)))
             if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps and self.heldout:
                 self.evaluate()
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < t.steps:
@@ -132,6 +147,15 @@ class Trainer:
         self._teardown()
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
                 "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts}
+
+    def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
+        """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""
+        verdict = self.health.check(row, batch.stats.groups)
+        for w in verdict.warnings:
+            self.log.note(f"health: {w}")
+        if verdict.halt:
+            path = self.save_checkpoint(pending=pending)
+            raise TrainingHalted(f"{verdict.halt} Checkpoint {path} was saved; metrics are in {self.run_dir}.")
 
     def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
         """Steps 4-7: advantages, reference log-probs, the DeepSpeed update, the weight broadcast."""
@@ -291,6 +315,8 @@ class Trainer:
         cfg = self.cfg
         self.pad_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id or 0
         launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
+        self.stop.install()  # after ray.init, which installs its own SIGTERM handler
+        self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
         self.actors = launch.create_actors(  # LoRA: the learner's base model is the reference
             cfg, with_reference=cfg.algo.beta > 0 and not cfg.learner.reference_from_learner(cfg.algo.beta))
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -68,9 +69,10 @@ def final_path(path: str | os.PathLike) -> str:
 def begin(root: str | os.PathLike, step: int) -> str:
     """A fresh, empty temporary directory for the checkpoint of `step` (a stale one is removed)."""
     tmp = Path(root) / f".tmp-{step_dir_name(step)}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    with naming_save_errors(tmp):
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
     return str(tmp)
 
 
@@ -82,9 +84,10 @@ def commit(tmp_dir: str | os.PathLike, root: str | os.PathLike, step: int, drive
     if final.parent.resolve() != root.resolve() or final.name != step_dir_name(step):
         raise ValueError(f"{tmp} is not the temporary directory begin({str(root)!r}, {step}) returns")
     state = {"step": step, **driver_state}
-    _write_json_atomic(tmp / DRIVER_STATE, state)  # raises on non-JSON-able data, before anything is sealed
-    manifest = {"format": FORMAT_VERSION, "step": step, "created": time.time(), "files": _list_files(tmp)}
-    _write_json_atomic(tmp / MANIFEST, manifest)
+    with naming_save_errors(tmp):
+        _write_json_atomic(tmp / DRIVER_STATE, state)  # raises on non-JSON-able data, before anything is sealed
+        manifest = {"format": FORMAT_VERSION, "step": step, "created": time.time(), "files": _list_files(tmp)}
+        _write_json_atomic(tmp / MANIFEST, manifest)
     _fsync_dir(tmp)
     if final.exists():  # the same step saved again (e.g. a resumed run): the new one wins
         old = root / f".old-{final.name}-{os.getpid()}"
@@ -119,6 +122,8 @@ def prune(root: str | os.PathLike, keep: int, protect: str | os.PathLike | None 
 def verify(path: str | os.PathLike) -> list[str]:
     """Problems with the checkpoint at `path` ([] = complete and intact)."""
     path = Path(path)
+    if not path.is_dir():
+        return [f"{path}: no such checkpoint directory"]
     mpath = path / MANIFEST
     if not mpath.is_file():
         return [f"{path}: no {MANIFEST} marker (the save did not finish)"]
@@ -139,6 +144,38 @@ def verify(path: str | os.PathLike) -> list[str]:
     if DRIVER_STATE not in files:
         problems.append(f"{path}: the manifest does not list {DRIVER_STATE}")
     return problems
+
+
+class SaveError(OSError):
+    """Writing a checkpoint or model failed; the message names the path and the likely cause."""
+
+
+@contextlib.contextmanager
+def naming_save_errors(path: str | os.PathLike):
+    """Turn a failed write under `path` into an error that names it. torch.save on a full disk says
+    only "unexpected pos 4004224 vs 4004112" (a RuntimeError) and DeepSpeed adds no path."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        if isinstance(e, SaveError):
+            raise
+        if not isinstance(e, OSError) and "unexpected pos" not in str(e) and "failed writing" not in str(e):
+            raise
+        where = Path(path)
+        probe = next((p for p in [where, *where.parents] if p.exists()), Path("/"))
+        try:
+            free = f"{shutil.disk_usage(probe).free / 2**20:.0f} MiB free on that filesystem"
+        except OSError:
+            free = "free space unknown"
+        cause = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                 errno.EACCES: "no permission to write there", errno.EROFS: "the filesystem is read-only",
+                 errno.EPERM: "no permission to write there"}.get(getattr(e, "errno", None), "")
+        if not cause and not isinstance(e, OSError):
+            cause = "a write was cut short (disk full?)"
+        raise SaveError(getattr(e, "errno", None) or errno.EIO,
+                        f"could not write {where}: {cause or type(e).__name__} ({e}); {free}. Free space or fix "
+                        "permissions there (or point trainer.run_dir elsewhere); the last complete checkpoint is "
+                        "kept") from e
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[str]:
@@ -346,11 +383,17 @@ def _tied_aliases(meta_dir: str) -> dict[str, str]:
 
 
 def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                      model_path: str | os.PathLike | None = None) -> str:
+                      model_path: str | os.PathLike | None = None, overwrite: bool = False) -> str:
     """Consolidate a checkpoint's weights into a HF directory, without Ray or DeepSpeed processes.
 
     ckpt_dir: a checkpoint (root/step-N) or its DeepSpeed folder; model_path: where config and
-    tokenizer come from (default: the checkpoint's own hf-config/)."""
+    tokenizer come from (default: the checkpoint's own hf-config/). A non-empty `out_dir` is
+    refused unless `overwrite`; then it is replaced whole once the new export is written (no stale
+    shards of an older model stay behind)."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out} is not empty: choose an empty or new directory, or pass --overwrite to "
+                              "replace what is there")
     ckpt = Path(ckpt_dir)
     if not (ckpt / LEARNER_TAG).is_dir() and ckpt.name == LEARNER_TAG:
         ckpt = ckpt.parent
@@ -363,10 +406,26 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
     if not (meta / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {meta}; pass the original model path")
     if (ckpt / ADAPTER_DIR / "adapter_config.json").is_file():
-        return _export_lora(ckpt / ADAPTER_DIR, out_dir, meta, model_path)
-    with safe_torch_load():
-        sd = _consolidated_from_deepspeed(ckpt)
-    return write_hf_dir(sd, out_dir, meta)
+        def write(target):
+            return _export_lora(ckpt / ADAPTER_DIR, target, meta, model_path)
+    else:
+        with safe_torch_load():
+            sd = _consolidated_from_deepspeed(ckpt)
+
+        def write(target):
+            return write_hf_dir(sd, target, meta)
+    if not out.exists():
+        return write(out)
+    # --overwrite: write beside it, then replace it whole (no stale shards of an older model stay behind)
+    staging = out.with_name(f".{out.name}.export-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    write(staging)
+    if out.is_dir():
+        shutil.rmtree(out)
+    else:
+        out.unlink()
+    os.replace(staging, out)
+    return str(out)
 
 
 def _consolidated_from_deepspeed(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -33,8 +33,8 @@ class AlgoConfig:
                                     ("kl_estimator", self.kl_estimator, KL_ESTIMATORS)):
             if value not in allowed:  # the objective's own lists (learner/grpo.py), so they cannot drift
                 p.append(f"algo.{key} must be {'|'.join(allowed)}, got {value!r}")
-        if self.clip_low < 0 or self.clip_high < 0:
-            p.append("algo.clip_low and algo.clip_high must be >= 0")
+        if not (0 <= self.clip_low < 1) or self.clip_high < 0:
+            p.append(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got {self.clip_low} and {self.clip_high}")
         if self.beta < 0:
             p.append(f"algo.beta must be >= 0, got {self.beta}")
         if self.tis_cap is not None and self.tis_cap <= 0:
@@ -95,6 +95,21 @@ class LearnerConfig:
             p.append(f"learner.mu must be >= 1, got {self.mu}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             p.append(f"learner.dtype must be auto|float32|bfloat16, got {self.dtype!r}")
+        if self.grad_clip < 0:
+            p.append(f"learner.grad_clip must be >= 0 (0: no clipping), got {self.grad_clip}")
+        if self.weight_decay < 0:
+            p.append(f"learner.weight_decay must be >= 0, got {self.weight_decay}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                p.append(f"learner.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.adam_eps <= 0:
+            p.append(f"learner.adam_eps must be > 0, got {self.adam_eps}")
+        if self.warmup_steps < 0:
+            p.append(f"learner.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.max_nonfinite_steps < 1:
+            p.append(f"learner.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            p.append(f"learner.num_cpus and learner.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
         p += self._lora_problems()
         return p
 
@@ -146,4 +161,11 @@ class CheckpointConfig:
             p.append(f"checkpoint.every must be >= 0, got {self.every}")
         if self.keep < 1:
             p.append(f"checkpoint.keep must be >= 1, got {self.keep}")
+        if self.resume not in ("auto", "none"):
+            from learner.checkpoint import verify  # a path: verified exactly as `auto` verifies what it picks
+
+            if not self.resume:
+                p.append("checkpoint.resume is empty: use auto, none or a checkpoint directory")
+            else:
+                p += [f"checkpoint.resume {self.resume!r}: {q}" for q in verify(self.resume)[:5]]
         return p

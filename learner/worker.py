@@ -30,7 +30,7 @@ from learner.batch import MicroBatch, TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
-# then / tokens, averaged over the mu passes). Entropy is one too, but measured on the first pass only.
+# then / tokens, averaged over the mu passes). Entropy and logprob_diff_mean are too, measured on the first pass only.
 _TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "tis_weight_mean")
 
 
@@ -250,8 +250,9 @@ class LearnerWorker:
             with torch.no_grad():
                 old_logps = [self._forward(mb, with_entropy=False)[0] for mb in mbs]
 
-        sums = {k: 0.0 for k in ("loss", "pg_loss", *_TOKEN_MEAN_METRICS, "entropy")}
+        sums = {k: 0.0 for k in ("loss", "pg_loss", *_TOKEN_MEAN_METRICS, "entropy", "logprob_diff_mean")}
         grad_norm, lr, passes, skipped = 0.0, self.engine.get_lr()[0], 0, False
+        diff_max = 0.0  # largest |learner - vLLM| log-prob of a sampled token, before any update
         for k in range(cfg.mu):
             lr = self.engine.get_lr()[0]
             for j, mb in enumerate(mbs):
@@ -278,8 +279,11 @@ class LearnerWorker:
                 for name in _TOKEN_MEAN_METRICS:
                     if name in m:
                         sums[name] += m[name] * tokens
-                if entropy is not None:
+                if entropy is not None:  # k == 0: the policy that sampled, before the first update of the step
                     sums["entropy"] += float(grpo.masked_mean(entropy, mask)) * tokens
+                    diff = (logp.detach() - to(mb.behavior_logp)).abs() * mask
+                    sums["logprob_diff_mean"] += float(diff.sum())
+                    diff_max = max(diff_max, float(diff.max()) if diff.numel() else 0.0)
             grad_norm, applied = self._optimizer_step()
             passes += 1
             if not applied:  # the same on every rank (the overflow check is all-reduced)
@@ -289,6 +293,7 @@ class LearnerWorker:
         self.step += 1
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
         metrics = self._reduce_metrics(sums, passes, batch.num_completion_tokens())
+        metrics["logprob_diff_max"] = self._all_reduce([diff_max], op="max")[0]
         metrics.update(grad_norm=grad_norm, lr=lr, tokens=batch.num_completion_tokens(), skipped=skipped,
                        nonfinite_count=self.nonfinite_streak, seconds=time.perf_counter() - t0, step=self.step)
         if self.nonfinite_streak >= cfg.max_nonfinite_steps:
@@ -336,7 +341,8 @@ class LearnerWorker:
                "pg_loss": reduced["pg_loss"] / self.world_size / passes}
         for name in _TOKEN_MEAN_METRICS:
             out[name] = reduced[name] / max(total_tokens, 1) / passes
-        out["entropy"] = reduced["entropy"] / max(total_tokens, 1)
+        for name in ("entropy", "logprob_diff_mean"):  # measured in the first pass only
+            out[name] = reduced[name] / max(total_tokens, 1)
         if self.algo.tis_cap is None:
             out.pop("tis_weight_mean")
         return out
@@ -413,13 +419,14 @@ class LearnerWorker:
 
     def export_hf(self, out_dir: str) -> None:
         """A plain HF model directory (safetensors + config + tokenizer); rank 0 writes. Collective."""
-        from learner.checkpoint import write_hf_dir
+        from learner.checkpoint import naming_save_errors, write_hf_dir
         sd = self._hf_state_dict()
         adapter = self.adapter_state_dict() if self.cfg.lora else {}
         if self.rank == 0:
-            write_hf_dir(sd, out_dir, self.model_path)
-            if self.cfg.lora:  # the adapter too, in peft format (PeftModel.from_pretrained)
-                self._write_adapter(adapter, os.path.join(out_dir, "adapter"))
+            with naming_save_errors(out_dir):
+                write_hf_dir(sd, out_dir, self.model_path)
+                if self.cfg.lora:  # the adapter too, in peft format (PeftModel.from_pretrained)
+                    self._write_adapter(adapter, os.path.join(out_dir, "adapter"))
         self._barrier()
 
     def _write_adapter(self, tensors: dict, out_dir: str) -> None:
@@ -444,14 +451,15 @@ class LearnerWorker:
     def save_checkpoint(self, path: str, tag: str) -> None:
         """Model, optimizer and LR schedule (DeepSpeed's files) + this rank's RNG and counters (JSON)."""
         from learner import checkpoint
-        self.engine.save_checkpoint(path, tag=tag, client_state={}, save_latest=False)
-        adapter = self.adapter_state_dict() if self.cfg.lora else {}
-        if self.rank == 0:  # config + tokenizer, so the checkpoint exports on its own
-            checkpoint.write_hf_meta(self.model_path, os.path.join(path, checkpoint.HF_META_DIR))
-            if self.cfg.lora:  # the adapter in peft format: export merges it into the base model
-                self._write_adapter(adapter, os.path.join(path, checkpoint.ADAPTER_DIR))
-        checkpoint.write_worker_state(path, tag, self.rank, {
-            "step": self.step, "nonfinite_streak": self.nonfinite_streak, "rng": checkpoint.rng_state()})
+        with checkpoint.naming_save_errors(path):
+            self.engine.save_checkpoint(path, tag=tag, client_state={}, save_latest=False)
+            adapter = self.adapter_state_dict() if self.cfg.lora else {}
+            if self.rank == 0:  # config + tokenizer, so the checkpoint exports on its own
+                checkpoint.write_hf_meta(self.model_path, os.path.join(path, checkpoint.HF_META_DIR))
+                if self.cfg.lora:  # the adapter in peft format: export merges it into the base model
+                    self._write_adapter(adapter, os.path.join(path, checkpoint.ADAPTER_DIR))
+            checkpoint.write_worker_state(path, tag, self.rank, {
+                "step": self.step, "nonfinite_streak": self.nonfinite_streak, "rng": checkpoint.rng_state()})
         self.last_checkpoint = checkpoint.final_path(path)  # where the driver's commit will put it
         self._barrier()  # every rank's files are on disk before the driver commits
 

@@ -153,3 +153,20 @@ def test_prune_keeps_the_one_just_written_and_leaves_corrupt_ones(tmp_path):
     final = _save(tmp_path, 3, keep=1)  # resumed from an older point: its new checkpoint survives
     names = [Path(p).name for p in ck.list_checkpoints(tmp_path)]
     assert names == ["step-00000003", "step-00000006"] and Path(final).name == "step-00000003"
+
+
+def test_a_full_disk_during_a_save_names_the_path():
+    """/dev/full answers every write with ENOSPC: torch.save's own error says only 'unexpected pos'."""
+    import torch
+
+    from learner.checkpoint import SaveError, naming_save_errors
+
+    with pytest.raises(SaveError) as e:
+        with naming_save_errors("/dev/full"):
+            torch.save({"w": torch.zeros(1 << 20)}, "/dev/full")
+    assert "could not write /dev/full" in str(e.value) and "free" in str(e.value)
+    with pytest.raises(SaveError, match="could not write /dev/full: the disk is full"):
+        with naming_save_errors("/dev/full"):
+            with open("/dev/full", "w") as f:
+                f.write("x" * 100_000)
+                f.flush()

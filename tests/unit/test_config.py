@@ -1,3 +1,6 @@
+import json
+import struct
+
 import pytest
 import yaml
 
@@ -10,10 +13,17 @@ def write(tmp_path, data):
     return p
 
 
+def write_safetensors(path, n_floats=4, truncate_by=0):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n_floats], "data_offsets": [0, 4 * n_floats]}}).encode()
+    data = struct.pack("<Q", len(header)) + header + b"\0" * (4 * n_floats)
+    path.write_bytes(data[:len(data) - truncate_by])
+
+
 def model_dir(tmp_path):
     d = tmp_path / "model"
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text("{}")
+    write_safetensors(d / "model.safetensors")
     return str(d)
 
 
@@ -39,17 +49,65 @@ def test_every_problem_is_listed_in_one_error(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(path, ["learner.num_ranks=3", "rollout.temperature=-1"])
     text = str(e.value)
+    # type and range problems come together, in one round
     assert "unknown key trainer.stepz" in text
     assert "learner.lr: expected float" in text
-    # group_size=1 is reported only with the type errors fixed (validation runs on a typed config)
-    with pytest.raises(ConfigError) as e:
-        load_config(write(tmp_path, {"model": {"path": model_dir(tmp_path)}, "trainer": {"group_size": 1}}),
-                    ["learner.num_ranks=3", "rollout.temperature=-1"])
-    text = str(e.value)
     assert "group_size must be >= 2" in text
     assert "not divisible by learner.num_ranks = 3" in text
     assert "rollout.temperature must be >= 0" in text
-    assert len(e.value.problems) == 3
+    assert len(e.value.problems) == 5, e.value.problems
+
+
+@pytest.mark.parametrize("override, message", [
+    ("learner.lr=.nan", "learner.lr must be a finite number"),
+    ("learner.lr=.inf", "learner.lr must be a finite number"),
+    ("rollout.temperature=.nan", "rollout.temperature must be a finite number"),
+    ("rollout.top_p=0", "rollout.top_p must be in (0, 1]"),
+    ("rollout.top_p=5", "rollout.top_p must be in (0, 1]"),
+    ("learner.grad_clip=-1", "learner.grad_clip must be >= 0"),
+    ("reward.fallback=.nan", "reward.fallback must be a finite number"),
+    ("reward.weights=[1.0, .inf]", "reward.weights must be a finite number"),
+    ("trainer.eval_pass_k=0", "trainer.eval_pass_k must be >= 1"),
+    ("data.num_eval=-1", "data.num_eval must be >= 0"),
+    ("rollout.bucket_mb=0", "rollout.bucket_mb must be >= 1"),
+    ("rollout.num_cpus=-1", "rollout.num_cpus and rollout.num_gpus must be >= 0"),
+    ("learner.num_gpus=-0.5", "learner.num_cpus and learner.num_gpus must be >= 0"),
+    ("reference.num_cpus=-1", "reference.num_cpus and reference.num_gpus must be >= 0"),
+    ("ray.num_cpus=-2", "ray.num_cpus must be >= 0"),
+    ("learner.adam_beta2=1.0", "learner.adam_beta2 must be in [0, 1)"),
+    ("trainer.run_dir=", "trainer.run_dir is empty"),
+    ("trainer.halt_after=-1", "trainer.halt_after must be >= 0"),
+    ("trainer.kl_ceiling=.nan", "trainer.kl_ceiling must be a finite number"),
+    ("checkpoint.resume=/no/such/ckpt", "no such checkpoint directory"),
+])
+def test_out_of_range_and_nonfinite_values_are_named(tmp_path, override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"model.path={model_dir(tmp_path)}", override])
+    assert message in str(e.value)
+
+
+def test_resume_path_is_verified_like_auto(tmp_path):
+    ckpt = tmp_path / "step-00000002"
+    ckpt.mkdir()
+    (ckpt / "driver_state.json").write_text("{}")  # no COMPLETE manifest: a save that never finished
+    with pytest.raises(ConfigError, match="no COMPLETE marker"):
+        load_config(None, [f"model.path={model_dir(tmp_path)}", f"checkpoint.resume={ckpt}"])
+
+
+def test_model_dir_needs_weights_whose_headers_parse(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds no weights"):
+        load_config(None, [f"model.path={d}"])
+    write_safetensors(d / "model.safetensors", truncate_by=3)
+    with pytest.raises(ConfigError, match="model.safetensors is truncated"):
+        load_config(None, [f"model.path={d}"])
+    (d / "model.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(ConfigError, match="truncated|not a valid safetensors"):
+        load_config(None, [f"model.path={d}"])
+    write_safetensors(d / "model.safetensors")
+    assert load_config(None, [f"model.path={d}"]).model.path == str(d)
 
 
 def test_bool_is_not_an_int_and_int_is_a_float(tmp_path):

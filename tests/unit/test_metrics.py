@@ -33,6 +33,41 @@ def test_resumed_steps_replace_earlier_rows(tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and math.isclose(rows[1]["reward_mean"], 0.25)
 
 
+def test_a_resume_moves_later_rows_aside_so_the_raw_file_holds_each_step_once(tmp_path):
+    log = MetricsLogger(tmp_path, total_steps=4, tensorboard=False)
+    log.log_eval(0, {"accuracy": 0.1})
+    for step in (1, 2, 3):
+        log.log_step({"step": step, "reward_mean": 0.1 * step})
+    log.log_eval(2, {"accuracy": 0.2})
+    log.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 4, "rew')  # the driver died mid-write
+    log = MetricsLogger(tmp_path, total_steps=4, start_step=2, tensorboard=False)  # resumed from step 2
+    for step in (3, 4):
+        log.log_step({"step": step, "reward_mean": 1.0})
+    log.close()
+    raw = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in raw] == [
+        ("eval", 0), ("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("train", 4)]
+    aside = (tmp_path / "metrics.jsonl.superseded").read_text().splitlines()
+    assert len(aside) == 2 and json.loads(aside[0])["step"] == 3 and aside[1].startswith('{"kind": "train", "step": 4')
+
+
+def test_a_restart_from_step_0_redoes_the_evaluation_before_training(tmp_path):
+    log = MetricsLogger(tmp_path, total_steps=2, tensorboard=False)
+    log.log_eval(0, {"accuracy": 0.1})
+    log.log_step({"step": 1, "reward_mean": 0.1})
+    log.close()
+    MetricsLogger(tmp_path, total_steps=2, start_step=0, tensorboard=False).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_reader_skips_a_truncated_last_line(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "reward_mean": 0.5}\n{"kind": "tr')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    assert "metrics.jsonl:2 is not a complete JSON line" in capsys.readouterr().err
+
+
 def test_an_undeclared_step_metric_is_refused(tmp_path):
     log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False)
     with pytest.raises(ValueError, match="not in cluster/metrics.py STEP_KEYS"):

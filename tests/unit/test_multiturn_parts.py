@@ -194,11 +194,15 @@ def test_an_environment_that_fails_at_reset_ends_its_trajectory_before_any_turn(
 
 
 def test_the_driver_refuses_a_bad_template_or_env_before_any_actor(tokenizer, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     from cluster.trainer import check_multiturn
 
     model = tmp_path / "model"
     tokenizer.save_pretrained(model)
     (model / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1)}, str(model / "model.safetensors"))  # the config check wants readable weights
     check_multiturn(load_config(None, [f"model.path={model}", "rollout.env=calculator"]))  # fine as it is
     original = tokenizer.chat_template
     tokenizer.chat_template = "{%- for m in messages %}{{- m['content'] }}{%- endfor %}"  # no end-of-turn token

@@ -69,12 +69,14 @@ def test_scorer_weighted_sum_with_completion_objects():
     assert res.per_function["format"] == [1.0, 0.0]
 
 
-def test_builtin_error_is_counted_not_fatal():
+def test_builtin_error_is_counted_not_fatal(capsys):
     cfg = RewardConfig(functions=["exact_match"], fallback=-0.25)
     scorer = RewardScorer(cfg)
     res = scorer.score(["a", "b"], ["46", "46"], [{"answer": "46"}, {}])  # second has no answer
     assert res.rewards == [1.0, -0.25]
     assert res.errors == 1 and "answer" in res.error_samples[0]
+    err = capsys.readouterr().err  # printed when it happens: the count and the first error
+    assert "1 of 2 reward call(s) failed" in err and "exact_match on sample 1: KeyError" in err
     assert math.isnan(res.per_function["exact_match"][1])
 
 
@@ -170,6 +172,16 @@ def test_user_function_that_kills_its_process(user_file):
 
 
 # --------------------------------------------------------------------------- errors at start
+@pytest.mark.parametrize("exit_line", ["import os; os._exit(7)", "import sys; sys.exit(7)"])
+def test_module_that_exits_on_import_is_reported_at_once(tmp_path, exit_line):
+    path = tmp_path / "exits.py"
+    path.write_text(f"{exit_line}\ndef reward(prompt, completion, **kw):\n    return 1.0\n")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"exit code 7|SystemExit: 7"):
+        RewardScorer(RewardConfig(functions=[f"{path}:reward"], num_procs=2))
+    assert time.monotonic() - t0 < 30  # not the 120 s start-up timeout of respawning
+
+
 def test_unknown_name_lists_registered():
     with pytest.raises(ValueError, match="unknown reward function 'exact'.*exact_match.*format"):
         RewardScorer(RewardConfig(functions=["exact"]))

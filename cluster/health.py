@@ -1,0 +1,92 @@
+"""Training health, watched after every step: warn about what looks wrong, halt on what stays wrong.
+
+Each guard reads the step's metrics row. A condition that holds for `trainer.halt_after`
+consecutive steps halts the run: the driver saves a checkpoint first, then raises
+`TrainingHalted` with a diagnosis (the likely cause and what to change). Every threshold lives
+in `TrainerConfig` (cluster/config.py); 0 turns a guard off.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class TrainingHalted(RuntimeError):
+    """The run was stopped by a health guard (after a checkpoint); the message is the diagnosis."""
+
+
+@dataclass
+class Verdict:
+    warnings: list[str] = field(default_factory=list)
+    halt: str | None = None  # the diagnosis when the run must stop
+
+
+def _finite(row: dict, key: str) -> float | None:
+    v = row.get(key)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+class HealthMonitor:
+    def __init__(self, trainer_cfg, *, beta: float, mismatch_expected: bool):
+        """mismatch_expected: the behaviour log-probs are not the raw policy's (vLLM's processed_logprobs
+        with temperature / top-p / top-k), so the learner-vs-vLLM gap says nothing about a bug."""
+        self.t, self.beta, self.mismatch_expected = trainer_cfg, beta, mismatch_expected
+        self.streaks = {"zero_variance": 0, "entropy": 0, "kl": 0, "mismatch": 0}
+
+    def check(self, row: dict, scored_groups: int) -> Verdict:
+        t, v = self.t, Verdict()
+        entropy, kl, diff = _finite(row, "entropy"), _finite(row, "kl"), _finite(row, "logprob_diff_mean")
+        unhealthy = {
+            "zero_variance": t.halt_on_zero_variance and scored_groups > 0
+            and row.get("zero_var_groups", 0) >= scored_groups,
+            "entropy": t.entropy_floor > 0 and entropy is not None and entropy < t.entropy_floor,
+            "kl": t.kl_ceiling > 0 and self.beta > 0 and kl is not None and kl > t.kl_ceiling,
+            "mismatch": t.logprob_diff_ceiling > 0 and not self.mismatch_expected and diff is not None
+            and diff > t.logprob_diff_ceiling,
+        }
+        if t.logprob_diff_warn > 0 and not self.mismatch_expected and diff is not None and diff > t.logprob_diff_warn:
+            v.warnings.append(f"step {row['step']}: learner and vLLM disagree on the sampled tokens' log-probs: "
+                              f"logprob_diff_mean {diff:.3g} > trainer.logprob_diff_warn {t.logprob_diff_warn:g} "
+                              f"(max {row.get('logprob_diff_max')})")
+        for name, bad in unhealthy.items():
+            self.streaks[name] = self.streaks[name] + 1 if bad else 0
+            if bad:
+                v.warnings.append(f"step {row['step']}: {self._symptom(name, row, scored_groups)} "
+                                  f"({self.streaks[name]} step(s) in a row"
+                                  + (f"; the run halts at {t.halt_after})" if t.halt_after else ")"))
+        if t.halt_after:
+            for name, n in self.streaks.items():
+                if n >= t.halt_after:
+                    v.halt = f"{self._symptom(name, row, scored_groups)} for {n} consecutive steps. {self._advice(name)}"
+                    break
+        return v
+
+    def _symptom(self, name: str, row: dict, groups: int) -> str:
+        return {
+            "zero_variance": f"every group ({groups}) got equal rewards for all its completions: no learning signal "
+                             f"(reward_mean {row.get('reward_mean')})",
+            "entropy": f"token entropy {row.get('entropy'):.3g} < trainer.entropy_floor {self.t.entropy_floor:g}: "
+                       "the policy collapsed" if _finite(row, "entropy") is not None else "",
+            "kl": f"KL to the reference {row.get('kl')} > trainer.kl_ceiling {self.t.kl_ceiling:g}: the policy ran away",
+            "mismatch": f"learner-vs-vLLM log-prob gap {row.get('logprob_diff_mean')} > trainer.logprob_diff_ceiling "
+                        f"{self.t.logprob_diff_ceiling:g}",
+        }[name]
+
+    @staticmethod
+    def _advice(name: str) -> str:
+        return {
+            "zero_variance": "Likely cause: the reward function gives the same value to every completion (a constant or "
+                             "a bug: score a few completions by hand), or the task is far too hard or too easy for the "
+                             "model. What to change: fix reward.functions, use data of the right difficulty, raise "
+                             "rollout.temperature or trainer.group_size for more varied completions, or set "
+                             "trainer.dynamic_sampling=true; trainer.halt_on_zero_variance=false turns this guard off.",
+            "entropy": "Likely cause: too large updates (learner.lr, learner.mu) with no anchor. What to change: lower "
+                       "learner.lr, raise algo.beta, use DAPO clip-higher (algo.clip_high > algo.clip_low), or resume "
+                       "from an earlier checkpoint (checkpoint.resume=PATH); trainer.entropy_floor=0 turns this off.",
+            "kl": "Likely cause: learner.lr too high or algo.beta too small for this reward. What to change: lower "
+                  "learner.lr or learner.mu, raise algo.beta; trainer.kl_ceiling=0 turns this guard off.",
+            "mismatch": "Likely cause: the engines do not hold the learner's weights (check sync_bytes and "
+                        "weight_version in metrics.jsonl), or the two sides compute in different precision "
+                        "(rollout.dtype vs learner.dtype). What to change: use the same dtype on both sides, keep "
+                        "algo.tis_cap set; trainer.logprob_diff_ceiling=0 turns this guard off.",
+        }[name]

@@ -1,0 +1,158 @@
+"""A run dir belongs to one run: claimed with a lock, checked against what is already there.
+
+`claim(cfg, overwrite)` runs before any actor starts and refuses, with a message saying what to do:
+- a run dir another live `raygrpo train` holds (lock file `raygrpo.lock`: host + pid; a lock
+  left by a dead process on this host is taken over, with a message);
+- a run dir whose saved config.yaml differs from this run's in anything but `trainer.steps` and
+  `checkpoint.resume` (continuing a run with other settings would mix two runs in one record);
+- a run dir whose checkpoints all fail verification (resuming would restart from step 0 over
+  them), or `checkpoint.resume=none` on a run dir that holds checkpoints.
+`overwrite=True` (`raygrpo train --overwrite`) starts afresh instead: the old contents are moved
+to a sibling `RUN_DIR.replaced-<time>` directory; nothing is deleted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+LOCK = "raygrpo.lock"
+# what may change between a run and its continuation in the same run dir
+CONTINUATION_KEYS = {"trainer.steps", "checkpoint.resume"}
+
+
+class RunDirError(ValueError):
+    """The run dir cannot be used by this run as it is (bad input: the CLI exits 2)."""
+
+
+class RunDirClaim:
+    """The lock on a run dir, held until `release()`."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.lock = run_dir, run_dir / LOCK
+        self.lock.parent.mkdir(parents=True, exist_ok=True)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": " ".join(sys.argv)}
+        for _ in range(20):
+            try:
+                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                self._handle_held(me)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                json.dump(me, fh)
+            return
+        raise RunDirError(f"could not take the lock {self.lock}: it keeps changing hands")
+
+    def _handle_held(self, me: dict) -> None:
+        holder = _read_lock(self.lock)
+        if holder is None:  # being written right now by another process, or an empty leftover
+            time.sleep(0.2)
+            holder = _read_lock(self.lock)
+            if holder is None:
+                if self.lock.exists() and time.time() - self.lock.stat().st_mtime > 5:
+                    print(f"taking over {self.lock}: unreadable lock file left by a crashed run", file=sys.stderr)
+                    self.lock.unlink(missing_ok=True)
+                return
+        if holder.get("host") == me["host"] and not _alive(holder.get("pid", -1)):
+            print(f"taking over {self.lock}: its holder (pid {holder.get('pid')} on {holder.get('host')}, "
+                  f"since {holder.get('since')}) is gone", file=sys.stderr)
+            if _read_lock(self.lock) == holder:  # not already taken over by someone else
+                self.lock.unlink(missing_ok=True)
+            return
+        raise RunDirError(
+            f"run dir {self.run_dir} is in use by another run: pid {holder.get('pid')} on host {holder.get('host')} "
+            f"since {holder.get('since')} ({holder.get('command', '?')}). Wait for it to finish or stop it, or use "
+            f"another trainer.run_dir. If that process is really gone (another host), delete {self.lock}.")
+
+    def release(self) -> None:
+        holder = _read_lock(self.lock)
+        if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+            self.lock.unlink(missing_ok=True)
+
+
+def _read_lock(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def claim(cfg, overwrite: bool = False) -> RunDirClaim:
+    """Lock `cfg.trainer.run_dir` for this run and check that continuing in it loses nothing."""
+    from learner import checkpoint
+
+    run_dir = Path(cfg.trainer.run_dir)
+    lock = RunDirClaim(run_dir)
+    try:
+        previous = [p for p in run_dir.iterdir() if p.name != LOCK]
+        if overwrite and previous:
+            aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+            aside.mkdir(parents=True)
+            for p in previous:
+                shutil.move(str(p), aside / p.name)
+            print(f"--overwrite: moved the previous contents of {run_dir} to {aside}; starting afresh", flush=True)
+            return lock
+        problems = config_differences(run_dir / "config.yaml", cfg.to_dict())
+        ckpts = checkpoint.list_checkpoints(run_dir / "checkpoints")
+        resume = cfg.checkpoint.resume
+        if ckpts and resume == "none":
+            problems.append(f"checkpoint.resume=none would train from step 0 over the {len(ckpts)} checkpoint(s) in "
+                            f"{run_dir / 'checkpoints'}")
+        elif ckpts and resume == "auto" and all(failed := [checkpoint.verify(p) for p in ckpts]):
+            listing = "\n".join(f"    {p}: {'; '.join(f[:3])}" for p, f in zip(ckpts, failed))
+            problems.append(f"every checkpoint in {run_dir / 'checkpoints'} fails verification (resuming would "
+                            f"restart from step 0 over them):\n{listing}")
+        if problems:
+            raise RunDirError(
+                f"run dir {run_dir} holds a run this one cannot continue:\n  - " + "\n  - ".join(problems) +
+                f"\nUse another trainer.run_dir, or pass --overwrite to `raygrpo train` to move the old contents "
+                f"aside ({run_dir.name}.replaced-<time>) and start afresh.")
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def config_differences(saved_path: Path, new: dict) -> list[str]:
+    """'key: old -> new' for each setting that differs from the saved config, except CONTINUATION_KEYS.
+    Keys the saved file does not have (written by an older raygrpo) are not compared."""
+    if not saved_path.is_file():
+        return []
+    try:
+        old = yaml.safe_load(saved_path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        return [f"{saved_path} is unreadable ({e})"]
+    old_flat, new_flat = _flatten(old), _flatten(new)
+    diffs = [f"{k}: {old_flat[k]!r} -> {v!r}" for k, v in new_flat.items()
+             if k in old_flat and k not in CONTINUATION_KEYS and old_flat[k] != v]
+    return [f"its config ({saved_path}) differs from this run's: " + ", ".join(diffs)] if diffs else []
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,135 @@
+"""Nothing lost, nothing silent: the run dir, stopping on SIGTERM, export, health guards, restart budgets.
+
+Through the CLI where a user meets it (a real `raygrpo train` process: its own embedded Ray
+cluster, vLLM, DeepSpeed), through the Trainer where the session's Ray cluster can be shared.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_train import ROOT, config, kill_while_learning, run_cli
+
+from learner import checkpoint
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def raw_train_steps(run_dir):
+    """The steps of metrics.jsonl as written (not the de-duplicating reader)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [row["step"] for row in map(json.loads, lines) if row["kind"] == "train"]
+
+
+def wait_for_step(run_dir, step, proc, timeout=600):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if (run_dir / "metrics.jsonl").exists() and step in raw_train_steps(run_dir):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} never logged (exit code {proc.poll()})")
+
+
+def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir, tmp_path):
+    """SIGTERM mid-run: the step finishes, a checkpoint is saved, exit 143; a second run on the same dir
+    meanwhile is refused; the rerun resumes and the raw metrics.jsonl holds each step exactly once.
+    Then: a changed config, checkpoints that all fail verification, and export into a non-empty dir
+    are each refused with a message, losing nothing."""
+    run_dir = tmp_path / "run"
+    cfg = config(tiny_model_dir, run_dir, "trainer.steps=30")  # long enough to be stopped midway
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "cluster.cli", "train", str(cfg_file)], cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_step(run_dir, 1, proc)
+        second = run_cli("train", cfg_file)  # the same run dir while the first run lives
+        assert second.returncode == 2 and f"in use by another run: pid {proc.pid}" in second.stderr, second.stderr
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    out = (tmp_path / "first.log").read_text()
+    assert rc == 128 + signal.SIGTERM, out[-3000:]
+    assert "stopped by SIGTERM after step" in out and "Traceback" not in out, out[-3000:]
+    stopped_at = raw_train_steps(run_dir)[-1]
+    assert stopped_at < 30, "the run ended before SIGTERM arrived: nothing was tested"
+    assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(stopped_at))
+    assert not (run_dir / "raygrpo.lock").exists()
+
+    rerun = run_cli("train", cfg_file)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from {run_dir / 'checkpoints' / checkpoint.step_dir_name(stopped_at)}" in rerun.stdout
+    assert raw_train_steps(run_dir) == list(range(1, 31))
+
+    changed = run_cli("train", cfg_file, "learner.lr=0.5")
+    assert changed.returncode == 2 and "learner.lr: 0.001 -> 0.5" in changed.stderr, changed.stderr
+
+    final = checkpoint.latest_complete(run_dir / "checkpoints")
+    target = tmp_path / "exported"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    refused = run_cli("export", final, target)
+    assert refused.returncode == 2 and "not empty" in refused.stderr and (target / "notes.txt").exists()
+    done = run_cli("export", final, target, "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert (target / "model.safetensors").exists() and not (target / "notes.txt").exists()
+
+    for ckpt in checkpoint.list_checkpoints(run_dir / "checkpoints"):  # every checkpoint broken
+        (Path(ckpt) / checkpoint.MANIFEST).unlink()
+    broken = run_cli("train", cfg_file, "trainer.steps=40")
+    assert broken.returncode == 2, broken.stderr
+    assert "fails verification" in broken.stderr and "no COMPLETE marker" in broken.stderr
+    assert all(c in broken.stderr for c in checkpoint.list_checkpoints(run_dir / "checkpoints"))
+    assert raw_train_steps(run_dir) == list(range(1, 31))  # nothing was trained over
+
+
+def test_constant_reward_halts_with_a_checkpoint_and_a_diagnosis(tiny_model_dir, ray_cluster, tmp_path):
+    """Every group's rewards equal for trainer.halt_after steps: checkpoint, then a diagnosis. The same run
+    shows the learner-vs-vLLM log-prob mismatch per step (fp32 on CPU: near zero)."""
+    from cluster.health import TrainingHalted
+    from cluster.trainer import Trainer
+
+    const = tmp_path / "const_reward.py"
+    const.write_text("def reward(prompt, completion, **kw):\n    return 1.0\n")
+    run_dir = tmp_path / "const"
+    cfg = config(tiny_model_dir, run_dir, f"reward.functions=['{const}:reward']", "trainer.halt_after=2",
+                 "trainer.steps=4")
+    with pytest.raises(TrainingHalted) as e:
+        Trainer(cfg).run()
+    assert "no learning signal" in str(e.value) and "for 2 consecutive steps" in str(e.value)
+    assert "reward function" in str(e.value)  # what to change
+    assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(2))
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["zero_var_groups"] == 4 for r in train)
+    for r in train:
+        assert 0 <= r["logprob_diff_mean"] <= r["logprob_diff_max"] < 1e-2, r
+
+
+def test_rollout_worker_past_its_restart_budget_fails_the_run_at_once(tiny_model_dir, ray_cluster, tmp_path):
+    """rollout.max_restarts=0 and the engine is SIGKILLed: Ray will not restart it, so the driver says so
+    at once instead of polling a dead actor for trainer.actor_timeout_s."""
+    from cluster.launch import ActorFailed
+    from cluster.trainer import Trainer
+
+    cfg = config(tiny_model_dir, tmp_path / "budget", "rollout.max_restarts=0", "trainer.steps=3",
+                 "trainer.actor_timeout_s=240")
+    trainer = Trainer(cfg)
+    killed = kill_while_learning(trainer, at_step=0, role="rollout-0")
+    t0 = time.monotonic()
+    with pytest.raises(ActorFailed) as e:
+        trainer.run()
+    assert killed, "the worker was never killed: the test did not test anything"
+    assert "rollout.max_restarts=0" in str(e.value) and "rollout worker 0" in str(e.value)
+    assert time.monotonic() - t0 < 200  # well inside actor_timeout_s (240 s): it did not wait it out

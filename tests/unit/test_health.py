@@ -1,0 +1,48 @@
+"""cluster/health.py: each guard warns, halts after trainer.halt_after steps in a row, and can be turned off."""
+from cluster.config import TrainerConfig
+from cluster.health import HealthMonitor
+
+
+def row(step, **kw):
+    return {"step": step, "reward_mean": 0.5, "zero_var_groups": 0, "entropy": 1.0, "kl": 0.01,
+            "logprob_diff_mean": 1e-5, "logprob_diff_max": 1e-4} | kw
+
+
+def run(monitor, rows, groups=4):
+    return [monitor.check(r, groups) for r in rows]
+
+
+def test_healthy_steps_say_nothing():
+    verdicts = run(HealthMonitor(TrainerConfig(halt_after=2), beta=0.1, mismatch_expected=False), [row(1), row(2)])
+    assert all(not v.warnings and v.halt is None for v in verdicts)
+
+
+def test_zero_variance_halts_after_n_consecutive_steps_only():
+    m = HealthMonitor(TrainerConfig(halt_after=3), beta=0.0, mismatch_expected=False)
+    v = run(m, [row(1, zero_var_groups=4), row(2, zero_var_groups=4), row(3, zero_var_groups=3),  # streak broken
+                row(4, zero_var_groups=4), row(5, zero_var_groups=4), row(6, zero_var_groups=4)])
+    assert [x.halt is None for x in v] == [True] * 5 + [False]
+    assert "no learning signal" in v[0].warnings[0] and "halts at 3" in v[0].warnings[0]
+    assert "for 3 consecutive steps" in v[5].halt and "reward function" in v[5].halt
+
+
+def test_entropy_kl_and_mismatch_guards():
+    t = TrainerConfig(halt_after=1, entropy_floor=0.01, kl_ceiling=1.0, logprob_diff_ceiling=0.5, logprob_diff_warn=0.1)
+    assert "policy collapsed" in HealthMonitor(t, beta=0.1, mismatch_expected=False).check(row(1, entropy=1e-4), 4).halt
+    assert "ran away" in HealthMonitor(t, beta=0.1, mismatch_expected=False).check(row(1, kl=3.0), 4).halt
+    assert HealthMonitor(t, beta=0.0, mismatch_expected=False).check(row(1, kl=3.0), 4).halt is None  # no KL term
+    v = HealthMonitor(t, beta=0.1, mismatch_expected=False).check(row(1, logprob_diff_mean=0.2), 4)
+    assert v.halt is None and "logprob_diff_mean 0.2 > trainer.logprob_diff_warn" in v.warnings[0]
+    assert "dtype" in HealthMonitor(t, beta=0.1, mismatch_expected=False).check(row(1, logprob_diff_mean=2.0), 4).halt
+    # processed log-probs (temperature != 1) differ from the learner's by design: not a symptom
+    assert not HealthMonitor(t, beta=0.1, mismatch_expected=True).check(row(1, logprob_diff_mean=2.0), 4).warnings
+
+
+def test_every_guard_can_be_turned_off():
+    bad = row(1, zero_var_groups=4, entropy=0.0, kl=100.0, logprob_diff_mean=100.0)
+    off = TrainerConfig(halt_after=1, halt_on_zero_variance=False, entropy_floor=0, kl_ceiling=0,
+                        logprob_diff_ceiling=0, logprob_diff_warn=0)
+    v = HealthMonitor(off, beta=0.1, mismatch_expected=False).check(bad, 4)
+    assert v.halt is None and not v.warnings
+    v = HealthMonitor(TrainerConfig(halt_after=0), beta=0.1, mismatch_expected=False).check(bad, 4)
+    assert v.halt is None and len(v.warnings) == 5  # halt_after=0: warned, never halted

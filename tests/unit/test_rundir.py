@@ -1,0 +1,76 @@
+"""A run dir belongs to one run (cluster/rundir.py): lock, config continuity, unusable checkpoints."""
+import json
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from cluster.config import load_config, save_config
+from cluster.rundir import LOCK, RunDirError, claim
+from learner.checkpoint import export_checkpoint
+
+
+def cfg_for(tmp_path, *overrides):
+    m = tmp_path / "model"
+    if not m.exists():
+        m.mkdir()
+        (m / "config.json").write_text("{}")
+        header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+        (m / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    return load_config(None, [f"model.path={m}", f"trainer.run_dir={tmp_path / 'run'}", *overrides])
+
+
+def test_a_live_holder_refuses_a_second_run_and_a_dead_one_is_taken_over(tmp_path, capsys):
+    cfg = cfg_for(tmp_path)
+    first = claim(cfg)
+    with pytest.raises(RunDirError, match=f"in use by another run: pid {__import__('os').getpid()}"):
+        claim(cfg)
+    first.release()
+    assert not (tmp_path / "run" / LOCK).exists()
+    # a lock left behind by a process that died (SIGKILL): taken over with a message
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "run" / LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout)}))
+    claim(cfg).release()
+    assert f"its holder (pid {int(dead.stdout)}" in capsys.readouterr().err
+
+
+def test_a_different_config_is_refused_unless_overwrite_which_moves_the_old_run_aside(tmp_path, capsys):
+    cfg = cfg_for(tmp_path, "learner.lr=1e-4")
+    claim(cfg).release()
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    claim(cfg_for(tmp_path, "learner.lr=1e-4", "trainer.steps=99", "checkpoint.resume=auto")).release()  # continuation
+    with pytest.raises(RunDirError, match=r"(?s)learner.lr: 0.0001 -> 0.001.*--overwrite"):
+        claim(cfg_for(tmp_path, "learner.lr=1e-3"))
+    assert not (tmp_path / "run" / LOCK).exists()  # a refused claim leaves no lock behind
+    claim(cfg_for(tmp_path, "learner.lr=1e-3"), overwrite=True).release()
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "metrics.jsonl").exists() and (aside[0] / "config.yaml").exists()
+    assert [p.name for p in (tmp_path / "run").iterdir()] == []
+    assert "moved the previous contents" in capsys.readouterr().out
+
+
+def test_checkpoints_that_all_fail_verification_are_listed_never_trained_over(tmp_path):
+    cfg = cfg_for(tmp_path)
+    root = tmp_path / "run" / "checkpoints"
+    (root / "step-00000002").mkdir(parents=True)  # no manifest: the save never finished
+    (root / "step-00000004").mkdir()
+    (root / "step-00000004" / "COMPLETE").write_text("{not json")
+    with pytest.raises(RunDirError) as e:
+        claim(cfg)
+    text = str(e.value)
+    assert "every checkpoint" in text and "step-00000002: " in text and "no COMPLETE marker" in text
+    assert "step-00000004" in text and "unreadable manifest" in text
+    with pytest.raises(RunDirError, match="checkpoint.resume=none would train from step 0 over the 2 checkpoint"):
+        claim(cfg_for(tmp_path, "checkpoint.resume=none"))
+
+
+def test_export_refuses_a_non_empty_target(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_text("someone's model")
+    with pytest.raises(FileExistsError, match="not empty.*--overwrite"):
+        export_checkpoint(tmp_path / "any-checkpoint", out)
+    assert (out / "model.safetensors").read_text() == "someone's model"
