@@ -68,8 +68,32 @@ def _padded_vocab(n: int, multiple: int = 64) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
+def is_cached(out: Path, spec_json: str) -> bool:
+    """True if `out` was built from exactly `spec_json`; raises if it holds something else."""
+    if (out / SPEC_FILE).exists() and (out / SPEC_FILE).read_text() == spec_json:
+        return True
+    if out.exists():
+        raise FileExistsError(
+            f"{out} exists but was not built from this spec; remove it or choose another directory"
+        )
+    return False
+
+
 def build_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write (or reuse) a model directory for `spec`; returns its path.
+    """Write (or reuse) a model directory for `spec`; returns its path."""
+    out = Path(out_dir)
+    spec_json = json.dumps(dataclasses.asdict(spec), sort_keys=True)
+    if is_cached(out, spec_json):
+        return out
+    tokenizer = build_tokenizer()
+    write_model_dir(out, spec, tokenizer, spec_json, eos_token_id=tokenizer.eos_token_id,
+                    bos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return out
+
+
+def write_model_dir(out: Path, spec: TinyModelSpec, tokenizer, spec_json: str, *, eos_token_id,
+                    bos_token_id=None, pad_token_id=None, generation_config=None) -> None:
+    """Random-weight Qwen2 of `spec` + `tokenizer` (+ an optional GenerationConfig) into `out`.
 
     Written to a temporary sibling and renamed, so a crash never leaves a half-built model
     that a later call would take for a cached one.
@@ -77,15 +101,6 @@ def build_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec = TinyModel
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    out = Path(out_dir)
-    spec_json = json.dumps(dataclasses.asdict(spec), sort_keys=True)
-    if (out / SPEC_FILE).exists() and (out / SPEC_FILE).read_text() == spec_json:
-        return out
-    if out.exists():
-        raise FileExistsError(
-            f"{out} exists but was not built from this spec; remove it or choose another directory"
-        )
-    tokenizer = build_tokenizer()
     config = Qwen2Config(
         vocab_size=_padded_vocab(len(tokenizer)),
         hidden_size=spec.hidden_size,
@@ -95,13 +110,15 @@ def build_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec = TinyModel
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
         torch_dtype="float32",
     )
     torch.manual_seed(spec.seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)
+    if generation_config is not None:
+        model.generation_config = generation_config
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -112,7 +129,6 @@ def build_tiny_model(out_dir: str | os.PathLike, spec: TinyModelSpec = TinyModel
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 def num_parameters(model_dir: str | os.PathLike) -> int:

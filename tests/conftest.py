@@ -22,3 +22,13 @@ def tiny_model_dir() -> Path:
     from cluster.tinymodel import TinyModelSpec, build_tiny_model
 
     return build_tiny_model(CACHE / "tiny-qwen2-h128-l2", TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_dir() -> Path:
+    """A Qwen2 chat model: byte-level BPE tokenizer, ChatML template, EOS `<|im_end|>`, pad `<|endoftext|>`."""
+    from cluster.tinychat import TinyChatSpec, build_tiny_chat_model
+    from cluster.tinymodel import TinyModelSpec
+
+    spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
+    return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2", spec)

@@ -47,3 +47,53 @@ def test_vllm_loads_and_generates(ray_cluster, tiny_model_dir):
     texts = ray.get(task.remote(str(tiny_model_dir)))
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
     assert any(texts)  # random weights, but 8 sampled characters are not all EOS
+
+
+CHAT = [{"role": "system", "content": "Solve the problem."},
+        {"role": "user", "content": "Tom has 3 apples and gets 4 more. How many apples does Tom have now?"}]
+
+
+def test_chat_model_loads_in_transformers(tiny_chat_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from cluster.tinychat import ENDOFTEXT, IM_END
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_chat_model_dir, dtype=torch.float32).eval()
+    assert tokenizer.eos_token == IM_END and tokenizer.pad_token == ENDOFTEXT
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+    generation = GenerationConfig.from_pretrained(tiny_chat_model_dir)
+    assert generation.eos_token_id == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(ENDOFTEXT)]
+    ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] > ids["input_ids"].shape[1]
+
+
+def test_chat_model_loads_in_vllm(ray_cluster, tiny_chat_model_dir):
+    """vLLM's tokenizer renders and encodes the conversation exactly as transformers does, and
+    the engine generates from those token ids."""
+    import ray
+    from transformers import AutoTokenizer
+
+    def _vllm_chat(model_dir: str, conversation: list) -> tuple[list[int], int, list[int]]:
+        import os
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = LLM(model=model_dir, dtype="float32", max_model_len=128, kv_cache_memory_bytes=16 << 20,
+                  enforce_eager=True, seed=0)
+        tok = llm.get_tokenizer()
+        text = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        ids = tok.encode(text, add_special_tokens=False)
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=8, seed=0), use_tqdm=False)
+        return ids, tok.eos_token_id, list(out[0].outputs[0].token_ids)
+
+    task = ray.remote(num_cpus=0.5, max_calls=1)(_vllm_chat)
+    ids, eos, generated = ray.get(task.remote(str(tiny_chat_model_dir), CHAT))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
+    assert ids == tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert eos == tokenizer.eos_token_id
+    assert 1 <= len(generated) <= 8
