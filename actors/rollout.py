@@ -28,13 +28,13 @@ FINISH_REASONS = ("stop", "length")
 class Completion:
     token_ids: list[int]
     logprobs: list[float]  # behaviour log-prob of each sampled token, from vLLM
-    text: str
-    finish_reason: str  # "stop" (EOS or a stop string) | "length"
+    text: str  # decoded without special tokens (no <|im_end|>): what reward functions see
+    finish_reason: str  # "stop" (EOS, an eos_token_id of generation_config.json, a stop string) | "length"
 
 
 @dataclass
 class PromptRollout:
-    prompt: str
+    prompt: str | list[int]  # as given to generate(): token ids (the driver's) or a string
     prompt_ids: list[int]
     completions: list[Completion]  # G of them; empty when the prompt was skipped
     weight_version: int
@@ -54,6 +54,20 @@ def split_evenly(items: list, n: int) -> list[list]:
         chunks.append(list(items[start:end]))
         start = end
     return chunks
+
+
+def stop_token_ids(model_path: str, eos_token_id: int | None) -> list[int]:
+    """The tokenizer's EOS and every `eos_token_id` listed in generation_config.json (chat models
+    list several, e.g. Qwen2.5's `<|im_end|>` and `<|endoftext|>`)."""
+    ids = [] if eos_token_id is None else [eos_token_id]
+    try:
+        from transformers import GenerationConfig
+
+        listed = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        listed = None
+    ids += listed if isinstance(listed, list) else ([] if listed is None else [listed])
+    return list(dict.fromkeys(int(i) for i in ids))
 
 
 def _on_gpu() -> bool:
@@ -105,6 +119,7 @@ class RolloutWorker:
             **kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.stop_token_ids = stop_token_ids(self.model_path, self.tokenizer.eos_token_id)
         self._warm_up()
         self.start_seconds = time.perf_counter() - t0
         self._version = 0
@@ -123,9 +138,14 @@ class RolloutWorker:
                           SamplingParams(n=2, max_tokens=2, seed=0, logprobs=0), use_tqdm=False)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: list[str], group_size: int, seeds: list[int] | None = None,
+    def generate(self, prompts: list[list[int]] | list[str], group_size: int, seeds: list[int] | None = None,
                  greedy: bool = False, max_new_tokens: int | None = None) -> list[PromptRollout]:
         """`group_size` completions for each prompt, all prompts in one engine call.
+
+        A prompt is its token ids, sent to the engine as they are (the driver renders and
+        tokenizes every prompt once, at load time, with the model's chat template); a string
+        (tools, benchmarks) is encoded with the engine's tokenizer. Generation stops at the
+        tokenizer's EOS and every `eos_token_id` of the model's generation_config.json.
 
         One request per prompt with n=group_size, so the G samples share the prompt's KV cache.
         `seeds[i]` seeds prompt i's request (reproducible across restarts and resumes);
@@ -150,7 +170,7 @@ class RolloutWorker:
 
         rollouts, requests, params, slots = [], [], [], []
         for i, prompt in enumerate(prompts):
-            ids = list(self.tokenizer.encode(prompt))
+            ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
             problem = None
             if not ids:
                 problem = "prompt is empty after tokenization"
@@ -169,6 +189,8 @@ class RolloutWorker:
                     top_k=cfg.top_k if cfg.top_k > 0 else 0,
                     max_tokens=max_new,
                     stop=list(cfg.stop) or None,
+                    stop_token_ids=self.stop_token_ids,
+                    skip_special_tokens=True,
                     logprobs=0,  # just the sampled token's log-prob
                     seed=None if seeds is None else int(seeds[i]),
                 ))

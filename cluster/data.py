@@ -34,9 +34,10 @@ class Example:
 # --------------------------------------------------------------------------- sources
 
 
-def examples_from_rows(rows: list[tuple[str, dict]], prompt_key: str) -> list[Example]:
-    """Rows -> examples; every bad row is named (file and line/row) in one error."""
-    out, problems = [], []
+def examples_from_rows(rows: list[tuple[str, dict]], prompt_key: str, problems: list[str]) -> list[Example]:
+    """Rows -> examples; every bad row is named (file and line/row) in one error, with `problems`
+    the reader found."""
+    out = []
     for where, row in rows:
         if prompt_key not in row:
             problems.append(f"{where}: no {prompt_key!r} column (columns: {', '.join(row) or 'none'}); "
@@ -52,7 +53,8 @@ def examples_from_rows(rows: list[tuple[str, dict]], prompt_key: str) -> list[Ex
 
 
 def load_examples(spec: str, prompt_key: str = "prompt", split: str = "train") -> list[Example]:
-    examples = examples_from_rows(read_rows(spec, split), prompt_key)
+    problems: list[str] = []
+    examples = examples_from_rows(read_rows(spec, split, problems), prompt_key, problems)
     if not examples:
         raise DataError(f"{spec} holds no examples")
     return examples

@@ -48,9 +48,11 @@ def path_problem(path: str, key: str) -> str | None:
     return None
 
 
-def read_rows(spec: str, split: str) -> list[tuple[str, dict]]:
+def read_rows(spec: str, split: str, problems: list[str]) -> list[tuple[str, dict]]:
     """Every row of every file in the comma-separated `spec`, in order. `split` picks the split of a
-    `DatasetDict` directory ("train" for data.train, "test" or "validation" for data.eval)."""
+    `DatasetDict` directory ("train" for data.train, "test" or "validation" for data.eval). Lines that
+    are not JSON objects (or not UTF-8) are appended to `problems`, so that the caller reports them
+    together with the rows it finds wrong."""
     rows = []
     for path in split_paths(spec):
         p = Path(path)
@@ -59,15 +61,15 @@ def read_rows(spec: str, split: str) -> list[tuple[str, dict]]:
         elif p.suffix == ".parquet":
             rows += _read_parquet(p)
         elif p.suffix in (".jsonl", ".json"):
-            rows += _read_json(p)
+            rows += _read_json(p, problems)
         else:
             raise DataError(path_problem(path, "dataset") or f"cannot read {path}")
     return rows
 
 
-def _decoded_lines(path: Path) -> list[tuple[int, str]]:
-    """(line number, text) of every line; bytes that are not UTF-8 are an error naming the line."""
-    out, problems = [], []
+def _decoded_lines(path: Path, problems: list[str]) -> list[tuple[int, str]]:
+    """(line number, text) of every line; bytes that are not UTF-8 are a problem naming the line."""
+    out = []
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
@@ -75,28 +77,26 @@ def _decoded_lines(path: Path) -> list[tuple[int, str]]:
             except UnicodeDecodeError as e:
                 problems.append(f"{path}:{lineno}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
                                 "save the file as UTF-8")
-    raise_problems(problems, f"{path} is not valid UTF-8 text")
     return out
 
 
-def _read_json(path: Path) -> list[tuple[str, dict]]:
+def _read_json(path: Path, problems: list[str]) -> list[tuple[str, dict]]:
     """JSON Lines (one object per line), or for a .json file also one JSON array of objects."""
-    lines = _decoded_lines(path)
+    lines = _decoded_lines(path, problems)
     text = "".join(line for _, line in lines)
+    rows = []
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             items = json.loads(text)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-        rows, problems = [], []
+            problems.append(f"{path}:{e.lineno}: not valid JSON ({e.msg})")
+            return []
         for i, item in enumerate(items):
             if isinstance(item, dict):
                 rows.append((f"{path} item {i}", item))
             else:
                 problems.append(f"{path} item {i}: expected an object, got {json.dumps(item)[:80]}")
-        raise_problems(problems, f"malformed items in {path}")
         return rows
-    rows, problems = [], []
     for lineno, line in lines:
         if not line.strip():
             continue
@@ -109,7 +109,6 @@ def _read_json(path: Path) -> list[tuple[str, dict]]:
             problems.append(f"{path}:{lineno}: expected a JSON object, got {line.strip()[:80]!r}")
             continue
         rows.append((f"{path}:{lineno}", obj))
-    raise_problems(problems, "malformed dataset lines")
     return rows
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from actors.rewards import RewardScorer, exact_match
+from actors.rewards import RewardScorer
 from cluster import launch
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data import Example, PromptStream, load_splits
+from cluster.data import Example, PromptStream, load_run_data, load_tokenizer
 from cluster.metrics import MetricsLogger
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
 from learner import checkpoint
@@ -54,8 +54,13 @@ class Trainer:
         t = cfg.trainer
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
-        train_set, self.heldout = load_splits(cfg.data.train, cfg.data.eval, cfg.data.num_eval, cfg.data.task_digits, t.seed)
-        self.stream = PromptStream(train_set, t.seed)
+        # Rendered and length-filtered once, here, with the model's tokenizer: bad data fails before any actor starts.
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        data = load_run_data(cfg, self.tokenizer)
+        for note in data.notes():
+            print(note, flush=True)
+        self.heldout = data.heldout
+        self.stream = PromptStream(data.train, t.seed)
         try:  # unknown reward names / missing files fail here, before any actor starts
             self.scorer = RewardScorer(cfg.reward)
         except ValueError as e:
@@ -183,7 +188,7 @@ class Trainer:
             sw = Stopwatch()
             with sw("gen"):
                 with self._engines_lock:
-                    rollouts = self.pool.generate([e.prompt for e in examples], G,
+                    rollouts = self.pool.generate([e.prompt_ids for e in examples], G,
                                                   [sample_seed(t.seed, step, round_, i) for i in range(n)],
                                                   expected_version=self.engine_version)
             with sw("reward"):
@@ -254,33 +259,34 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
-        """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = exact match of the
-        `answer` field when the data has one, else a positive configured reward."""
+        """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = the verdict of the
+        configured answer checker (gsm8k, math_verify, exact_match; see RewardScorer.judge)."""
         t, ex = self.cfg.trainer, self.heldout
         with self._engines_lock:
-            greedy = self.pool.generate([e.prompt for e in ex], 1, [0] * len(ex), greedy=True,
+            greedy = self.pool.generate([e.prompt_ids for e in ex], 1, [0] * len(ex), greedy=True,
                                         expected_version=self.engine_version)
-            sampled = self.pool.generate([e.prompt for e in ex], t.eval_pass_k,  # same seeds at every evaluation
+            sampled = self.pool.generate([e.prompt_ids for e in ex], t.eval_pass_k,  # same seeds at every evaluation
                                          [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))],
                                          expected_version=self.engine_version)
-
-        def correct(e: Example, text: str) -> bool:
-            if "answer" in e.fields:
-                return exact_match(e.prompt, text, **e.fields) == 1.0
-            return self.scorer.score([e.prompt], [text], [e.fields]).rewards[0] > 0
-
-        ok = [bool(g.completions) and correct(e, g.completions[0].text) for e, g in zip(ex, greedy)]
-        passk = [any(correct(e, c.text) for c in s.completions) for e, s in zip(ex, sampled)]
+        # one judge call for every completion (user code and math_verify fan out over the scorer's processes)
+        pairs = [(i, c) for i, g in enumerate(greedy) for c in g.completions[:1]]
+        pairs += [(len(ex) + i, c) for i, s in enumerate(sampled) for c in s.completions]
+        verdicts = self.scorer.judge([ex[i % len(ex)].prompt for i, _ in pairs], [c for _, c in pairs],
+                                     [ex[i % len(ex)].fields for i, _ in pairs])
+        right = [False] * (2 * len(ex))
+        for (i, _), v in zip(pairs, verdicts):
+            right[i] = right[i] or v
+        ok, passk = right[:len(ex)], right[len(ex):]
         m = {"accuracy": sum(ok) / len(ex), f"pass@{t.eval_pass_k}": sum(passk) / len(ex), "num_prompts": len(ex)}
         self.log.log_eval(self.step, m)
         return m
 
     # ------------------------------------------------------------------ actors, checkpoints
     def _setup(self) -> None:
-        from transformers import AutoTokenizer
-
         cfg = self.cfg
-        self.pad_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id or 0
+        # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
+        tok = self.tokenizer
+        self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
         launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
         self.actors = launch.create_actors(cfg, with_reference=cfg.algo.beta > 0)
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
