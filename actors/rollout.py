@@ -198,6 +198,7 @@ class RolloutWorker:
         if requests:
             outputs = self.llm.generate(requests, params, use_tqdm=False)
             for i, out in zip(slots, outputs):
+                rollouts[i].prompt_ids = list(out.prompt_token_ids)  # what the engine itself saw (== the ids sent)
                 completions = [self._completion(c) for c in out.outputs]
                 if greedy:  # G identical samples: copies of the one greedy completion
                     completions = [copy.deepcopy(completions[0]) for _ in range(group_size)]

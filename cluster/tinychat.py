@@ -101,3 +101,27 @@ def build_tiny_chat_model(out_dir: str | os.PathLike, spec: TinyChatSpec = TinyC
     write_model_dir(out, spec.model, tokenizer, spec_json, eos_token_id=eos, bos_token_id=endoftext,
                     pad_token_id=pad, generation_config=generation_config)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m cluster.tinychat`: build the chat model and write the word-problem JSONL files that
+    examples/chat_cpu.yaml trains on."""
+    import argparse
+
+    from cluster.wordproblems import conversational_rows, write_jsonl
+
+    p = argparse.ArgumentParser(prog="python -m cluster.tinychat", description=main.__doc__)
+    p.add_argument("--model-dir", default=".cache/chat/tiny-chat-qwen2", help="where the model goes (cached)")
+    p.add_argument("--data-dir", default="examples/data", help="where wordproblems_{train,eval}.jsonl go")
+    p.add_argument("--train-rows", type=int, default=256)
+    p.add_argument("--eval-rows", type=int, default=64)
+    args = p.parse_args(argv)
+    model = build_tiny_chat_model(args.model_dir)
+    train = write_jsonl(Path(args.data_dir) / "wordproblems_train.jsonl", conversational_rows(args.train_rows, seed=1))
+    held = write_jsonl(Path(args.data_dir) / "wordproblems_eval.jsonl", conversational_rows(args.eval_rows, seed=2))
+    print(f"model: {model}\ntrain data: {train}\neval data: {held}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
