@@ -28,7 +28,7 @@ class RolloutConfig:
     # actually sampled from). Only differs from raw when temperature != 1 or top-k/top-p are set.
     logprobs_mode: str = "raw_logprobs"
     long_prompt: str = "skip"  # a prompt longer than max_model_len - max_new_tokens: "skip" (counted) or "error"
-    weight_transfer_backend: str = "auto"  # auto: "gloo" on CPU (ours), "nccl" on GPU (vLLM's)
+    weight_transfer_backend: str = "auto"  # auto: "nccl" (vLLM's) when num_gpus > 0, else "gloo" (ours)
     bucket_mb: int = 64  # size of the packed buffers the weights travel in
     enforce_eager: bool = True
     num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything

@@ -62,6 +62,9 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 BACKEND = "gloo"
+# The engine-side class, named (not imported: it imports this module) for vLLM to load lazily in its
+# workers; tests/unit/test_entry_points.py checks the name resolves.
+ENGINE_MODULE, ENGINE_CLASS = "actors.gloo_engine", "GlooWeightTransferEngine"
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
 RANK_COUNTER = "next_rank"
@@ -390,7 +393,7 @@ def register_engine_backend() -> None:
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         # Lazily, like vLLM's own backends: the trainer never needs the engine-side class.
-        WeightTransferEngineFactory.register_engine(BACKEND, "actors.gloo_engine", "GlooWeightTransferEngine")
+        WeightTransferEngineFactory.register_engine(BACKEND, ENGINE_MODULE, ENGINE_CLASS)
 
 
 def register_trainer_backends() -> None:

@@ -12,6 +12,7 @@ import os
 import torch
 
 from actors.config import ReferenceConfig
+from actors.devices import on_gpu, resolve_dtype
 from actors.sequences import completion_logprobs
 
 
@@ -23,14 +24,11 @@ class ReferenceActor:
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
-        gpu = torch.cuda.is_available() and cfg.num_gpus > 0
+        gpu = on_gpu(cfg.num_gpus)
         if not gpu:
             # One thread per fractional CPU share, so it does not fight the engines for cores.
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, int(cfg.num_cpus)))))
-        if cfg.dtype == "auto":
-            dtype = torch.bfloat16 if gpu else torch.float32
-        else:
-            dtype = getattr(torch, cfg.dtype)
+        dtype = getattr(torch, resolve_dtype(cfg.dtype, gpu))
         self.device = torch.device("cuda" if gpu else "cpu")
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
         model.eval()

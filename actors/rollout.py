@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from actors.config import RolloutConfig
+from actors.devices import on_gpu, resolve_dtype, transfer_backend
 
 FINISH_REASONS = ("stop", "length")
 
@@ -70,12 +71,6 @@ def stop_token_ids(model_path: str, eos_token_id: int | None) -> list[int]:
     return list(dict.fromkeys(int(i) for i in ids))
 
 
-def _on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 class RolloutWorker:
     """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
 
@@ -86,7 +81,7 @@ class RolloutWorker:
         self.cfg = cfg
         self.worker_index = worker_index
         self.model_path = str(model_path)
-        gpu = _on_gpu()
+        gpu = on_gpu(cfg.num_gpus)
         if not gpu:
             # Before vLLM is imported: envs are read lazily, but keep it obviously first.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -98,24 +93,20 @@ class RolloutWorker:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         from vllm import LLM
 
-        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if gpu else "float32")
-        backend = cfg.weight_transfer_backend
-        if backend == "auto":
-            backend = "nccl" if gpu else "gloo"
         kwargs = {}
         if not gpu and cfg.cpu_kv_cache_mb > 0:
             kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_mb * 1024 * 1024
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path,
-            dtype=dtype,
+            dtype=resolve_dtype(cfg.dtype, gpu),
             max_model_len=cfg.max_model_len,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             seed=cfg.seed,
             enforce_eager=cfg.enforce_eager,
             tensor_parallel_size=cfg.tensor_parallel_size,
             logprobs_mode=cfg.logprobs_mode,
-            weight_transfer_config={"backend": backend},
+            weight_transfer_config={"backend": transfer_backend(cfg.weight_transfer_backend, cfg.num_gpus)},
             **kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()

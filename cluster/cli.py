@@ -12,7 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from cluster.paths import PROJECT_ROOT
+
+# This module's importable name, what `submit` runs on the cluster (`python -m cluster.cli train ...`);
+# from the spec, because __name__ is "__main__" when run with -m.
+CLI_MODULE = __spec__.name
 # What `submit` never uploads to the cluster: environments, runs, caches, VCS data.
 SUBMIT_EXCLUDES = [".venv*/", "venv/", "runs/", ".cache/", ".git/", "**/__pycache__/", ".pytest_cache/", ".hypothesis/",
                    "*.egg-info/", ".whl/"]
@@ -62,7 +66,7 @@ def cmd_submit(args) -> int:
     _use_ray_auth_token()
     client = JobSubmissionClient(args.address)
     # ray.address=auto: the job's driver joins the cluster it runs on instead of starting its own
-    entrypoint = " ".join(["python", "-m", "cluster.cli", "train", str(rel), *map(_shell_quote, args.overrides),
+    entrypoint = " ".join(["python", "-m", CLI_MODULE, "train", str(rel), *map(_shell_quote, args.overrides),
                            "ray.address=auto"])
     job_id = client.submit_job(
         entrypoint=entrypoint, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SUBMIT_EXCLUDES})

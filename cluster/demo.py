@@ -11,7 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-from cluster.cli import PROJECT_ROOT
+from cluster.paths import PROJECT_ROOT
 from cluster.tinymodel import TinyModelSpec, build_tiny_model, num_parameters
 from cluster.warmstart import WarmStartSpec, warm_start
 

@@ -7,11 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-# Every step's line carries at least these keys (NaN when a value does not apply, e.g. kl at beta=0).
+# What the learner reports for a step that a step's line carries.
+LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean")
+# Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0).
 STEP_KEYS = (
-    "step", "reward_mean", "reward_std", "reward_errors", "kl", "loss", "clip_frac", "entropy", "grad_norm", "lr",
+    "step", "reward_mean", "reward_std", "reward_errors", *LEARNER_KEYS,
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
-    "zero_var_groups",
+    "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
+    "sync_bytes",
 )
 
 
@@ -48,7 +51,10 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
     def log_step(self, m: dict) -> None:
-        row = {k: m.get(k, float("nan")) for k in STEP_KEYS} | m
+        unknown = m.keys() - set(STEP_KEYS)
+        if unknown:  # one list of what a step reports: a new metric is declared in STEP_KEYS first
+            raise ValueError(f"step metrics {sorted(unknown)} are not in cluster/metrics.py STEP_KEYS; add them there")
+        row = {k: m.get(k, float("nan")) for k in STEP_KEYS}
         self._write({"kind": "train", **row})
         step = int(row["step"])
         if self._tb:

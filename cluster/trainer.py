@@ -12,34 +12,21 @@ import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from actors.devices import transfer_backend
 from actors.rewards import RewardScorer
 from cluster import launch
+from cluster.collect import Batch, CollectStats, ScoredGroup, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data import Example, PromptStream, load_run_data, load_tokenizer
-from cluster.metrics import MetricsLogger
+from cluster.data import PromptStream, load_run_data, load_tokenizer
+from cluster.metrics import LEARNER_KEYS, MetricsLogger
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
 from learner import checkpoint
 from learner.batch import TrainBatch
 from learner.grpo import group_advantages
-
-
-@dataclass
-class Batch:
-    """One step's groups, kept prompt-major: group g is completions[g*G:(g+1)*G]."""
-
-    examples: list[Example]
-    prompt_ids: list[list[int]]  # one per completion
-    completion_ids: list[list[int]]
-    behavior_logp: list[list[float]]
-    rewards: list[float]
-    weight_version: int  # the oldest version that generated any of it
-    stream_state: dict  # data position before this batch was taken (what a checkpoint must record)
-    stats: dict = field(default_factory=dict)
 
 
 def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
@@ -168,93 +155,83 @@ class Trainer:
         return self._collector.submit(self._collect, step)
 
     def _collect(self, step: int) -> Batch:
-        """Steps 1-3: prompts -> G completions each -> rewards. With DAPO dynamic sampling, groups whose
-        rewards are all equal carry no signal: drop them and refill from more prompts, up to a cap."""
+        """Steps 1-3: prompts -> G completions each -> rewards, refilled and trimmed for the learner."""
         t = self.cfg.trainer
-        G, want = t.group_size, t.prompts_per_step
-        state = self.stream.state()
-        kept: list[tuple[Example, object, list[float]]] = []
-        stats = {"gen_tokens": 0, "gen_s": 0.0, "reward_s": 0.0, "reward_errors": 0, "zero_var_groups": 0,
-                 "skipped_prompts": 0, "extra_prompts": 0, "all_rewards": [], "failed_groups": 0}
-        round_, extra_budget = 0, (t.max_extra_prompts if t.dynamic_sampling else 0)
-        while len(kept) < want:
-            n = want if round_ == 0 else min(want - len(kept), extra_budget)
-            if n <= 0:
-                break
-            if round_:
-                extra_budget -= n
-                stats["extra_prompts"] += n
-            examples = self.stream.take(n)
-            sw = Stopwatch()
-            with sw("gen"):
-                with self._engines_lock:
-                    rollouts = self.pool.generate([e.prompt_ids for e in examples], G,
-                                                  [sample_seed(t.seed, step, round_, i) for i in range(n)],
-                                                  expected_version=self.engine_version)
-            with sw("reward"):
-                live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
-                stats["skipped_prompts"] += len(examples) - len(live)
-                # one call for the whole round: user reward code fans out over the scorer's processes
-                res = self.scorer.score([ex.prompt for ex, _ in live for _ in range(G)],
-                                        [c for _, ro in live for c in ro.completions],
-                                        [ex.fields for ex, _ in live for _ in range(G)],
-                                        max_new_tokens=self.cfg.rollout.max_new_tokens) if live else None
-                if res is not None:
-                    stats["reward_errors"] += res.errors
-                    stats["error_samples"] = stats.get("error_samples") or res.error_samples
-                for g, (ex, ro) in enumerate(live):
-                    group = range(g * G, (g + 1) * G)
-                    rewards = res.rewards[g * G:(g + 1) * G]
-                    if res.errors and all(any(math.isnan(v[i]) for v in res.per_function.values()) for i in group):
-                        stats["failed_groups"] += 1
-                    stats["all_rewards"] += rewards
-                    stats["gen_tokens"] += sum(len(c.token_ids) for c in ro.completions)
-                    if max(rewards) == min(rewards):
-                        stats["zero_var_groups"] += 1
-                        if t.dynamic_sampling:
-                            continue
-                    kept.append((ex, ro, rewards))
-            scored = len(stats["all_rewards"]) // G
-            if scored and stats["failed_groups"] == scored:  # training on fallback rewards only teaches nothing
-                raise RuntimeError(
-                    f"every reward call failed at step {step + 1} ({stats['reward_errors']} errors), e.g. "
-                    f"{'; '.join(stats['error_samples'][:2])}. Fix the reward function(s) {self.cfg.reward.functions}; "
-                    f"metrics and checkpoints so far are in {self.run_dir}")
-            stats["gen_s"] += sw.t["gen_s"]
-            stats["reward_s"] += sw.t["reward_s"]
+        state, stats = self.stream.state(), CollectStats()
+        groups = self._collect_round(step, 0, t.prompts_per_step, stats)
+        if t.dynamic_sampling:
+            groups += self._refill(step, t.prompts_per_step - len(groups), stats)
+        groups = trim_to_ranks(groups, t.group_size, self.cfg.learner.num_ranks)
+        return Batch.from_groups(groups, state, stats, version_if_empty=self.version)
+
+    def _refill(self, step: int, missing: int, stats: CollectStats) -> list[ScoredGroup]:
+        """DAPO dynamic sampling: groups whose rewards are all equal carry no signal and were dropped;
+        replace them from more prompts, at most `trainer.max_extra_prompts` per step."""
+        out: list[ScoredGroup] = []
+        budget, round_ = self.cfg.trainer.max_extra_prompts, 1
+        while len(out) < missing and budget > 0:
+            n = min(missing - len(out), budget)
+            budget -= n
+            stats.extra_prompts += n
+            out += self._collect_round(step, round_, n, stats)
             round_ += 1
-        # every learner rank needs the same number of sequences
-        ranks = self.cfg.learner.num_ranks
-        while kept and (len(kept) * G) % ranks:
-            kept.pop()
-        return Batch(
-            examples=[ex for ex, _, _ in kept],
-            prompt_ids=[ro.prompt_ids for _, ro, _ in kept for _ in range(G)],
-            completion_ids=[c.token_ids for _, ro, _ in kept for c in ro.completions],
-            behavior_logp=[c.logprobs for _, ro, _ in kept for c in ro.completions],
-            rewards=[r for _, _, rs in kept for r in rs],
-            weight_version=min((ro.weight_version for _, ro, _ in kept), default=self.version),
-            stream_state=state, stats=stats)
+        return out
+
+    def _collect_round(self, step: int, round_: int, n: int, stats: CollectStats) -> list[ScoredGroup]:
+        """Take n prompts, generate G completions each, score them; returns the groups worth training on."""
+        t, G = self.cfg.trainer, self.cfg.trainer.group_size
+        examples = self.stream.take(n)
+        sw = Stopwatch()
+        with sw("gen"), self._engines_lock:
+            rollouts = self.pool.generate([e.prompt_ids for e in examples], G,
+                                          [sample_seed(t.seed, step, round_, i) for i in range(n)],
+                                          expected_version=self.engine_version)
+        with sw("reward"):
+            live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
+            stats.skipped_prompts += len(examples) - len(live)
+            groups = self._score(live, stats)
+        if stats.every_group_failed():
+            raise RuntimeError(
+                f"every reward call failed at step {step + 1} ({stats.reward_errors} errors), e.g. "
+                f"{'; '.join(stats.error_samples[:2])}. Fix the reward function(s) {self.cfg.reward.functions}; "
+                f"metrics and checkpoints so far are in {self.run_dir}")
+        stats.gen_s += sw.t["gen_s"]
+        stats.reward_s += sw.t["reward_s"]
+        return groups
+
+    def _score(self, live: list, stats: CollectStats) -> list[ScoredGroup]:
+        """Rewards for every completion of `live` (example, rollout) pairs; with dynamic sampling the
+        groups without signal are counted but not returned."""
+        if not live:
+            return []
+        G = self.cfg.trainer.group_size
+        # one call for the whole round: user reward code fans out over the scorer's processes
+        res = self.scorer.score([ex.prompt for ex, _ in live for _ in range(G)],
+                                [c for _, ro in live for c in ro.completions],
+                                [ex.fields for ex, _ in live for _ in range(G)],
+                                max_new_tokens=self.cfg.rollout.max_new_tokens)
+        stats.reward_errors += res.errors
+        stats.error_samples = stats.error_samples or res.error_samples
+        groups = []
+        for g, (ex, ro) in enumerate(live):
+            rewards = res.rewards[g * G:(g + 1) * G]
+            failed = bool(res.errors) and all(any(math.isnan(v[i]) for v in res.per_function.values())
+                                              for i in range(g * G, (g + 1) * G))
+            stats.add_group(rewards, sum(len(c.token_ids) for c in ro.completions), failed)
+            if not (self.cfg.trainer.dynamic_sampling and max(rewards) == min(rewards)):
+                groups.append(ScoredGroup(ex, ro, rewards))
+        return groups
 
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
-        s = batch.stats
-        rewards = torch.tensor(s["all_rewards"] or [float("nan")], dtype=torch.float64)
-        sync = m.pop("sync", {})
+        """The step's line (its keys: cluster/metrics.py STEP_KEYS; the logger writes NaN for a learner
+        value that does not apply, e.g. kl at beta=0 or every one after a step with nothing to train on)."""
         return {
-            "step": self.step, "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "reward_errors": s["reward_errors"], "kl": m.get("kl", float("nan")), "loss": m.get("loss", float("nan")),
-            "clip_frac": m.get("clip_frac", float("nan")), "entropy": m.get("entropy", float("nan")),
-            "grad_norm": m.get("grad_norm", float("nan")), "lr": m.get("lr", float("nan")),
-            "gen_tokens": s["gen_tokens"], "gen_s": s["gen_s"], "reward_s": s["reward_s"],
+            "step": self.step, **batch.stats.metrics(), **{k: m[k] for k in LEARNER_KEYS if k in m},
             "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
             "step_s": sw.t["step_s"], "weight_version": self.version,
-            "staleness": self.version - 1 - batch.weight_version, "zero_var_groups": s["zero_var_groups"],
-            "skipped_prompts": s["skipped_prompts"], "extra_prompts": s["extra_prompts"],
-            "trained_groups": len(batch.examples), "rollout_restarts": self.pool.restarts,
-            "update_skipped": m.get("skipped", False), "sync_bytes": sync.get("bytes", 0),
-            "pg_loss": m.get("pg_loss", float("nan")), "ratio_mean": m.get("ratio_mean", float("nan")),
-            "tis_weight_mean": m.get("tis_weight_mean", float("nan")),
+            "staleness": self.version - 1 - batch.weight_version, "trained_groups": len(batch.examples),
+            "rollout_restarts": self.pool.restarts, "update_skipped": m.get("skipped", False),
+            "sync_bytes": m.get("sync", {}).get("bytes", 0),
         }
 
     # ------------------------------------------------------------------ evaluation
@@ -294,9 +271,7 @@ class Trainer:
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
                                 [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
-        self.backend = cfg.rollout.weight_transfer_backend
-        if self.backend == "auto":
-            self.backend = "nccl" if cfg.rollout.num_gpus > 0 else "gloo"
+        self.backend = transfer_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
                                        cfg.rollout.tensor_parallel_size)
         self._resume()

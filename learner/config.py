@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
+
 
 @dataclass
 class AlgoConfig:
@@ -19,14 +21,12 @@ class AlgoConfig:
 
     def problems(self) -> list[str]:
         p = []
-        if self.advantage_estimator not in ("grpo", "dr_grpo", "rloo"):
-            p.append(f"algo.advantage_estimator must be grpo|dr_grpo|rloo, got {self.advantage_estimator!r}")
-        if self.ratio_level not in ("token", "sequence"):
-            p.append(f"algo.ratio_level must be token|sequence, got {self.ratio_level!r}")
-        if self.aggregation not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
-            p.append(f"algo.aggregation must be token-mean|seq-mean-token-mean|seq-mean-token-sum-norm, got {self.aggregation!r}")
-        if self.kl_estimator not in ("k1", "k2", "k3"):
-            p.append(f"algo.kl_estimator must be k1|k2|k3, got {self.kl_estimator!r}")
+        for key, value, allowed in (("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS),
+                                    ("ratio_level", self.ratio_level, RATIO_LEVELS),
+                                    ("aggregation", self.aggregation, AGGREGATIONS),
+                                    ("kl_estimator", self.kl_estimator, KL_ESTIMATORS)):
+            if value not in allowed:  # the objective's own lists (learner/grpo.py), so they cannot drift
+                p.append(f"algo.{key} must be {'|'.join(allowed)}, got {value!r}")
         if self.clip_low < 0 or self.clip_high < 0:
             p.append("algo.clip_low and algo.clip_high must be >= 0")
         if self.beta < 0:

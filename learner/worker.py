@@ -24,12 +24,14 @@ import time
 import numpy as np
 import torch
 
+from actors.devices import on_gpu, resolve_dtype
 from learner import grpo
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
 
-# Metrics that are token-weighted means over the whole batch (summed as value * tokens, then / tokens).
-_TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "entropy", "tis_weight_mean")
+# policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
+# then / tokens, averaged over the mu passes). Entropy is one too, but measured on the first pass only.
+_TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "tis_weight_mean")
 
 
 def lr_factor(update: int, *, warmup: int, total: int, schedule: str) -> float:
@@ -47,7 +49,7 @@ def lr_factor(update: int, *, warmup: int, total: int, schedule: str) -> float:
 
 def build_ds_config(cfg: LearnerConfig, *, world_size: int, on_gpu: bool) -> dict:
     """The DeepSpeed config for `cfg`. Batch sizes are nominal: we feed micro-batches ourselves."""
-    bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and on_gpu)
+    bf16 = resolve_dtype(cfg.dtype, on_gpu) == "bfloat16"
     zero: dict = {"stage": cfg.zero_stage}
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
@@ -102,7 +104,7 @@ class LearnerWorker:
         t0 = time.perf_counter()
         self.cfg, self.algo, self.model_path = cfg, algo, str(model_path)
         self.rank, self.world_size, self.total_steps, self.seed = rank, world_size, total_steps, seed
-        self.on_gpu = cfg.num_gpus > 0 and torch.cuda.is_available()
+        self.on_gpu = on_gpu(cfg.num_gpus)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size),
@@ -113,7 +115,7 @@ class LearnerWorker:
         seed_everything(seed)  # the same seed on every rank: any random init must agree across ranks
 
         self.ds_config = build_ds_config(cfg, world_size=world_size, on_gpu=self.on_gpu)
-        dtype = torch.bfloat16 if self.ds_config["bf16"]["enabled"] else torch.float32
+        dtype = getattr(torch, resolve_dtype(cfg.dtype, self.on_gpu))
         self._hf_ds_config = None
         if cfg.zero_stage == 3:
             # Must exist (and stay referenced: transformers keeps a weakref) before from_pretrained,
@@ -194,7 +196,7 @@ class LearnerWorker:
             with torch.no_grad():
                 old_logps = [self._forward(mb, with_entropy=False)[0] for mb in mbs]
 
-        sums = {k: 0.0 for k in ("loss", "pg_loss", *_TOKEN_MEAN_METRICS)}
+        sums = {k: 0.0 for k in ("loss", "pg_loss", *_TOKEN_MEAN_METRICS, "entropy")}
         grad_norm, lr, passes, skipped = 0.0, self.engine.get_lr()[0], 0, False
         for k in range(cfg.mu):
             lr = self.engine.get_lr()[0]
@@ -218,7 +220,7 @@ class LearnerWorker:
                 tokens = float(mb.mask.sum())
                 sums["loss"] += float(loss.detach())
                 sums["pg_loss"] += m["pg_loss"]
-                for name in ("clip_frac", "ratio_mean", "kl", "tis_weight_mean"):
+                for name in _TOKEN_MEAN_METRICS:
                     if name in m:
                         sums[name] += m[name] * tokens
                 if entropy is not None:
@@ -271,7 +273,7 @@ class LearnerWorker:
         reduced = dict(zip(keys, self._all_reduce([sums[k] for k in keys])))
         out = {"loss": reduced["loss"] / self.world_size / passes,
                "pg_loss": reduced["pg_loss"] / self.world_size / passes}
-        for name in ("clip_frac", "ratio_mean", "kl", "tis_weight_mean"):
+        for name in _TOKEN_MEAN_METRICS:
             out[name] = reduced[name] / max(total_tokens, 1) / passes
         out["entropy"] = reduced["entropy"] / max(total_tokens, 1)
         if self.algo.tis_cap is None:

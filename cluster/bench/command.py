@@ -14,19 +14,19 @@ from cluster.bench.learner_sync import (
 )
 from cluster.bench.report import (
     BENCH_SETTINGS,
-    _log,
     fmt_value,
     format_table,
     load_average,
     machine_info,
     model_spec,
+    progress,
     ratio,
     table_rows,
     write_json,
 )
-from cluster.bench.rollout import _direct_vllm_main, bench_rollout, current_niceness
-from cluster.bench.schedule import _heldout, bench_schedule, heldout_accuracy
-from cluster.bench.trl import _trl_main, bench_trl, parse_threads, trl_settings
+from cluster.bench.rollout import bench_rollout, current_niceness, direct_vllm_main
+from cluster.bench.schedule import bench_schedule, heldout_accuracy, heldout_examples
+from cluster.bench.trl import bench_trl, parse_threads, trl_main, trl_settings
 
 
 def run_bench(args) -> int:
@@ -58,7 +58,7 @@ def _run_bench(args, res: dict) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     timeout_s = float(getattr(args, "timeout", 900))
     res.update({"machine": machine_info(), "load_average_start": load_average(), "command": " ".join(sys.argv)})
-    _log(f"load average at start: {res['load_average_start']} on {res['machine']['cpu_count']} CPUs")
+    progress(f"load average at start: {res['load_average_start']} on {res['machine']['cpu_count']} CPUs")
 
     cache = Path(args.cache_dir)
     if args.model:
@@ -72,7 +72,7 @@ def _run_bench(args, res: dict) -> int:
         base = build_tiny_model(cache / f"base-h{spec.hidden_size}-l{spec.num_layers}", spec)
         n_params = num_parameters(base)
         res["model"] = {"path": str(base), "parameters": n_params, **dataclasses.asdict(spec)}
-    _log(f"model: {base} ({(n_params or 0) / 1e6:.2f}M parameters)")
+    progress(f"model: {base} ({(n_params or 0) / 1e6:.2f}M parameters)")
 
     user = list(args.overrides or [])
     cfg0 = load_config(None, [*BENCH_SETTINGS, f"model.path={base}", *user])
@@ -83,7 +83,7 @@ def _run_bench(args, res: dict) -> int:
         ws = WarmStartSpec(steps=args.warm_start_steps)
         warm = warm_start(base, cache / f"warm-h{args.hidden_size}-l{args.num_layers}-{ws.steps}", train_set, ws)
         res["model"]["warm_start"] = {"path": str(warm), **dataclasses.asdict(ws), "seconds": time.perf_counter() - t}
-        _log(f"warm start: {warm} ({time.perf_counter() - t:.0f}s; cached by spec)")
+        progress(f"warm start: {warm} ({time.perf_counter() - t:.0f}s; cached by spec)")
     # The training config of parts 3 and 5 (and the shapes of 1, 2, 4): BENCH_SETTINGS + the user's overrides.
     train_overrides = [*BENCH_SETTINGS, f"model.path={warm}", f"trainer.steps={args.steps}", *user]
     cfg = load_config(None, train_overrides)
@@ -106,9 +106,9 @@ def _run_bench(args, res: dict) -> int:
                 ray, str(base), rcfg, prompts, cfg.trainer.group_size, args.gen_tokens, args.gen_repeats, workdir,
                 timeout_s, res["ray_worker_niceness"])
             ro = res["rollout"]
-            _log(f"rollout: direct {fmt_value(ro['direct']['tokens_per_s'])} tok/s, RolloutWorker no Ray "
-                 f"{fmt_value(ro['wrapper']['tokens_per_s'])}, via Ray {fmt_value(ro['actor']['tokens_per_s'])} "
-                 f"(ratio {fmt_value(ro['actor_vs_direct'])}, same tokens: {ro['same_tokens']})")
+            progress(f"rollout: direct {fmt_value(ro['direct']['tokens_per_s'])} tok/s, RolloutWorker no Ray "
+                     f"{fmt_value(ro['wrapper']['tokens_per_s'])}, via Ray {fmt_value(ro['actor']['tokens_per_s'])} "
+                     f"(ratio {fmt_value(ro['actor_vs_direct'])}, same tokens: {ro['same_tokens']})")
 
         # 4. learner ZeRO-2 / ZeRO-3 on the rollouts just generated; 2. weight sync with the same ranks
         if rollouts is not None and parts & {"learner", "sync"}:
@@ -126,10 +126,10 @@ def _run_bench(args, res: dict) -> int:
                     args.sync_repeats if "sync" in parts else 0, rollout_actor, n_params, args.peak_tflops, timeout_s)
                 if lr_res:
                     res["learner"][f"ZeRO-{stage}"] = lr_res
-                    _log(f"learner ZeRO-{stage}: {fmt_value(lr_res['tokens_per_s'])} tokens/s")
+                    progress(f"learner ZeRO-{stage}: {fmt_value(lr_res['tokens_per_s'])} tokens/s")
                 if sy:
                     res["sync" if stage == 2 else "sync_zero3"] = sy
-                    _log(f"sync ZeRO-{stage}: {fmt_value(sy['seconds'])} s for {sy['bytes'] / 2**20:.2f} MiB")
+                    progress(f"sync ZeRO-{stage}: {fmt_value(sy['seconds'])} s for {sy['bytes'] / 2**20:.2f} MiB")
             if not res["learner"]:
                 res.pop("learner")
         if rollout_actor is not None:
@@ -145,7 +145,7 @@ def _run_bench(args, res: dict) -> int:
             for mode in ("sync", "async") if "schedule" in parts else ("sync",):
                 summary, rows = bench_schedule(train_overrides, mode, out_path.parent / f"train-{mode}")
                 res["schedules"][mode] = {**summary, "rows": rows}
-                _log(f"schedule {mode}: {fmt_value(summary.get('step_s'))} s/step")
+                progress(f"schedule {mode}: {fmt_value(summary.get('step_s'))} s/step")
     finally:
         if rollout_actor is not None:
             ray.kill(rollout_actor)
@@ -155,8 +155,8 @@ def _run_bench(args, res: dict) -> int:
     sync_run = res.get("schedules", {}).get("sync")
     if sync_run and sync_run.get("hf_model"):
         data = dataclasses.asdict(cfg.data)
-        _log(f"held-out accuracy: the starting model and raygrpo's after {args.steps} steps (HF greedy)")
-        res["heldout"] = {"prompts": len(_heldout(data, cfg.trainer.seed)),
+        progress(f"held-out accuracy: the starting model and raygrpo's after {args.steps} steps (HF greedy)")
+        res["heldout"] = {"prompts": len(heldout_examples(data, cfg.trainer.seed)),
                           "before": heldout_accuracy(str(warm), data, cfg.trainer.seed, cfg.rollout.max_new_tokens),
                           "raygrpo_after": heldout_accuracy(sync_run["hf_model"], data, cfg.trainer.seed,
                                                             cfg.rollout.max_new_tokens)}
@@ -170,10 +170,10 @@ def _run_bench(args, res: dict) -> int:
             if res[key].get("status") == "ok":
                 if i == 0 and "heldout" in res:
                     res["heldout"]["trl_after"] = res[key].get("heldout_accuracy_after")
-                _log(f"TRL ({threads} thread(s)): {fmt_value(res[key].get('step_s'))} s/step, reward "
-                     f"{fmt_value(res[key].get('reward_first'))} -> {fmt_value(res[key].get('reward_last'))}")
+                progress(f"TRL ({threads} thread(s)): {fmt_value(res[key].get('step_s'))} s/step, reward "
+                         f"{fmt_value(res[key].get('reward_first'))} -> {fmt_value(res[key].get('reward_last'))}")
             else:
-                _log(f"TRL: {res[key].get('status')}: {res[key].get('message')}")
+                progress(f"TRL: {res[key].get('status')}: {res[key].get('message')}")
                 break
 
     res["load_average_end"] = load_average()
@@ -191,9 +191,9 @@ def _run_bench(args, res: dict) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "direct-vllm":
-        return _direct_vllm_main(argv[1])
+        return direct_vllm_main(argv[1])
     if len(argv) >= 3 and argv[0] == "trl":
-        return _trl_main(argv[1], argv[2])
+        return trl_main(argv[1], argv[2])
     print("usage: python -m cluster.bench direct-vllm SPEC | trl SPEC OUT   (internal; run `raygrpo bench`)",
           file=sys.stderr)
     return 2

@@ -6,7 +6,8 @@ import datetime
 import statistics
 import time
 
-from cluster.bench.report import _log, per_second, ratio
+from actors.devices import transfer_backend
+from cluster.bench.report import per_second, progress, ratio
 
 
 def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
@@ -21,13 +22,6 @@ def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
     logp = [c.logprobs for r in rollouts for c in r.completions]
     return TrainBatch(prompt_ids=prompt_ids, completion_ids=comps, advantages=[g.gauss(0, 1) for _ in comps],
                       behavior_logp=logp, ref_logp=[list(x) for x in logp] if with_ref else None, pad_id=pad_id)
-
-
-def transfer_backend(rcfg) -> str:
-    """The weight-transfer backend a run with this rollout config uses (as the trainer decides it)."""
-    if rcfg.weight_transfer_backend != "auto":
-        return rcfg.weight_transfer_backend
-    return "nccl" if rcfg.num_gpus > 0 else "gloo"
 
 
 def _start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
@@ -48,7 +42,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
     from cluster.workers import LearnerGroup
 
     lcfg = dataclasses.replace(base_cfg.learner, zero_stage=stage, num_ranks=ranks)
-    _log(f"learner: ZeRO-{stage}, {ranks} rank(s), {len(batch)} sequences, 1 warm-up + {steps} steps")
+    progress(f"learner: ZeRO-{stage}, {ranks} rank(s), {len(batch)} sequences, 1 warm-up + {steps} steps")
     handles = _start_learners(ray, model, lcfg, base_cfg.algo, ranks, timeout_s)
     group = LearnerGroup(handles, timeout_s)
     try:
@@ -71,8 +65,8 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
                        "seconds_each": [round(m["seconds"], 4) for m in ms], "loss": [m.get("loss") for m in ms]}
         sync = None
         if rollout_actor is not None and sync_repeats > 0:
-            backend = transfer_backend(base_cfg.rollout)
-            _log(f"sync: ZeRO-{stage} rank 0 -> RolloutWorker, {backend}, 1 warm-up + {sync_repeats} full updates")
+            backend = transfer_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
+            progress(f"sync: ZeRO-{stage} rank 0 -> RolloutWorker, {backend}, 1 warm-up + {sync_repeats} full updates")
             group.init_weight_sync([rollout_actor], backend, base_cfg.rollout.bucket_mb, 1)
             outs, walls = [], []
             for v in range(sync_repeats + 1):
@@ -132,7 +126,7 @@ class GlooPeer:
 
 def bench_raw_broadcast(ray, nbytes: int, repeats: int, timeout_s: float) -> dict:
     """Part 2's baseline: one flat uint8 tensor of `nbytes`, rank 0 -> rank 1, two Ray actor processes."""
-    _log(f"raw broadcast: {nbytes / 2**20:.2f} MiB over ProcessGroupGloo, 1 warm-up + {repeats}")
+    progress(f"raw broadcast: {nbytes / 2**20:.2f} MiB over ProcessGroupGloo, 1 warm-up + {repeats}")
     cls = ray.remote(num_cpus=0.5)(GlooPeer)
     a, b = cls.remote(0), cls.remote(1)
     try:

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The bench's own training config (dotted overrides on the dataclass defaults), pinned here so
 # the figures in docs/benchmarks.md stay reproducible when examples/cpu_demo.yaml is retuned.
 # The CPU demo's task and sizes, without what TRL's GRPOTrainer has no counterpart for
@@ -31,6 +30,9 @@ BENCH_SETTINGS = [
 ]
 BENCH_VENV = ".venv-bench"
 TRL_REQUIREMENT = "trl==1.16.*"
+# What the bench's subprocesses run (`python -m cluster.bench direct-vllm|trl ...`, see __main__.py):
+# this package's name, so a rename cannot leave a stale string behind.
+SUBPROCESS_MODULE = __package__
 PROTO = "@@BENCH "  # prefix of protocol lines on the direct-vLLM subprocess's stdout
 
 
@@ -233,18 +235,18 @@ def write_json(path: str | Path, payload: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(payload), indent=1, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(jsonable(payload), indent=1, sort_keys=False) + "\n")
     os.replace(tmp, path)
     return path
 
 
-def _clean(v):
+def jsonable(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
+        return [jsonable(x) for x in v]
     return v
 
 
@@ -310,5 +312,5 @@ def _gpu_name() -> str | None:
         return None
 
 
-def _log(msg: str) -> None:
+def progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)

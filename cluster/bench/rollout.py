@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.bench.report import PROJECT_ROOT, PROTO, _log, per_second, ratio
+from cluster.bench.report import PROTO, SUBPROCESS_MODULE, per_second, progress, ratio
+from cluster.paths import PROJECT_ROOT
 
 
 def _sampling_requests(tokenizer, prompts: list[str], group_size: int, seeds: list[int], max_new: int, cfg):
@@ -25,7 +26,7 @@ def _sampling_requests(tokenizer, prompts: list[str], group_size: int, seeds: li
     return reqs, params
 
 
-def _direct_vllm_main(spec_path: str) -> int:
+def direct_vllm_main(spec_path: str) -> int:
     """Subprocess: one vLLM engine built by the RolloutWorker class (same settings as the actor),
     answering commands on stdin: `direct` (llm.generate on the same requests), `wrapper`
     (RolloutWorker.generate in-process, no Ray), `quit`. Protocol lines go to the original stdout,
@@ -78,7 +79,7 @@ class _DirectEngine:
         spec_path.write_text(json.dumps(spec))
         env = {**os.environ, **{k: os.environ.get(k, v) for k, v in WORKER_ENV.items()},
                "OMP_NUM_THREADS": str(spec["threads"])}
-        self.proc = subprocess.Popen([sys.executable, "-m", "cluster.bench", "direct-vllm", str(spec_path)],
+        self.proc = subprocess.Popen([sys.executable, "-m", SUBPROCESS_MODULE, "direct-vllm", str(spec_path)],
                                      cwd=PROJECT_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, bufsize=1, preexec_fn=renice_to(spec.get("niceness")))
         self.log = spec["log"]
@@ -156,7 +157,7 @@ def bench_rollout(ray, model: str, rcfg, prompts: list[str], group_size: int, ma
     spec = {"model": model, "rollout": dataclasses.asdict(rcfg), "prompts": prompts, "group_size": group_size,
             "niceness": niceness,
             "seeds": seeds, "max_new_tokens": max_new, "threads": threads, "log": str(workdir / "direct_vllm.log")}
-    _log(f"rollout: starting the direct vLLM engine (subprocess) and a RolloutWorker actor ({threads} thread(s) each)")
+    progress(f"rollout: starting the direct vLLM engine (subprocess) and a RolloutWorker actor ({threads} thread(s) each)")
     direct = _DirectEngine(spec, workdir, timeout_s)
     actor = ray.remote(RolloutWorker).options(num_cpus=rcfg.num_cpus, num_gpus=rcfg.num_gpus).remote(model, rcfg)
     try:

@@ -5,10 +5,10 @@ import json
 import time
 from pathlib import Path
 
-from cluster.bench.report import _log, schedule_summary
+from cluster.bench.report import progress, schedule_summary
 
 
-def _heldout(data: dict, seed: int):
+def heldout_examples(data: dict, seed: int):
     from cluster.data import load_splits
 
     return load_splits(data["train"], data["eval"], data["num_eval"], data["task_digits"], seed)[1]
@@ -22,7 +22,7 @@ def heldout_accuracy(model_dir: str, data: dict, seed: int, max_new_tokens: int)
 
     from cluster.warmstart import greedy_accuracy
 
-    examples = _heldout(data, seed)
+    examples = heldout_examples(data, seed)
     if not examples:
         return None
     threads = torch.get_num_threads()
@@ -44,8 +44,8 @@ def bench_schedule(config_overrides: list[str], mode: str, run_dir: Path) -> tup
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cfg = load_config(None, [*config_overrides, f"trainer.mode={mode}", f"trainer.run_dir={run_dir}"])
-    _log(f"schedule: trainer.mode={mode}, {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x "
-         f"G={cfg.trainer.group_size}, run dir {run_dir}")
+    progress(f"schedule: trainer.mode={mode}, {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x "
+             f"G={cfg.trainer.group_size}, run dir {run_dir}")
     t = time.perf_counter()
     out = Trainer(cfg).run()
     total = time.perf_counter() - t

@@ -12,14 +12,15 @@ from pathlib import Path
 
 from cluster.bench.report import (
     BENCH_VENV,
-    PROJECT_ROOT,
+    SUBPROCESS_MODULE,
     TRL_REQUIREMENT,
-    _clean,
-    _log,
+    jsonable,
     mean,
+    progress,
 )
 from cluster.bench.rollout import renice_to
-from cluster.bench.schedule import _heldout
+from cluster.bench.schedule import heldout_examples
+from cluster.paths import PROJECT_ROOT
 
 
 def bench_venv_python(root: Path = PROJECT_ROOT) -> Path:
@@ -40,7 +41,7 @@ def _trl_version(python: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def ensure_bench_venv(root: Path = PROJECT_ROOT, log=_log) -> tuple[Path | None, str]:
+def ensure_bench_venv(root: Path = PROJECT_ROOT, log=progress) -> tuple[Path | None, str]:
     """(python of .venv-bench with TRL, message) or (None, why not).
 
     .venv-bench is a venv whose site-packages holds a .pth that adds THIS environment's
@@ -125,7 +126,7 @@ def trl_settings(cfg, model: str, threads: int) -> dict:
                      "task_digits": cfg.data.task_digits}}
 
 
-def _trl_main(spec_path: str, out_path: str) -> int:
+def trl_main(spec_path: str, out_path: str) -> int:
     """Subprocess (.venv-bench's python): TRL's GRPOTrainer on the prompts our trainer takes."""
     s = json.loads(Path(spec_path).read_text())
     import torch
@@ -178,7 +179,7 @@ def _trl_main(spec_path: str, out_path: str) -> int:
     total = time.perf_counter() - t0
     from cluster.warmstart import greedy_accuracy
 
-    heldout = _heldout(d, s["seed"])
+    heldout = heldout_examples(d, s["seed"])
     torch.set_num_threads(1)  # the same evaluation as raygrpo's model gets (cluster.bench.heldout_accuracy)
     trainer.model.eval()
     accuracy_after = greedy_accuracy(trainer.model, tok, heldout, max_new_tokens=s["max_new_tokens"])
@@ -196,7 +197,7 @@ def _trl_main(spec_path: str, out_path: str) -> int:
               "completion_length": [h.get("completions/mean_length") for h in logs],
               "heldout_accuracy_after": accuracy_after, "heldout_prompts": len(heldout),
               "torch_threads": s["threads"], "settings": s}
-    Path(out_path).write_text(json.dumps(_clean(result), indent=1))
+    Path(out_path).write_text(json.dumps(jsonable(result), indent=1))
     return 0
 
 
@@ -204,20 +205,20 @@ def bench_trl(settings: dict, workdir: Path, skip: bool, timeout_s: float, nicen
     if skip:
         return {"status": "skipped", "message": "--skip-trl"}
     py, msg = ensure_bench_venv()
-    _log(f"TRL: {msg}")
+    progress(f"TRL: {msg}")
     if py is None:
         return {"status": "skipped", "message": msg}
     spec, out, log = workdir / "trl_spec.json", workdir / "trl_result.json", workdir / "trl.log"
     spec.write_text(json.dumps(settings))
     out.unlink(missing_ok=True)
-    _log(f"TRL: GRPOTrainer, {settings['steps']} steps x {settings['prompts_per_step']} prompts x "
-         f"G={settings['group_size']}, {settings['threads']} thread(s) (log {log})")
+    progress(f"TRL: GRPOTrainer, {settings['steps']} steps x {settings['prompts_per_step']} prompts x "
+             f"G={settings['group_size']}, {settings['threads']} thread(s) (log {log})")
     from cluster.launch import WORKER_ENV
 
     env = {**os.environ, **WORKER_ENV, "OMP_NUM_THREADS": str(settings["threads"]), "CUDA_VISIBLE_DEVICES": ""}
     with open(log, "w") as f:
         try:
-            proc = subprocess.run([str(py), "-m", "cluster.bench", "trl", str(spec), str(out)], cwd=PROJECT_ROOT,
+            proc = subprocess.run([str(py), "-m", SUBPROCESS_MODULE, "trl", str(spec), str(out)], cwd=PROJECT_ROOT,
                                   env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
                                   preexec_fn=renice_to(niceness))
         except subprocess.TimeoutExpired:

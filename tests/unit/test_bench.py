@@ -175,14 +175,6 @@ def test_table_lists_extra_trl_thread_runs():
     assert "TRL s/step (1 thread, median)" in measures and "TRL s/step (2 threads, median)" in measures
 
 
-def test_transfer_backend_follows_the_trainer_rule():
-    from actors.config import RolloutConfig
-
-    assert learner_sync.transfer_backend(RolloutConfig()) == "gloo"
-    assert learner_sync.transfer_backend(RolloutConfig(num_gpus=1)) == "nccl"
-    assert learner_sync.transfer_backend(RolloutConfig(weight_transfer_backend="gloo", num_gpus=1)) == "gloo"
-
-
 def test_bench_settings_are_a_valid_config_without_dynamic_sampling():
     from cluster.config import load_config
 

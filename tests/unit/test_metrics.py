@@ -1,6 +1,8 @@
 import json
 import math
 
+import pytest
+
 from cluster.metrics import STEP_KEYS, MetricsLogger, plot_run, read_metrics
 
 
@@ -29,3 +31,10 @@ def test_resumed_steps_replace_earlier_rows(tmp_path):
     log.close()
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2] and math.isclose(rows[1]["reward_mean"], 0.25)
+
+
+def test_an_undeclared_step_metric_is_refused(tmp_path):
+    log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False)
+    with pytest.raises(ValueError, match="not in cluster/metrics.py STEP_KEYS"):
+        log.log_step({"step": 1, "reward_meen": 0.1})
+    log.close()

@@ -1,0 +1,31 @@
+"""What "auto" means on each device, decided once for every process (engines, reference, learner ranks, driver).
+
+Imports nothing of the project and not torch at import, so the driver, the learner and the bench may
+all take it (docs/DESIGN.md, layering).
+"""
+from __future__ import annotations
+
+
+def on_gpu(num_gpus: float) -> bool:
+    """Whether a process that Ray gave `num_gpus` runs on a GPU (it asked for one and can see one)."""
+    if num_gpus <= 0:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_dtype(dtype: str, gpu: bool) -> str:
+    """A model's dtype: "auto" is bfloat16 on a GPU, float32 on CPU; any other value stands as given."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if gpu else "float32"
+
+
+def transfer_backend(configured: str, engine_gpus: float) -> str:
+    """The weight-transfer backend learner and engines use. "auto" is vLLM's NCCL when the engines run
+    on GPUs, else our gloo engine. Decided from the engines' configured GPUs, not from this process's
+    devices: the driver that tells the learners may have no GPU while the engines have."""
+    if configured != "auto":
+        return configured
+    return "nccl" if engine_gpus > 0 else "gloo"

@@ -1,0 +1,24 @@
+"""What "auto" means per device: one rule each, shared by engines, reference, learner ranks and driver."""
+import torch
+
+from actors.devices import on_gpu, resolve_dtype, transfer_backend
+
+
+def test_auto_dtype_is_bfloat16_on_gpu_float32_on_cpu_and_an_explicit_one_stands():
+    assert resolve_dtype("auto", gpu=True) == "bfloat16" and resolve_dtype("auto", gpu=False) == "float32"
+    assert resolve_dtype("bfloat16", gpu=False) == "bfloat16" and resolve_dtype("float16", gpu=True) == "float16"
+
+
+def test_auto_transfer_backend_follows_the_engines_gpus_not_this_process():
+    # the driver may have no GPU while the engines have: only their configured GPUs decide
+    assert transfer_backend("auto", engine_gpus=0) == "gloo"
+    assert transfer_backend("auto", engine_gpus=1) == "nccl" and transfer_backend("auto", engine_gpus=0.5) == "nccl"
+    assert transfer_backend("gloo", engine_gpus=1) == "gloo" and transfer_backend("nccl", engine_gpus=0) == "nccl"
+
+
+def test_a_process_without_gpus_asked_runs_on_cpu_even_where_gpus_are_visible(monkeypatch):
+    # Ray (2.x) no longer hides GPUs from an actor with num_gpus=0: asking decides, not seeing
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not on_gpu(0) and on_gpu(1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not on_gpu(1)

@@ -1,0 +1,61 @@
+"""Names handed to another process as strings (vLLM's lazy engine factory, entry points in setup.py,
+`python -m` targets) break only at run time over there: check here that each one resolves."""
+import importlib
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.paths import PROJECT_ROOT
+
+
+def resolve(module: str, attr: str | None = None):
+    assert importlib.util.find_spec(module) is not None, f"no module {module}"
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+def test_project_root_is_the_checkout():
+    assert (PROJECT_ROOT / "setup.py").is_file() and PROJECT_ROOT == Path(__file__).resolve().parents[2]
+
+
+def test_gloo_engine_class_named_for_vllm_resolves():
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+    from actors import gloo_transfer
+
+    cls = resolve(gloo_transfer.ENGINE_MODULE, gloo_transfer.ENGINE_CLASS)
+    assert issubclass(cls, WeightTransferEngine) and cls.__name__ == gloo_transfer.ENGINE_CLASS
+
+
+@pytest.mark.parametrize("group", ["console_scripts", "vllm.general_plugins"])
+def test_setup_py_entry_points_resolve(group):
+    setup = (PROJECT_ROOT / "setup.py").read_text()
+    block = re.search(rf'"{re.escape(group)}": \[([^\]]*)\]', setup)
+    assert block, f"setup.py declares no {group}"
+    targets = re.findall(r'"[\w-]+=([\w.]+):(\w+)"', block.group(1))
+    assert targets
+    for module, attr in targets:
+        assert callable(resolve(module, attr))
+
+
+def test_submit_runs_the_cli_module_by_its_importable_name():
+    from cluster import cli
+
+    assert resolve(cli.CLI_MODULE).main is cli.main
+    # and when run as a script module (`python -m`), where __name__ is not "cluster.cli"
+    out = subprocess.run([sys.executable, "-c", "import runpy; print(runpy.run_module('cluster.cli', "
+                          "run_name='__not_cluster_cli__')['CLI_MODULE'])"], capture_output=True, text=True,
+                         cwd=PROJECT_ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "cluster.cli", out.stderr[-2000:]
+
+
+def test_bench_subprocess_module_has_a_main_that_dispatches():
+    from cluster.bench import command, report
+
+    assert report.SUBPROCESS_MODULE == "cluster.bench"
+    assert importlib.util.find_spec(f"{report.SUBPROCESS_MODULE}.__main__") is not None
+    assert command.main(["no-such-part"]) == 2  # unknown subcommands get the usage line, not a traceback
