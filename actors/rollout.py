@@ -23,6 +23,7 @@ from actors.config import RolloutConfig
 from actors.devices import on_gpu, resolve_dtype, transfer_backend
 
 FINISH_REASONS = ("stop", "length")
+CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
 
 
 @dataclass
@@ -96,6 +97,11 @@ class RolloutWorker:
         kwargs = {}
         if not gpu and cfg.cpu_kv_cache_mb > 0:
             kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_mb * 1024 * 1024
+        if not gpu:
+            # vLLM 0.32 CPU: a seeded request whose prefill is split across steps crashes the engine
+            # ("CPU Generator does not use offset": the runner rewinds a generator that CPU torch
+            # cannot rewind). Whole prefills only: a prompt that does not fit waits for the next step.
+            kwargs |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_PREFILL_BUDGET, cfg.max_model_len)}
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path,
