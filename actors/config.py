@@ -34,9 +34,32 @@ class RolloutConfig:
     num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything
     num_gpus: float = 0.0
     max_restarts: int = 3  # Ray restarts a dead worker this many times
+    # Multi-turn rollouts (actors/multiturn.py): an environment answers each assistant turn.
+    # "" = single-turn completions. A built-in name (actors/envs.py ENVS, e.g. "calculator") or
+    # user code as "path/to/file.py:ClassName"; one instance per trajectory, Env(**example_fields).
+    env: str = ""
+    max_turns: int = 1  # assistant turns per trajectory (multi-turn); max_model_len caps its tokens
+    env_timeout_s: float = 10.0  # per environment call (constructor+reset, or one step)
+    env_num_procs: int = 2  # isolated processes that run environment code (per rollout worker)
+
+    def model_token_cap(self) -> int:
+        """The most tokens the model samples for one completion: max_new_tokens, or for a multi-turn
+        trajectory every turn's (bounded by the whole budget). Dr. GRPO's normaliser, DAPO's overlong cap."""
+        if not self.env:
+            return self.max_new_tokens
+        return min(self.max_turns * self.max_new_tokens, self.max_model_len)
 
     def problems(self) -> list[str]:
         p = []
+        if self.max_turns < 1:
+            p.append(f"rollout.max_turns must be >= 1, got {self.max_turns}")
+        if self.env and self.env_timeout_s <= 0:
+            p.append(f"rollout.env_timeout_s must be > 0, got {self.env_timeout_s}")
+        if self.env and self.env_num_procs < 1:
+            p.append(f"rollout.env_num_procs must be >= 1, got {self.env_num_procs}")
+        if self.env and self.stop:
+            p.append("rollout.stop (stop strings) cannot be used with rollout.env: a multi-turn turn ends at the "
+                     "chat template's end-of-turn token, so the sampled tokens stay exact; remove rollout.stop")
         if self.num_workers < 1:
             p.append(f"rollout.num_workers must be >= 1, got {self.num_workers}")
         if self.max_new_tokens < 1:

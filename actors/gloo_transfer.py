@@ -13,7 +13,7 @@ Group layout and handshake (what `GlooTrainerWeightTransferEngine.trainer_init` 
 
     trainer rank 0 (sender)                         every vLLM worker of every engine
     -----------------------                         ---------------------------------
-    TCPStore(master, port or 0 -> free port)
+    TCPStore on master only (port or 0 -> free port)
     payload = {master_address, master_port,  --->   init_weight_transfer_engine(payload):
                world_size, generation,                tear down a previous group (re-init works)
                rank_offset=None, bucket_bytes,        join the store, keys under `generation/`
@@ -131,6 +131,26 @@ def default_master_address() -> str:
     except Exception:  # noqa: BLE001 - Ray is optional here
         pass
     return "127.0.0.1"
+
+
+def listening_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """A TCPStore server listening on `host` only (the address its peers were told), port 0: a free one.
+
+    TCPStore alone binds every interface whatever host it is given, so the listening socket is
+    made here and handed over (`master_listen_fd`; the store owns it from then on).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(512)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                         master_listen_fd=sock.detach())
 
 
 def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeout_s: float):
@@ -281,8 +301,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             return engine
 
         timeout = datetime.timedelta(seconds=init_info.timeout_s)
-        store = dist.TCPStore("0.0.0.0", init_info.master_port, is_master=True, wait_for_workers=False,
-                              timeout=timeout)
+        store = listening_store(init_info.master_address, init_info.master_port, timeout)
         generation = uuid.uuid4().hex
         payload = asdict(GlooWeightTransferInitInfo(
             master_address=init_info.master_address, master_port=store.port,

@@ -26,6 +26,11 @@ process is killed and replaced), or kills its process is a reward *error*: count
 reported, and the sample gets `fallback` instead of a silent 0. A batched function's batch is
 split into `num_procs` chunks, one call (and one timeout) each.
 
+Multi-turn trajectories (actors/multiturn.py) are scored on the final assistant turn's text as
+`completion`, with the whole conversation as `_messages` (a list of chat messages, prompt
+included), `_turns`, and `_num_tokens` counting the model's tokens only; the environment's
+own rewards (`Trajectory.env_reward`) are added to the weighted sum.
+
 Deliberately light: no torch import, so the worker processes start fast.
 """
 from __future__ import annotations
@@ -162,9 +167,12 @@ def _worker_main(conn, specs: list[str]) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, specs):
+    """One isolated process and the parent's end of its pipe. `target(conn, specs)` runs in the
+    child (the reward loop here; actors/envs.py runs its environment loop in the same shell)."""
+
+    def __init__(self, ctx, specs, target=_worker_main, name="raygrpo-reward"):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, specs), daemon=True, name="raygrpo-reward")
+        self.proc = ctx.Process(target=target, args=(child, specs), daemon=True, name=name)
         self.proc.start()
         child.close()
         self.ready = False
@@ -331,11 +339,19 @@ class RewardScorer:
                 raise ValueError(f"reward function file not found: {path} (from {spec!r}, cwd {os.getcwd()})")
 
     def _samples(self, completions: list, examples: list[dict], max_new_tokens: int | None):
-        """(texts, token ids or None, per-sample keyword fields)."""
-        texts, ids, fields = [], [], []
+        """(texts, token ids or None, per-sample keyword fields, environment rewards)."""
+        texts, ids, fields, env_rewards = [], [], [], []
         for completion, example in zip(completions, examples):
             f = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
-            if hasattr(completion, "token_ids"):
+            env_rewards.append(float(getattr(completion, "env_reward", 0.0)))
+            if hasattr(completion, "loss_mask"):  # a multi-turn trajectory
+                f.setdefault("_num_tokens", sum(completion.loss_mask))
+                f.setdefault("_finish_reason", completion.finish_reason)
+                f.setdefault("_messages", completion.messages)
+                f.setdefault("_turns", completion.turns)
+                ids.append(None)
+                completion = completion.text
+            elif hasattr(completion, "token_ids"):
                 f.setdefault("_num_tokens", len(completion.token_ids))
                 f.setdefault("_finish_reason", completion.finish_reason)
                 ids.append(completion.token_ids)
@@ -348,7 +364,7 @@ class RewardScorer:
             f.setdefault("_answer_key", self.cfg.answer_key)
             texts.append(completion)
             fields.append(f)
-        return texts, ids, fields
+        return texts, ids, fields, env_rewards
 
     def _values(self, specs: list[str], prompts: list, texts: list[str], ids: list, fields: list[dict]):
         """Every function's value per sample: ({spec: [value]}, failed per sample, error messages)."""
@@ -395,11 +411,11 @@ class RewardScorer:
         if not len(prompts) == len(completions) == len(examples):
             raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions, {len(examples)} examples")
         t0 = time.perf_counter()
-        texts, ids, fields = self._samples(completions, examples, max_new_tokens)
+        texts, ids, fields, env_rewards = self._samples(completions, examples, max_new_tokens)
         values, failed, errors = self._values(list(self.cfg.functions), prompts, texts, ids, fields)
         rewards = [
-            self.cfg.fallback if failed[i]
-            else sum(w * values[spec][i] for spec, w in zip(self.cfg.functions, self.weights))
+            env_rewards[i] + (self.cfg.fallback if failed[i]
+                              else sum(w * values[spec][i] for spec, w in zip(self.cfg.functions, self.weights)))
             for i in range(len(texts))
         ]
         return RewardResult(rewards, len(errors), errors[:MAX_ERROR_SAMPLES], time.perf_counter() - t0, values)
@@ -413,7 +429,7 @@ class RewardScorer:
             checker = "exact_match"
         if checker is None:
             return [r > 0 for r in self.score(prompts, completions, examples).rewards]
-        texts, ids, fields = self._samples(completions, examples, None)
+        texts, ids, fields, _ = self._samples(completions, examples, None)
         values, failed, _ = self._values([checker], prompts, texts, ids, fields)
         return [not bad and v == 1.0 for v, bad in zip(values[checker], failed)]
 

@@ -42,6 +42,12 @@ class PromptRollout:
     weight_version: int
     skipped: str | None = None  # why the prompt was skipped (e.g. too long)
 
+    def training_rows(self) -> list[tuple]:
+        """Per completion, what the learner trains on: (prompt_ids, completion_ids, behavior_logp,
+        loss_mask); loss_mask None = every completion token is the model's (multi-turn rollouts,
+        actors/multiturn.py, answer the same call with their environment tokens masked)."""
+        return [(self.prompt_ids, c.token_ids, c.logprobs, None) for c in self.completions]
+
 
 def split_evenly(items: list, n: int) -> list[list]:
     """Split `items` into `n` contiguous chunks whose sizes differ by at most one (the first
@@ -72,10 +78,30 @@ def stop_token_ids(model_path: str, eos_token_id: int | None) -> list[int]:
     return list(dict.fromkeys(int(i) for i in ids))
 
 
+def _adapter_dir(tmp: str) -> str:
+    """This process's adapter dir, `raygrpo-lora-<pid>`; those of dead processes (engines killed
+    by Ray, which runs no cleanup) are removed first."""
+    import shutil
+
+    for name in os.listdir(tmp):
+        if name.startswith("raygrpo-lora-") and name[13:].isdigit():
+            try:
+                os.kill(int(name[13:]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+            except PermissionError:  # alive, another user's
+                pass
+    path = os.path.join(tmp, f"raygrpo-lora-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 class RolloutWorker:
     """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
 
-    def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0):
+    def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0, max_lora_rank: int = 0):
+        """`max_lora_rank` > 0 starts the engine with vLLM's LoRA support (one adapter slot, see
+        `load_adapter`); it must be a value vLLM accepts (learner/config.py VLLM_LORA_RANKS)."""
         problems = cfg.problems()
         if problems:
             raise ValueError("invalid RolloutConfig: " + "; ".join(problems))
@@ -102,6 +128,10 @@ class RolloutWorker:
             # ("CPU Generator does not use offset": the runner rewinds a generator that CPU torch
             # cannot rewind). Whole prefills only: a prompt that does not fit waits for the next step.
             kwargs |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_PREFILL_BUDGET, cfg.max_model_len)}
+        if max_lora_rank > 0:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+        self._lora = None  # the LoRARequest every generate uses, once an adapter arrived
+        self._adapter_root = None  # this engine's own temp dir for adapter files (vLLM loads from disk)
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path,
@@ -122,6 +152,14 @@ class RolloutWorker:
         self._version = 0
         self._updating = False
         self.llm.update_weight_version("0")  # vLLM's own default is the string "default"
+        self._chat = self._envs = None
+        if cfg.env:  # multi-turn: refuse a non-prefix-preserving template now, start the environment processes
+            from actors.envs import EnvPool
+            from actors.multiturn import ChatTokens
+
+            self._chat = ChatTokens(self.tokenizer)
+            self._envs = EnvPool(cfg.env, cfg.env_num_procs, cfg.env_timeout_s)
+            self._env_keys = 0
 
     def _warm_up(self) -> None:
         """The first seeded sampling call pays a one-off ~3 s (sampler set-up); pay it at start so
@@ -193,7 +231,7 @@ class RolloutWorker:
                 ))
                 slots.append(i)
         if requests:
-            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
             for i, out in zip(slots, outputs):
                 rollouts[i].prompt_ids = list(out.prompt_token_ids)  # what the engine itself saw (== the ids sent)
                 completions = [self._completion(c) for c in out.outputs]
@@ -201,6 +239,49 @@ class RolloutWorker:
                     completions = [copy.deepcopy(completions[0]) for _ in range(group_size)]
                 rollouts[i].completions = completions
         return rollouts
+
+    def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
+                           seeds: list[int] | None = None, greedy: bool = False) -> list:
+        """`group_size` multi-turn trajectories per conversation (a list of chat messages), driven
+        turn by turn with `cfg.env` answering each turn; `fields[i]` build conversation i's
+        environments. Returns one actors.multiturn.MultiTurnRollout per conversation."""
+        from actors.multiturn import run_trajectories
+
+        self._check_not_updating()
+        if self._envs is None:
+            raise RuntimeError("generate_multiturn needs rollout.env (an environment) set when the worker starts")
+        if len(fields) != len(conversations) or (seeds is not None and len(seeds) != len(conversations)):
+            raise ValueError(f"{len(conversations)} conversations, {len(fields)} fields, "
+                             f"{None if seeds is None else len(seeds)} seeds")
+
+        def next_key():
+            self._env_keys += 1
+            return self._env_keys
+
+        return run_trajectories(lambda requests: self._sample_turns(requests, greedy), self._chat, self._envs,
+                                self.cfg, conversations, fields, group_size, seeds, self._version, next_key)
+
+    def _sample_turns(self, requests: list[tuple], greedy: bool) -> list[tuple]:
+        """One engine call for the next turn of every live trajectory: (context ids, max_tokens, seed) ->
+        (sampled ids, their behaviour log-probs, finish reason)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        cfg = self.cfg
+        params = [SamplingParams(
+            n=1, temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p,
+            top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=max_tokens,
+            # A turn ends at the template's end-of-turn token and only there: ignore_eos keeps vLLM from
+            # adding generation_config's other eos ids (e.g. <|endoftext|>) as stops.
+            ignore_eos=True, stop_token_ids=[self._chat.eos], logprobs=0, seed=seed)
+            for _, max_tokens, seed in requests]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _, _ in requests], params,
+                                    use_tqdm=False)
+        out = []
+        for o in outputs:
+            c = self._completion(o.outputs[0])  # checks log-probs and finish reason
+            out.append((c.token_ids, c.logprobs, c.finish_reason))
+        return out
 
     def _check_not_updating(self) -> None:
         if self._updating:
@@ -230,7 +311,7 @@ class RolloutWorker:
                 raise ValueError(f"sequence {i} has {len(ids)} tokens; need 2..{self.cfg.max_model_len - 1}")
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids],
-                                    params, use_tqdm=False)
+                                    params, use_tqdm=False, lora_request=self._lora)
         return [[float(step[tok].logprob) for tok, step in zip(ids[1:], out.prompt_logprobs[1:])]
                 for ids, out in zip(token_ids, outputs)]
 
@@ -280,6 +361,40 @@ class RolloutWorker:
 
     def get_weight_version(self) -> str:
         return self.llm.get_weight_version()
+
+    # ------------------------------------------------------------------ LoRA adapters (adapter-mode sync)
+    def load_adapter(self, tensors: dict, adapter_config: str, version: int) -> dict:
+        """Serve the learner's LoRA adapter from now on: `tensors` are peft-named adapter weights,
+        `adapter_config` the text of peft's adapter_config.json. They arrive through Ray (no shared
+        filesystem); vLLM 0.32 loads adapters only from a path, so they are written to this engine's
+        own temp dir, then loaded in place under one adapter id (every later generate uses it)."""
+        import shutil
+        import tempfile
+
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if self.llm.llm_engine.vllm_config.lora_config is None:
+            raise RuntimeError("load_adapter on an engine started without LoRA (max_lora_rank=0); "
+                               "start it with learner.lora_rank > 0 and learner.lora_sync=adapter")
+        self._check_not_updating()
+        t0 = time.perf_counter()
+        if self._adapter_root is None:
+            self._adapter_root = _adapter_dir(tempfile.gettempdir())
+        path = os.path.join(self._adapter_root, f"v{int(version)}")
+        os.makedirs(path, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(path, "adapter_model.safetensors"))
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            f.write(adapter_config)
+        request = LoRARequest("policy", 1, path, load_inplace=True)
+        self.llm.llm_engine.add_lora(request)  # loads now (not at the next generate), so errors surface here
+        old, self._lora = self._lora, request
+        if not self.llm.reset_prefix_cache():  # cached blocks hold K/V of the previous adapter
+            raise RuntimeError("vLLM could not reset its prefix cache after loading an adapter")
+        self.update_weight_version(version)
+        if old is not None and old.lora_path != path:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        return {"seconds": time.perf_counter() - t0, "path": path}
 
     # ------------------------------------------------------------------ health
     def info(self) -> dict:

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from cluster.paths import PROJECT_ROOT
 
-# This module's importable name, what `submit` runs on the cluster (`python -m cluster.cli train ...`);
-# from the spec, because __name__ is "__main__" when run with -m.
-CLI_MODULE = __spec__.name
+# The entrypoint of a submitted job (runs the CLI with the cluster's Python; see the script).
+JOB_ENTRY = Path(__file__).with_name("job_entry.sh")
 # What `submit` never uploads to the cluster: environments, runs, caches, VCS data.
 SUBMIT_EXCLUDES = [".venv*/", "venv/", "runs/", ".cache/", ".git/", "**/__pycache__/", ".pytest_cache/", ".hypothesis/",
                    "*.egg-info/", ".whl/"]
@@ -54,6 +53,7 @@ def cmd_submit(args) -> int:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from cluster.config import load_config
+    from cluster.ray_auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
 
     config = Path(args.config).resolve()
     try:
@@ -63,13 +63,18 @@ def cmd_submit(args) -> int:
               "so put the config inside it (e.g. examples/)", file=sys.stderr)
         return 2
     load_config(config, args.overrides, validate_paths=False)  # catch config mistakes before uploading anything
-    _use_ray_auth_token()
+    use_cluster_auth_mode(dashboard_auth_mode(args.address), args.address)  # before the client reads the mode
     client = JobSubmissionClient(args.address)
-    # ray.address=auto: the job's driver joins the cluster it runs on instead of starting its own
-    entrypoint = " ".join(["python", "-m", CLI_MODULE, "train", str(rel), *map(_shell_quote, args.overrides),
+    # cluster/job_entry.sh runs the driver with the Python the cluster's Ray runs (not the first `python`
+    # on the head's PATH) after checking it has our dependencies; ray.address=auto: the driver joins the
+    # cluster it runs on instead of starting its own.
+    entrypoint = " ".join(["sh", str(JOB_ENTRY.relative_to(PROJECT_ROOT)), "train", str(rel), *map(_shell_quote, args.overrides),
                            "ray.address=auto"])
-    job_id = client.submit_job(
-        entrypoint=entrypoint, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SUBMIT_EXCLUDES})
+    try:
+        job_id = client.submit_job(
+            entrypoint=entrypoint, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SUBMIT_EXCLUDES})
+    except Exception as e:
+        raise (explain_auth_failure(e, args.address) or e) from e
     print(f"submitted job {job_id} to {args.address}")
     print(f"  logs:   ray job logs --address {args.address} -f {job_id}")
     print(f"  status: ray job status --address {args.address} {job_id}")
@@ -88,14 +93,6 @@ def cmd_submit(args) -> int:
         time.sleep(2)
 
 
-def _use_ray_auth_token() -> None:
-    """Ray 2.60 clusters require a token by default (`ray start` writes it to ~/.ray/auth_token);
-    Ray's HTTP clients send it only in token mode, which they do not switch on by themselves."""
-    if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-                                              or (Path.home() / ".ray" / "auth_token").exists()):
-        os.environ["RAY_AUTH_MODE"] = "token"
-
-
 def _shell_quote(s: str) -> str:
     import shlex
 
@@ -105,8 +102,9 @@ def _shell_quote(s: str) -> str:
 def cmd_export(args) -> int:
     from learner.checkpoint import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out_dir)
-    print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM)")
+    out = export_checkpoint(args.checkpoint, args.out_dir, args.model_path)
+    print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM"
+          + ("; LoRA adapter in peft format under adapter/" if (Path(out) / "adapter").is_dir() else "") + ")")
     return 0
 
 
@@ -168,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
     e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
     e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer)")
+    e.add_argument("--model-path", default=None,
+                   help="the original model directory (default: the checkpoint's own config; LoRA runs: "
+                   "the base model they trained from, where its weights come from)")
     e.set_defaults(fn=cmd_export)
 
     pl = sub.add_parser("plot", help="PNG curves of a run: reward, KL, step time split",
@@ -190,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "Ray actor vs the same vLLM engine called directly, (2) a full weight update (learner -> vLLM, "
                        "gloo) vs a raw gloo broadcast of the same bytes, and sync's share of a step, (3) sync vs async "
                        "schedule step time, (4) learner tokens/s under ZeRO-2 and ZeRO-3, (5) TRL's GRPOTrainer on the "
-                       "same task/model/batch/steps/lr (installed on demand into .venv-bench). Prints a table and "
+                       "same task/model/batch/steps/lr (installed on demand into .venv-bench), (6) LoRA: sync bytes and seconds "
+                       "adapter vs merged vs full, optimizer state LoRA vs full. Prints a table and "
                        "writes it as JSON with the machine's details (see docs/benchmarks.md).")
     b.add_argument("overrides", nargs="*", help="dotted config overrides on the bench's pinned training settings "
                    "(cluster/bench/report.py BENCH_SETTINGS), e.g. algo.beta=0 learner.lr=5e-5")
@@ -200,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--steps", type=int, default=5, help="training steps of the sync/async/TRL runs (the first is warm-up)")
     b.add_argument("--out", default="runs/bench/bench.json", help="where the JSON goes (work files beside it)")
     b.add_argument("--skip-trl", action="store_true", help="leave out part 5 (no .venv-bench, no TRL install)")
-    b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl (default: all)")
+    b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora (default: all)")
+    b.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of part 6 (adapter vs merged vs full sync)")
     b.add_argument("--cache-dir", default=".cache/bench", help="where the tiny models and warm starts are cached")
     b.add_argument("--warm-start-steps", type=int, default=900, help="supervised warm-start steps (cached; 0: none)")
     b.add_argument("--gen-prompts", type=int, default=32, help="prompts per rollout call in part 1")
@@ -220,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from cluster.config import ConfigError
     from cluster.data import DataError
+    from cluster.ray_auth import ClusterAuthError
 
     parser = build_parser()
     # overrides may come after options too (`submit cfg.yaml --address URL a.b=c`)
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return args.fn(args)
-    except (ConfigError, DataError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, DataError, ClusterAuthError, FileNotFoundError, FileExistsError) as e:
         _report(e, "error")
         return 2
     except KeyboardInterrupt:

@@ -40,6 +40,24 @@ class CollectStats:
     zero_var_groups: int = 0  # groups whose rewards were all equal: no learning signal
     skipped_prompts: int = 0  # prompts the engines refused (e.g. too long)
     extra_prompts: int = 0  # prompts taken by dynamic sampling to replace dropped groups
+    # multi-turn rollouts (rollout.env), over every trajectory generated, dropped groups included
+    trajectories: int = 0
+    turns: int = 0  # assistant turns
+    tool_calls: int = 0  # "tool" messages the environments answered with
+    env_errors: int = 0  # environment calls that raised / hung / broke the contract (each ended its trajectory)
+    env_s: float = 0.0  # seconds the engines waited on environments (summed over engines)
+    env_tokens: int = 0  # environment tokens (context, not trained on)
+
+    def add_trajectories(self, rollouts: list) -> None:
+        """Count what the multi-turn rollouts (actors.multiturn.MultiTurnRollout) of a round did."""
+        for ro in rollouts:
+            self.env_s += ro.env_s
+            for t in ro.trajectories:
+                self.trajectories += 1
+                self.turns += t.turns
+                self.tool_calls += t.tool_calls
+                self.env_errors += t.env_error is not None
+                self.env_tokens += t.env_tokens
 
     def add_group(self, rewards: list[float], gen_tokens: int, failed: bool) -> None:
         self.groups += 1
@@ -59,7 +77,14 @@ class CollectStats:
                 "reward_errors": self.reward_errors,
                 "gen_tokens": self.gen_tokens, "gen_s": self.gen_s, "reward_s": self.reward_s,
                 "zero_var_groups": self.zero_var_groups, "skipped_prompts": self.skipped_prompts,
-                "extra_prompts": self.extra_prompts}
+                "extra_prompts": self.extra_prompts, **self._multiturn_metrics()}
+
+    def _multiturn_metrics(self) -> dict:
+        if not self.trajectories:  # a single-turn run: the logger writes NaN for these
+            return {}
+        n = self.trajectories
+        return {"turns_mean": self.turns / n, "tool_calls_mean": self.tool_calls / n, "env_errors": self.env_errors,
+                "env_s": self.env_s, "env_tokens_mean": self.env_tokens / n}
 
 
 def trim_to_ranks(groups: list[ScoredGroup], group_size: int, ranks: int) -> list[ScoredGroup]:
@@ -82,15 +107,25 @@ class Batch:
     weight_version: int  # the oldest version that generated any of it
     stream_state: dict  # data position before this batch was taken (what a checkpoint must record)
     stats: CollectStats = field(default_factory=CollectStats)
+    # per completion token: 1 = sampled by the model, 0 = environment (multi-turn); None: all the model's
+    loss_mask: list[list[int]] | None = None
 
     @classmethod
     def from_groups(cls, groups: list[ScoredGroup], stream_state: dict, stats: CollectStats,
                     version_if_empty: int) -> Batch:
+        # training_rows(): (prompt_ids, completion_ids, behavior_logp, loss_mask or None) per completion,
+        # the same for single-turn (actors/rollout.py) and multi-turn (actors/multiturn.py) rollouts
+        rows = [row for g in groups for row in g.rollout.training_rows()]
+        masked = any(r[3] is not None for r in rows)
         return cls(
             examples=[g.example for g in groups],
-            prompt_ids=[g.rollout.prompt_ids for g in groups for _ in g.rollout.completions],
-            completion_ids=[c.token_ids for g in groups for c in g.rollout.completions],
-            behavior_logp=[c.logprobs for g in groups for c in g.rollout.completions],
+            prompt_ids=[r[0] for r in rows], completion_ids=[r[1] for r in rows], behavior_logp=[r[2] for r in rows],
             rewards=[r for g in groups for r in g.rewards],
             weight_version=min((g.rollout.weight_version for g in groups), default=version_if_empty),
-            stream_state=stream_state, stats=stats)
+            stream_state=stream_state, stats=stats,
+            loss_mask=[r[3] if r[3] is not None else [1] * len(r[1]) for r in rows] if masked else None)
+
+
+def model_tokens(rollout) -> int:
+    """Tokens the model sampled in a rollout's completions (environment tokens not counted)."""
+    return sum(len(ids) if mask is None else sum(mask) for _, ids, _, mask in rollout.training_rows())

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
+from actors.envs import env_spec_problems
 from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
 
 
@@ -171,6 +172,9 @@ class RunConfig:
         if self.data.max_prompt_tokens > room:
             p.append(f"data.max_prompt_tokens ({self.data.max_prompt_tokens}) > rollout.max_model_len - rollout.max_new_tokens "
                      f"({room}): the engine has no room for such prompts; lower it or raise rollout.max_model_len")
+        p += env_spec_problems(r.env)
+        if r.max_turns > 1 and not r.env:
+            p.append(f"rollout.max_turns={r.max_turns} needs rollout.env (an environment that answers each turn)")
         if t.dynamic_sampling and t.max_extra_prompts < 1:
             p.append("trainer.dynamic_sampling needs trainer.max_extra_prompts >= 1")
         return p

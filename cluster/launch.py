@@ -64,12 +64,27 @@ def start_ray(address: str, num_cpus: int) -> None:
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, runtime_env=worker_runtime_env(), log_to_driver=True)
+        join_cluster(address)
         return
     # Logical CPUs: at least 8 so that fractional actors fit on a 2-core machine; they mostly
     # wait on each other, and each limits its own threads.
     cpus = num_cpus or max(8, os.cpu_count() or 1)
     ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
+
+
+def join_cluster(address: str) -> None:
+    """Connect this driver to a running cluster ("auto" or HOST:PORT of its GCS) in the cluster's
+    authentication mode (token discovery as `submit`: cluster/ray_auth.py)."""
+    import ray
+
+    from cluster.ray_auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
+
+    gcs = resolve_gcs_address(address)
+    use_cluster_auth_mode(gcs_auth_mode(gcs), gcs)
+    try:
+        ray.init(address=gcs, runtime_env=worker_runtime_env(), log_to_driver=True)
+    except Exception as e:
+        raise (explain_auth_failure(e, gcs) or e) from e
 
 
 @dataclass
@@ -129,7 +144,9 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
     out = Actors(placement_group=pg, learner_port=free_port())
-    master = ray.util.get_node_ip_address()
+    # Where learner rank 0 listens for the other ranks and (as the weight sender) for the engines:
+    # loopback when the cluster is our own embedded one, else the IP Ray knows rank 0's node by.
+    master = bundle_node_ip(pg, learner_bundle[0]) if cfg.ray.address else "127.0.0.1"
     for i in range(r.num_workers):
         # Restarted by Ray when they die; the driver re-syncs weights and re-sends their prompts.
         # max_task_retries=0: the call in flight fails (RayActorError) so the driver knows.
@@ -137,7 +154,7 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
             ray.remote(RolloutWorker)
             .options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=r.max_restarts, max_task_retries=0,
                      scheduling_strategy=at(rollout_bundle[i]))
-            .remote(cfg.model.path, r, worker_index=i)
+            .remote(cfg.model.path, r, worker_index=i, max_lora_rank=lrn.vllm_max_lora_rank())
         )
     for rank in range(lrn.num_ranks):
         out.learners.append(
@@ -155,6 +172,15 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
             .remote(cfg.model.path, ref)
         )
     return out
+
+
+def bundle_node_ip(pg, bundle: int) -> str:
+    """The IP (as Ray knows the node) of the node a ready placement group put `bundle` on."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    node_id = placement_group_table(pg)["bundles_to_node_id"][bundle]
+    return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
 
 
 def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:

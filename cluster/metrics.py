@@ -9,12 +9,17 @@ from pathlib import Path
 
 # What the learner reports for a step that a step's line carries.
 LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean")
+# Multi-turn rollouts (rollout.env; NaN in single-turn runs): assistant turns and "tool" messages per
+# trajectory, environment failures (each ended its trajectory), seconds the engines waited on environments,
+# environment tokens per trajectory (in the context, out of the loss).
+MULTITURN_KEYS = ("turns_mean", "tool_calls_mean", "env_errors", "env_s", "env_tokens_mean")
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0).
 STEP_KEYS = (
     "step", "reward_mean", "reward_std", "reward_errors", *LEARNER_KEYS,
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
     "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
     "sync_bytes",
+    *MULTITURN_KEYS,
 )
 
 

@@ -19,14 +19,34 @@ import torch
 from actors.devices import transfer_backend
 from actors.rewards import RewardScorer
 from cluster import launch
-from cluster.collect import Batch, CollectStats, ScoredGroup, trim_to_ranks
+from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data import PromptStream, load_run_data, load_tokenizer
+from cluster.data import Example, PromptStream, load_run_data, load_tokenizer
 from cluster.metrics import LEARNER_KEYS, MetricsLogger
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
 from learner import checkpoint
 from learner.batch import TrainBatch
 from learner.grpo import group_advantages
+
+
+def conversation_of(prompt) -> list[dict]:
+    """A multi-turn conversation's opening messages: the data's messages, or a string prompt as one user turn."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+
+
+def check_multiturn(cfg: RunConfig) -> None:
+    """Before any actor starts: the environment class loads (in a throwaway process, as on the engines)
+    and the model's chat template can extend a conversation token-exactly."""
+    from transformers import AutoTokenizer
+
+    from actors.envs import EnvPool
+    from actors.multiturn import ChatTokens, TemplateError
+
+    try:
+        EnvPool(cfg.rollout.env, 1, cfg.rollout.env_timeout_s).close()
+        ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path))
+    except (ValueError, TypeError, TemplateError) as e:
+        raise ConfigError([str(e)], "rollout.env") from None
 
 
 def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
@@ -52,6 +72,8 @@ class Trainer:
             self.scorer = RewardScorer(cfg.reward)
         except ValueError as e:
             raise ConfigError([str(e)], "reward config") from None
+        if cfg.rollout.env:
+            check_multiturn(cfg)
         self.step = self.version = 0
         self.engine_version = 0  # the version every engine is known to hold (set after each sync)
         self.learner_restarts = 0
@@ -132,7 +154,7 @@ class Trainer:
             m = self.learners.train(TrainBatch(
                 prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=advantages.tolist(),
                 behavior_logp=batch.behavior_logp, ref_logp=ref_logp, pad_id=self.pad_id,
-                max_new_tokens=self.cfg.rollout.max_new_tokens))
+                max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
         with sw("sync"):
             self.version += 1
             m["sync"] = self._sync_weights()
@@ -183,9 +205,7 @@ class Trainer:
         examples = self.stream.take(n)
         sw = Stopwatch()
         with sw("gen"), self._engines_lock:
-            rollouts = self.pool.generate([e.prompt_ids for e in examples], G,
-                                          [sample_seed(t.seed, step, round_, i) for i in range(n)],
-                                          expected_version=self.engine_version)
+            rollouts = self._generate(examples, G, [sample_seed(t.seed, step, round_, i) for i in range(n)], stats=stats)
         with sw("reward"):
             live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
             stats.skipped_prompts += len(examples) - len(live)
@@ -199,6 +219,20 @@ class Trainer:
         stats.reward_s += sw.t["reward_s"]
         return groups
 
+    def _generate(self, examples: list[Example], G: int, seeds: list[int], greedy: bool = False,
+                  stats: CollectStats | None = None) -> list:
+        """G completions per example from the engines: single-turn, or with `rollout.env` multi-turn
+        trajectories (actors/multiturn.py) that the rest of the step reads the same way."""
+        if not self.cfg.rollout.env:
+            return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,
+                                      expected_version=self.engine_version)
+        rollouts = self.pool.generate_multiturn([conversation_of(e.prompt) for e in examples],
+                                                [e.fields for e in examples], G, seeds, greedy,
+                                                expected_version=self.engine_version)
+        if stats is not None:
+            stats.add_trajectories(rollouts)
+        return rollouts
+
     def _score(self, live: list, stats: CollectStats) -> list[ScoredGroup]:
         """Rewards for every completion of `live` (example, rollout) pairs; with dynamic sampling the
         groups without signal are counted but not returned."""
@@ -209,7 +243,7 @@ class Trainer:
         res = self.scorer.score([ex.prompt for ex, _ in live for _ in range(G)],
                                 [c for _, ro in live for c in ro.completions],
                                 [ex.fields for ex, _ in live for _ in range(G)],
-                                max_new_tokens=self.cfg.rollout.max_new_tokens)
+                                max_new_tokens=self.cfg.rollout.model_token_cap())
         stats.reward_errors += res.errors
         stats.error_samples = stats.error_samples or res.error_samples
         groups = []
@@ -217,7 +251,7 @@ class Trainer:
             rewards = res.rewards[g * G:(g + 1) * G]
             failed = bool(res.errors) and all(any(math.isnan(v[i]) for v in res.per_function.values())
                                               for i in range(g * G, (g + 1) * G))
-            stats.add_group(rewards, sum(len(c.token_ids) for c in ro.completions), failed)
+            stats.add_group(rewards, model_tokens(ro), failed)
             if not (self.cfg.trainer.dynamic_sampling and max(rewards) == min(rewards)):
                 groups.append(ScoredGroup(ex, ro, rewards))
         return groups
@@ -240,11 +274,10 @@ class Trainer:
         configured answer checker (gsm8k, math_verify, exact_match; see RewardScorer.judge)."""
         t, ex = self.cfg.trainer, self.heldout
         with self._engines_lock:
-            greedy = self.pool.generate([e.prompt_ids for e in ex], 1, [0] * len(ex), greedy=True,
-                                        expected_version=self.engine_version)
-            sampled = self.pool.generate([e.prompt_ids for e in ex], t.eval_pass_k,  # same seeds at every evaluation
-                                         [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))],
-                                         expected_version=self.engine_version)
+            greedy = self._generate(ex, 1, [0] * len(ex), greedy=True)
+            sampled = self._generate(ex, t.eval_pass_k,  # same seeds at every evaluation
+                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))])
+
         # one judge call for every completion (user code and math_verify fan out over the scorer's processes)
         pairs = [(i, c) for i, g in enumerate(greedy) for c in g.completions[:1]]
         pairs += [(len(ex) + i, c) for i, s in enumerate(sampled) for c in s.completions]
@@ -265,7 +298,8 @@ class Trainer:
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
         launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
-        self.actors = launch.create_actors(cfg, with_reference=cfg.algo.beta > 0)
+        self.actors = launch.create_actors(  # LoRA: the learner's base model is the reference
+            cfg, with_reference=cfg.algo.beta > 0 and not cfg.learner.reference_from_learner(cfg.algo.beta))
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)

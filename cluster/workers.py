@@ -30,9 +30,9 @@ class LearnerGroup:
 
     def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int, tensor_parallel: int) -> None:
         """(Re)build the transfer group: the sender (learner rank 0) + every vLLM worker of every engine."""
-        import ray
 
-        info = {"backend": backend, "master_address": ray.util.get_node_ip_address(), "master_port": free_port(),
+        # master_address: the sender (learner rank 0) fills in its own node's; gloo picks its port there
+        info = {"backend": backend, "master_address": "", "master_port": 0 if backend == "gloo" else free_port(),
                 "world_size": 1 + len(rollout_handles) * tensor_parallel}
         if backend == "gloo":
             info |= {"bucket_bytes": bucket_mb << 20, "timeout_s": self.timeout_s}
@@ -93,6 +93,43 @@ class RolloutPool:
                 self._revive(w)
             pending = lost  # re-send exactly the prompts the dead engine held
         return [results[i] for i in range(len(prompts))]
+
+    def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
+                           seeds: list[int], greedy: bool = False, expected_version: int | None = None) -> list:
+        """Every conversation's multi-turn rollouts (RolloutWorker.generate_multiturn), in order, with the
+        same recovery as `generate`: a dead or restarted engine's share is sent again."""
+        return self._fan_out(
+            len(conversations), "running {} multi-turn conversations",
+            lambda h, idx: h.generate_multiturn.remote([conversations[i] for i in idx], [fields[i] for i in idx],
+                                                       group_size, [seeds[i] for i in idx], greedy),
+            expected_version)
+
+    def _fan_out(self, n: int, what: str, call, expected_version: int | None) -> list:
+        """`call(handle, indices)` on every engine with its share of n items; results in item order.
+        An engine that died mid-call, or answers with a weight version older than `expected_version`
+        (restarted between calls: base weights), is revived and its share sent again."""
+        shares = split_evenly(list(range(n)), len(self.handles))
+        results: dict = {}
+        pending = {w: idx for w, idx in enumerate(shares) if idx}
+        while pending:
+            refs = {w: call(self.handles[w], idx) for w, idx in pending.items()}
+            lost = {}
+            for w, ref in refs.items():
+                try:
+                    out = wait_for(ref, f"rollout worker {w}", what.format(len(pending[w])), self.timeout_s)
+                except ActorFailed as e:
+                    if not e.died:
+                        raise
+                    lost[w] = pending[w]
+                    continue
+                if expected_version is not None and any(r.weight_version < expected_version for r in out):
+                    lost[w] = pending[w]
+                    continue
+                results.update(zip(pending[w], out))
+            for w in lost:
+                self._revive(w)
+            pending = lost
+        return [results[i] for i in range(n)]
 
     def restarted_workers(self) -> list[int]:
         """Workers whose process changed since we last looked (after waiting for each to be up), revived."""

@@ -16,7 +16,13 @@ class TrainBatch:
     """N completions with everything the loss needs, prompt-major (the G samples of a prompt adjacent).
 
     prompt_ids[i] + completion_ids[i] is sequence i. The per-token lists
-    (behavior_logp, ref_logp) have exactly len(completion_ids[i]) entries each.
+    (behavior_logp, ref_logp, loss_mask) have exactly len(completion_ids[i]) entries each.
+
+    Multi-turn trajectories: completion_ids holds everything after the first prompt, the model's
+    turns and the environment's messages between them; loss_mask is 1 on the model's tokens and
+    0 on the environment's. Environment tokens are context only: out of the loss, the KL, every
+    token count and every metric; the per-token values there (behavior_logp, ref_logp) are never
+    read (they may be NaN). None: every completion token is the model's.
     """
 
     prompt_ids: list[list[int]]
@@ -28,6 +34,7 @@ class TrainBatch:
     # The sampler's cap on completion length (rollout.max_new_tokens): Dr. GRPO's constant
     # normaliser for aggregation "seq-mean-token-sum-norm". None: the longest completion here.
     max_new_tokens: int | None = None
+    loss_mask: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -40,8 +47,9 @@ class TrainBatch:
         for name in ("prompt_ids", "advantages", "behavior_logp"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, completion_ids has {n}")
-        if self.ref_logp is not None and len(self.ref_logp) != n:
-            raise ValueError(f"TrainBatch.ref_logp has {len(self.ref_logp)} entries, completion_ids has {n}")
+        for name in ("ref_logp", "loss_mask"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
+                raise ValueError(f"TrainBatch.{name} has {len(getattr(self, name))} entries, completion_ids has {n}")
         for i, (p, c) in enumerate(zip(self.prompt_ids, self.completion_ids)):
             if not p:
                 raise ValueError(f"sequence {i} has an empty prompt (the first completion token needs a context)")
@@ -49,9 +57,22 @@ class TrainBatch:
                 raise ValueError(f"sequence {i}: {len(c)} completion tokens but {len(self.behavior_logp[i])} behavior_logp")
             if self.ref_logp is not None and len(self.ref_logp[i]) != len(c):
                 raise ValueError(f"sequence {i}: {len(c)} completion tokens but {len(self.ref_logp[i])} ref_logp")
+            if self.loss_mask is not None and len(self.loss_mask[i]) != len(c):
+                raise ValueError(f"sequence {i}: {len(c)} completion tokens but {len(self.loss_mask[i])} loss_mask")
+
+    def sequence_mask(self, i: int) -> list[int]:
+        """1 on sequence i's completion tokens that are trained on (the model's), 0 on the rest."""
+        return [1] * len(self.completion_ids[i]) if self.loss_mask is None else [int(bool(v)) for v in self.loss_mask[i]]
 
     def num_completion_tokens(self) -> int:
-        return sum(len(c) for c in self.completion_ids)
+        """Tokens the loss is taken over: the model's (environment tokens do not count)."""
+        if self.loss_mask is None:
+            return sum(len(c) for c in self.completion_ids)
+        return sum(int(bool(v)) for row in self.loss_mask for v in row)
+
+    def max_trained_tokens(self) -> int:
+        """The most model tokens in one sequence (Dr. GRPO's fallback normaliser)."""
+        return max(sum(self.sequence_mask(i)) for i in range(len(self)))
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
         """Rank `rank`'s contiguous 1/world_size of the sequences (every rank gets the same count)."""
@@ -66,7 +87,7 @@ class TrainBatch:
             prompt_ids=self.prompt_ids[sl], completion_ids=self.completion_ids[sl],
             advantages=self.advantages[sl], behavior_logp=self.behavior_logp[sl],
             ref_logp=None if self.ref_logp is None else self.ref_logp[sl], pad_id=self.pad_id,
-            max_new_tokens=self.max_new_tokens)
+            max_new_tokens=self.max_new_tokens, loss_mask=None if self.loss_mask is None else self.loss_mask[sl])
 
     def micro_batches(self, size: int) -> list[MicroBatch]:
         """Consecutive chunks of at most `size` sequences, each padded to its own longest sequence."""
@@ -81,7 +102,7 @@ class MicroBatch:
     comp_index: [n, C] position in the log-prob row [n, L-1] of each completion token
                (log-prob row t scores token t+1, so completion token j of a sequence with
                prompt length P sits at P - 1 + j); C = longest completion here
-    mask:       [n, C] 1 on real completion tokens
+    mask:       [n, C] 1 on completion tokens trained on (not padding, not environment tokens)
     advantages: [n]; behavior_logp/ref_logp: [n, C] (0 on padding)
     """
 
@@ -111,10 +132,12 @@ class MicroBatch:
             input_ids[r, : p + c] = torch.tensor(seqs[r], dtype=torch.long)
             attention_mask[r, : p + c] = 1
             comp_index[r, :c] = torch.arange(p - 1, p - 1 + c)
-            mask[r, :c] = 1.0
-            beh[r, :c] = torch.tensor(batch.behavior_logp[i], dtype=torch.float32)
+            keep = torch.tensor(batch.sequence_mask(i), dtype=torch.bool)
+            mask[r, :c] = keep.float()
+            # Values at environment positions are never read: zero them so nothing non-finite travels on.
+            beh[r, :c] = torch.tensor(batch.behavior_logp[i], dtype=torch.float32).masked_fill(~keep, 0.0)
             if ref is not None:
-                ref[r, :c] = torch.tensor(batch.ref_logp[i], dtype=torch.float32)
+                ref[r, :c] = torch.tensor(batch.ref_logp[i], dtype=torch.float32).masked_fill(~keep, 0.0)
         # Right padding: positions count from 0 at the first token of every row; the padded
         # tail never influences real tokens (causal attention + the key mask).
         position_ids = torch.arange(L).unsqueeze(0).expand(n, L).contiguous()

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 LEARNER_TAG = "learner"
 HF_META_DIR = "hf-config"
+ADAPTER_DIR = "adapter"  # LoRA runs: the adapter in peft format (export merges it into the base model)
 MANIFEST = "COMPLETE"
 DRIVER_STATE = "driver_state.json"
 FORMAT_VERSION = 1
@@ -361,6 +362,8 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
     meta = Path(model_path) if model_path is not None else ckpt / HF_META_DIR
     if not (meta / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {meta}; pass the original model path")
+    if (ckpt / ADAPTER_DIR / "adapter_config.json").is_file():
+        return _export_lora(ckpt / ADAPTER_DIR, out_dir, meta, model_path)
     with safe_torch_load():
         sd = _consolidated_from_deepspeed(ckpt)
     return write_hf_dir(sd, out_dir, meta)
@@ -376,3 +379,22 @@ def _consolidated_from_deepspeed(ckpt: Path) -> dict[str, torch.Tensor]:
     if not files:
         raise FileNotFoundError(f"no DeepSpeed model states in {ds_dir}")
     return {k: v.float() for k, v in torch.load(files[0], map_location="cpu", weights_only=True)["module"].items()}
+
+
+def _export_lora(adapter_dir: Path, out_dir: str | os.PathLike, meta: Path, model_path) -> str:
+    """A LoRA checkpoint: the base model with the adapter merged (plain HF dir) + the adapter itself
+    under out_dir/adapter/. Base weights come from `model_path`, else from the path the run trained
+    from (the adapter config's base_model_name_or_path): only the adapters were trained."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_path = Path(model_path) if model_path is not None else \
+        Path(json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"])
+    if not (base_path / "config.json").is_file():
+        raise FileNotFoundError(f"LoRA checkpoint: the base model {base_path} is gone; "
+                                "pass its path (raygrpo export --model-path)")
+    base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    out = write_hf_dir(merged.state_dict(), out_dir, meta)
+    shutil.copytree(adapter_dir, Path(out) / ADAPTER_DIR, dirs_exist_ok=True)
+    return out

@@ -1,9 +1,15 @@
 """Config of the training side. Every default lives here; cluster/config.py composes these."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
+
+# vLLM 0.32 accepts only these max_lora_rank values (vllm/config/lora.py); an engine is started
+# with the smallest one >= learner.lora_rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Every linear projection of a Llama/Qwen-style decoder layer (attention and MLP).
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass
@@ -57,6 +63,17 @@ class LearnerConfig:
     mu: int = 1  # inner optimisation passes over each batch (GRPO's mu)
     max_nonfinite_steps: int = 3  # consecutive NaN/inf losses or grads before the run stops
     gradient_checkpointing: bool = False
+    # LoRA (peft): 0 = full fine-tuning. With a rank, only the adapters train and travel to the engines.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # the adapter's output is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    # adapter: only the adapter travels and vLLM applies it (engines start with enable_lora);
+    # merged: base + adapter merged layer group by layer group, sent as plain weights (engines without LoRA)
+    lora_sync: str = "adapter"
+    # With LoRA and algo.beta > 0 the reference is the learner's own model with adapters disabled;
+    # true starts the separate reference actor anyway.
+    lora_reference_actor: bool = False
     num_cpus: float = 0.5
     num_gpus: float = 0.0
 
@@ -78,6 +95,42 @@ class LearnerConfig:
             p.append(f"learner.mu must be >= 1, got {self.mu}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             p.append(f"learner.dtype must be auto|float32|bfloat16, got {self.dtype!r}")
+        p += self._lora_problems()
+        return p
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank > 0
+
+    def vllm_max_lora_rank(self) -> int:
+        """The max_lora_rank to start the engines with: 0 (no vLLM LoRA) unless adapters travel
+        (lora_sync=adapter), else the smallest value vLLM accepts that holds lora_rank."""
+        if not self.lora or self.lora_sync != "adapter":
+            return 0
+        return next(r for r in VLLM_LORA_RANKS if r >= self.lora_rank)
+
+    def reference_from_learner(self, beta: float) -> bool:
+        """Reference log-probs from the learner's own model with adapters disabled (the base model)
+        instead of a reference actor: LoRA with beta > 0, unless lora_reference_actor."""
+        return self.lora and beta > 0 and not self.lora_reference_actor
+
+    def _lora_problems(self) -> list[str]:
+        p = []
+        if self.lora_rank < 0:
+            p.append(f"learner.lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        if self.lora_sync not in ("adapter", "merged"):
+            p.append(f"learner.lora_sync must be adapter|merged, got {self.lora_sync!r}")
+        if self.lora_rank > VLLM_LORA_RANKS[-1] and self.lora_sync == "adapter":
+            p.append(f"learner.lora_rank {self.lora_rank} is above vLLM's largest max_lora_rank "
+                     f"({VLLM_LORA_RANKS[-1]}): lower it or set learner.lora_sync=merged")
+        if not self.lora:
+            return p
+        if self.lora_alpha <= 0:
+            p.append(f"learner.lora_alpha must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            p.append(f"learner.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
+            p.append("learner.lora_target_modules must be a non-empty list of module names (e.g. q_proj)")
         return p
 
 

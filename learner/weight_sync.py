@@ -49,8 +49,11 @@ class DeepSpeedWeightSource(WeightSource):
     """
 
     def __init__(self, module: torch.nn.Module, *, zero3: bool, is_sender: bool,
-                 name_map: Callable[[str], str | None] = lambda n: n):
+                 name_map: Callable[[str], str | None] = lambda n: n, lora_merge: dict | None = None):
+        """`lora_merge`: {output name: (lora_A, lora_B, scaling)} (learner/lora.py merge_map): those
+        weights are sent as W + scaling * B @ A, the adapters gathered together with their layer."""
         self._zero3, self._is_sender = zero3, is_sender
+        self._merge = lora_merge or {}
         self._params: dict[str, torch.nn.Parameter] = {}
         for name, p in module.named_parameters():  # tied weights appear once
             out = name_map(name)
@@ -68,13 +71,25 @@ class DeepSpeedWeightSource(WeightSource):
     def iter_groups(self) -> Iterator[tuple[list[str], list[torch.Tensor]]]:
         self._gathered_groups = 0
         for names in self.groups():
-            params = [self._params[n] for n in names]
-            with _gathered(params, self._zero3):
-                tensors = [p.data.detach() for p in params]
-                if self._zero3 and self._is_sender:
-                    tensors = [t.clone() for t in tensors]
+            with _gathered(self._group_params(names), self._zero3):
+                tensors = [self._tensor(n) for n in names]
             self._gathered_groups += 1
             yield names, tensors  # outside the gather: a consumer that stops here leaves none open
+
+    def _group_params(self, names: list[str]) -> list[torch.nn.Parameter]:
+        """What one group's gather takes: its parameters and the adapters merged into them."""
+        extra = [t for n in names if n in self._merge for t in self._merge[n][:2]]
+        return [self._params[n] for n in names] + extra
+
+    def _tensor(self, name: str) -> torch.Tensor:
+        """The tensor sent for `name`, inside its group's gather."""
+        p = self._params[name]
+        if name in self._merge:
+            from learner.lora import merged
+            lora_a, lora_b, scaling = self._merge[name]
+            return merged(p.data, lora_a.data, lora_b.data, scaling)  # a new tensor: outlives the gather
+        t = p.data.detach()
+        return t.clone() if self._zero3 and self._is_sender else t
 
     def begin_pass(self) -> None:
         """Mark the start of a transfer (drain() then knows every gather is still to come)."""
@@ -89,7 +104,7 @@ class DeepSpeedWeightSource(WeightSource):
         if not self._zero3:
             return
         for names in self.groups()[self._gathered_groups:]:
-            with _gathered([self._params[n] for n in names], True):
+            with _gathered(self._group_params(names), True):
                 pass
         self._gathered_groups = len(self.groups())
 
@@ -98,10 +113,12 @@ class DeepSpeedWeightSource(WeightSource):
             yield from zip(names, tensors)
 
 
-def consolidated_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int) -> dict[str, torch.Tensor]:
+def consolidated_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int,
+                            source: DeepSpeedWeightSource | None = None) -> dict[str, torch.Tensor]:
     """Whole weights as CPU tensors on rank 0 ({} elsewhere), gathered a layer group at a time.
-    Every rank must call it (ZeRO-3 gathers are collective)."""
-    source = DeepSpeedWeightSource(module, zero3=zero3, is_sender=rank == 0)
+    Every rank must call it (ZeRO-3 gathers are collective). `source`: another view of the
+    module (LoRA: merged weights, or the adapters alone)."""
+    source = source or DeepSpeedWeightSource(module, zero3=zero3, is_sender=rank == 0)
     out: dict[str, torch.Tensor] = {}
     for names, tensors in source.iter_groups():
         if rank == 0:
@@ -139,11 +156,11 @@ def trainer_init_info(init_info: dict, rank: int):
 class WeightSync:
     """Trainer side of the weight broadcast for one DeepSpeed engine (every rank builds one)."""
 
-    def __init__(self, ds_engine, *, rank: int, zero3: bool, rollout_handles: list, init_info: dict, on_gpu: bool):
+    def __init__(self, source: DeepSpeedWeightSource, *, rank: int, rollout_handles: list, init_info: dict):
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         self.rank = rank
-        self.source = DeepSpeedWeightSource(ds_engine.module, zero3=zero3, is_sender=rank == 0)
+        self.source = source
         self.client = VersionedRayClient(list(rollout_handles))
         info = trainer_init_info(init_info, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
@@ -167,3 +184,30 @@ class WeightSync:
             self.engine.shutdown()
         except Exception:  # a dead peer (restarted rollout worker) must not block rebuilding
             pass
+
+
+class AdapterSync:
+    """Adapter-mode LoRA sync: only the adapter travels, through Ray (no shared filesystem, no
+    transfer group). Every rank takes part in the gathers (ZeRO-3); rank 0 puts the tensors in
+    the object store once and has every engine load them (RolloutWorker.load_adapter)."""
+
+    def __init__(self, module: torch.nn.Module, *, rank: int, zero3: bool, rollout_handles: list,
+                 config_json: str, timeout_s: float):
+        from learner.lora import adapter_name
+        self.rank, self.handles, self.config_json, self.timeout_s = rank, list(rollout_handles), config_json, timeout_s
+        self.source = DeepSpeedWeightSource(module, zero3=zero3, is_sender=rank == 0, name_map=adapter_name)
+        self.module, self.zero3 = module, zero3
+
+    def send(self, version: int) -> dict:
+        import ray
+        t0 = time.perf_counter()
+        tensors = consolidated_state_dict(self.module, zero3=self.zero3, rank=self.rank, source=self.source)
+        if self.rank != 0:
+            return {"bytes": 0, "seconds": time.perf_counter() - t0, "weight_version": version}
+        ref = ray.put(tensors)
+        ray.get([h.load_adapter.remote(ref, self.config_json, version) for h in self.handles], timeout=self.timeout_s)
+        return {"bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                "seconds": time.perf_counter() - t0, "weight_version": version}
+
+    def shutdown(self) -> None:
+        pass

@@ -93,6 +93,38 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
+def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: int, world_size: int) -> None:
+    """The ranks' torch.distributed world, listening on `master_addr` only: rank 0 serves the
+    rendezvous store there (torch's env:// store would listen on every interface), and gloo's
+    own sockets use the interface that holds this node's address on the way to it."""
+    import torch.distributed as dist
+    from deepspeed.constants import default_pg_timeout
+
+    from actors.gloo_transfer import listening_store, local_ip_towards
+
+    timeout = default_pg_timeout  # what deepspeed.init_distributed would use
+    if rank == 0:
+        store = listening_store(master_addr, master_port, timeout)
+    else:
+        store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
+    if not on_gpu and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        ifname = interface_of(local_ip_towards(master_addr))
+        if ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
+
+
+def interface_of(ip: str) -> str | None:
+    """The name of the network interface that holds `ip` (gloo binds by interface name)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return None
+
+
 class LearnerWorker:
     """One DeepSpeed rank (a Ray actor). See the module docstring for the calling contract."""
 
@@ -104,12 +136,15 @@ class LearnerWorker:
         t0 = time.perf_counter()
         self.cfg, self.algo, self.model_path = cfg, algo, str(model_path)
         self.rank, self.world_size, self.total_steps, self.seed = rank, world_size, total_steps, seed
+        self.master_addr = master_addr
         self.on_gpu = on_gpu(cfg.num_gpus)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size),
                           # Ray gives each rank its own device(s), so the rank is local rank 0 there.
                           LOCAL_RANK="0")
+        init_process_group(self.on_gpu, master_addr, master_port, rank, world_size)
+        # DeepSpeed adopts the group made above (it initializes torch.distributed only if nobody did)
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
                                    rank=rank, world_size=world_size, verbose=False)
         seed_everything(seed)  # the same seed on every rank: any random init must agree across ranks
@@ -125,7 +160,14 @@ class LearnerWorker:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
         model.config.use_cache = False
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # peft + ZeRO-3 needs reentrant checkpointing, and then inputs that require grad
+            # (frozen embeddings would otherwise cut the graph); DESIGN.md.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": cfg.lora})
+            if cfg.lora:
+                model.enable_input_require_grads()
+        if cfg.lora:
+            from learner.lora import apply_lora
+            model = apply_lora(model, cfg)
         model.train()
 
         warmup, horizon = cfg.warmup_steps * cfg.mu, total_steps * cfg.mu  # the LR moves once per optimizer update
@@ -141,6 +183,13 @@ class LearnerWorker:
         self.last_checkpoint: str | None = None
         self._transfer = None  # trainer-side weight-transfer engine (learner/weight_sync.py)
         self.init_seconds = time.perf_counter() - t0
+        from learner.lora import param_counts
+        self.param_counts = param_counts(self.engine.module)
+        if rank == 0:
+            c = self.param_counts
+            print(f"learner: {c['trainable_params']:,} trainable of {c['total_params']:,} parameters "
+                  f"({100 * c['trainable_params'] / c['total_params']:.2f}%"
+                  f"{f', LoRA rank {cfg.lora_rank}' if cfg.lora else ''})", flush=True)
 
     # ------------------------------------------------------------------ #
     # small helpers
@@ -154,7 +203,9 @@ class LearnerWorker:
             pass
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "node_id": node_id,
                 "hostname": socket.gethostname(), "device": str(self.device), "zero_stage": self.cfg.zero_stage,
-                "init_seconds": self.init_seconds, "step": self.step}
+                "init_seconds": self.init_seconds, "step": self.step, "lora_rank": self.cfg.lora_rank,
+                "listen_address": self.master_addr,  # rank 0's rendezvous and weight-transfer listeners
+                **self.param_counts}
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         import deepspeed.comm as dist
@@ -191,6 +242,9 @@ class LearnerWorker:
         mbs = shard.micro_batches(cfg.micro_batch_size)
         to = lambda x: None if x is None else x.to(self.device)  # noqa: E731
 
+        ref_logps = None
+        if cfg.lora and algo.beta > 0 and batch.ref_logp is None:
+            ref_logps = self._base_logps(mbs)
         old_logps = None
         if cfg.mu > 1:  # pi_old is the policy before the first of the mu updates
             with torch.no_grad():
@@ -205,9 +259,10 @@ class LearnerWorker:
                 logp, entropy = self._forward(mb, with_entropy=(k == 0))
                 old = logp.detach() if old_logps is None else old_logps[j]
                 mask = to(mb.mask)
+                ref = to(mb.ref_logp) if ref_logps is None else ref_logps[j]
                 loss, m = grpo.policy_loss(
                     logp, old, to(mb.advantages), mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                    ratio_level=algo.ratio_level, aggregation=algo.aggregation, ref_logp=to(mb.ref_logp),
+                    ratio_level=algo.ratio_level, aggregation=algo.aggregation, ref_logp=ref,
                     beta=algo.beta, kl_estimator=algo.kl_estimator, behavior_logp=to(mb.behavior_logp),
                     tis_cap=algo.tis_cap, norm_length=self._norm_length(batch), num_tokens=num_tokens,
                     num_seqs=num_seqs)
@@ -244,11 +299,17 @@ class LearnerWorker:
                 f"the last checkpoint is at {self.last_checkpoint or '(none written by this run)'}")
         return metrics
 
+    def _base_logps(self, mbs: list[MicroBatch]) -> list[torch.Tensor]:
+        """Reference log-probs from the learner's own model with its adapters off: under LoRA that
+        is the base model, so no second copy (reference actor) is needed."""
+        with torch.no_grad(), self.engine.module.disable_adapter():
+            return [self._forward(mb, with_entropy=False)[0] for mb in mbs]
+
     def _norm_length(self, batch: TrainBatch) -> float | None:
         """Dr. GRPO's constant length normaliser (only for aggregation seq-mean-token-sum-norm)."""
         if self.algo.aggregation != "seq-mean-token-sum-norm":
             return None
-        return batch.max_new_tokens or max(1, max(len(c) for c in batch.completion_ids))
+        return batch.max_new_tokens or max(1, batch.max_trained_tokens())
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """engine.step() once; returns (grad norm before clipping, whether the update was applied)."""
@@ -285,11 +346,29 @@ class LearnerWorker:
     # ------------------------------------------------------------------ #
     def init_weight_sync(self, rollout_handles: list, init_info: dict) -> None:
         """(Re)build the trainer-side transfer engine towards `rollout_handles`. Every rank is called."""
-        from learner.weight_sync import WeightSync
+        from learner.weight_sync import AdapterSync, WeightSync
+        # The sender (rank 0) listens for the engines where it listens for the other ranks: its
+        # node's IP on a cluster, loopback when everything runs on one machine (cluster/launch.py).
+        init_info = {**init_info, "master_address": self.master_addr}
         if self._transfer is not None:
             self._transfer.shutdown()
-        self._transfer = WeightSync(self.engine, rank=self.rank, zero3=self.cfg.zero_stage == 3,
-                                    rollout_handles=rollout_handles, init_info=init_info, on_gpu=self.on_gpu)
+        if self.cfg.lora and self.cfg.lora_sync == "adapter":
+            from learner.lora import adapter_config_json
+            self._transfer = AdapterSync(self.engine.module, rank=self.rank, zero3=self.cfg.zero_stage == 3,
+                                         rollout_handles=rollout_handles, timeout_s=init_info.get("timeout_s", 600),
+                                         config_json=adapter_config_json(self.engine.module, self.model_path))
+        else:
+            self._transfer = WeightSync(self._hf_source(), rank=self.rank, rollout_handles=rollout_handles,
+                                        init_info=init_info)
+
+    def _hf_source(self):
+        """The model's weights under plain HF names (LoRA: adapters merged in, a layer group at a time)."""
+        from learner.weight_sync import DeepSpeedWeightSource
+        kw = {}
+        if self.cfg.lora:
+            from learner.lora import hf_name, merge_map
+            kw = {"name_map": hf_name, "lora_merge": merge_map(self.engine.module)}
+        return DeepSpeedWeightSource(self.engine.module, zero3=self.cfg.zero_stage == 3, is_sender=self.rank == 0, **kw)
 
     def sync_weights(self, version: int) -> dict:
         """Send the current weights to every engine; their weight version becomes `version`."""
@@ -299,18 +378,61 @@ class LearnerWorker:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Consolidated float32 weights on CPU (HF names) on rank 0, {} elsewhere. Collective."""
+        return {k: v.float() for k, v in self._hf_state_dict().items()}
+
+    def _hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Whole weights in their training dtype under HF names (LoRA: merged) on rank 0. Collective."""
         from learner.weight_sync import consolidated_state_dict
-        sd = consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank)
-        return {k: v.float() for k, v in sd.items()} if self.rank == 0 else {}
+        return consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank,
+                                       source=self._hf_source())
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter (peft names, as saved by peft) on rank 0, {} elsewhere. Collective."""
+        from learner.lora import adapter_name
+        from learner.weight_sync import DeepSpeedWeightSource, consolidated_state_dict
+        zero3 = self.cfg.zero_stage == 3
+        source = DeepSpeedWeightSource(self.engine.module, zero3=zero3, is_sender=self.rank == 0, name_map=adapter_name)
+        return consolidated_state_dict(self.engine.module, zero3=zero3, rank=self.rank, source=source)
+
+    def sequence_logprobs(self, seqs: list[list[int]]) -> list[list[float]]:
+        """log p(token t | tokens < t) for t >= 1 of each sequence, from the training model as it is
+        (peft adapters on, dropout off). Collective under ZeRO-3 (every rank runs the forward)."""
+        module = self.engine.module
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                out = []
+                for s in seqs:
+                    ids = torch.tensor([s], device=self.device)
+                    logits = self.engine(input_ids=ids, use_cache=False).logits[:, :-1].float()
+                    out.append(grpo.token_logprobs(logits, ids[:, 1:])[0].tolist())
+                return out
+        finally:
+            module.train(was_training)
 
     def export_hf(self, out_dir: str) -> None:
         """A plain HF model directory (safetensors + config + tokenizer); rank 0 writes. Collective."""
         from learner.checkpoint import write_hf_dir
-        from learner.weight_sync import consolidated_state_dict
-        sd = consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank)
+        sd = self._hf_state_dict()
+        adapter = self.adapter_state_dict() if self.cfg.lora else {}
         if self.rank == 0:
             write_hf_dir(sd, out_dir, self.model_path)
+            if self.cfg.lora:  # the adapter too, in peft format (PeftModel.from_pretrained)
+                self._write_adapter(adapter, os.path.join(out_dir, "adapter"))
         self._barrier()
+
+    def _write_adapter(self, tensors: dict, out_dir: str) -> None:
+        from learner.lora import adapter_config_json, write_adapter_dir
+        write_adapter_dir(tensors, adapter_config_json(self.engine.module, self.model_path), out_dir)
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes this rank's optimizer holds (Adam moments, and ZeRO's fp32 master partitions)."""
+        opt = self.engine.optimizer
+        inner = getattr(opt, "optimizer", opt)  # ZeRO wraps the torch optimizer
+        tensors = [t for st in inner.state.values() for t in st.values() if torch.is_tensor(t)]
+        tensors += [p for g in inner.param_groups for p in g["params"]]  # what it steps (ZeRO: fp32 partitions)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def _barrier(self) -> None:
         import deepspeed.comm as dist
@@ -323,8 +445,11 @@ class LearnerWorker:
         """Model, optimizer and LR schedule (DeepSpeed's files) + this rank's RNG and counters (JSON)."""
         from learner import checkpoint
         self.engine.save_checkpoint(path, tag=tag, client_state={}, save_latest=False)
+        adapter = self.adapter_state_dict() if self.cfg.lora else {}
         if self.rank == 0:  # config + tokenizer, so the checkpoint exports on its own
             checkpoint.write_hf_meta(self.model_path, os.path.join(path, checkpoint.HF_META_DIR))
+            if self.cfg.lora:  # the adapter in peft format: export merges it into the base model
+                self._write_adapter(adapter, os.path.join(path, checkpoint.ADAPTER_DIR))
         checkpoint.write_worker_state(path, tag, self.rank, {
             "step": self.step, "nonfinite_streak": self.nonfinite_streak, "rng": checkpoint.rng_state()})
         self.last_checkpoint = checkpoint.final_path(path)  # where the driver's commit will put it

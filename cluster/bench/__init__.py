@@ -1,6 +1,6 @@
 """`raygrpo bench`: what the system costs, measured in one run on one machine.
 
-Five measurements, each against a baseline that does the same work without our machinery:
+Six measurements, each against a baseline that does the same work without our machinery:
 
 1. rollout   generated tokens/s through a RolloutWorker Ray actor vs the same vLLM engine
              called directly (a plain subprocess that builds the same RolloutWorker class, so the
@@ -17,6 +17,9 @@ Five measurements, each against a baseline that does the same work without our m
              environment (.venv-bench, created on demand; it reuses this environment's packages
              through a .pth file and adds only what TRL needs): seconds per step, batch reward, and
              held-out greedy accuracy of both trained models, scored by the same code.
+6. lora      weight-sync bytes and seconds with LoRA (adapter mode: only the adapter, through Ray;
+             merged mode: merged weights through the transfer path) vs full fine-tuning, and the
+             learner's optimizer state bytes LoRA vs full (one ZeRO-2 rank each).
 
 The baseline subprocesses (direct vLLM, TRL) run at the niceness Ray gives its workers, so on a
 shared machine both sides of a comparison get the same CPU priority.

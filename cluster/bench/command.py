@@ -70,6 +70,7 @@ def _run_bench(args, res: dict) -> int:
     else:
         spec = model_spec(args.hidden_size, args.num_layers)
         base = build_tiny_model(cache / f"base-h{spec.hidden_size}-l{spec.num_layers}", spec)
+        warm = base  # replaced by the warm start below unless --warm-start-steps 0
         n_params = num_parameters(base)
         res["model"] = {"path": str(base), "parameters": n_params, **dataclasses.asdict(spec)}
     progress(f"model: {base} ({(n_params or 0) / 1e6:.2f}M parameters)")
@@ -89,7 +90,7 @@ def _run_bench(args, res: dict) -> int:
     cfg = load_config(None, train_overrides)
     res["config"] = {"overrides": train_overrides, "resolved": cfg.to_dict()}
 
-    parts = set(args.parts.split(",")) if args.parts else {"rollout", "learner", "sync", "schedule", "trl"}
+    parts = set(args.parts.split(",")) if args.parts else {"rollout", "learner", "sync", "schedule", "trl", "lora"}
     launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
     # Ray runs its workers at a raised niceness (15 by default); the baselines get the same
     res["ray_worker_niceness"] = ray.get(ray.remote(num_cpus=0)(current_niceness).remote(), timeout=timeout_s)
@@ -98,7 +99,7 @@ def _run_bench(args, res: dict) -> int:
     try:
         # 1. rollout throughput (random base model: completions mostly run to max tokens)
         rollouts = None
-        if parts & {"rollout", "learner", "sync"}:
+        if parts & {"rollout", "learner", "sync", "lora"}:
             rcfg = dataclasses.replace(cfg.rollout, max_model_len=max(cfg.rollout.max_model_len, args.gen_tokens + 32))
             train_set, _ = load_splits(cfg.data.train, "", 0, cfg.data.task_digits, cfg.trainer.seed)
             prompts = [e.prompt for e in train_set[:args.gen_prompts]]
@@ -111,7 +112,7 @@ def _run_bench(args, res: dict) -> int:
                      f"(ratio {fmt_value(ro['actor_vs_direct'])}, same tokens: {ro['same_tokens']})")
 
         # 4. learner ZeRO-2 / ZeRO-3 on the rollouts just generated; 2. weight sync with the same ranks
-        if rollouts is not None and parts & {"learner", "sync"}:
+        if rollouts is not None and parts & {"learner", "sync", "lora"}:
             from transformers import AutoTokenizer
 
             pad = AutoTokenizer.from_pretrained(str(base)).pad_token_id or 0
@@ -120,7 +121,7 @@ def _run_bench(args, res: dict) -> int:
             while len(batch) % ranks:
                 ranks -= 1
             res["learner"] = {}
-            for stage in (2, 3):
+            for stage in (2, 3) if parts & {"learner", "sync"} else ():
                 lr_res, sy = bench_learner_and_sync(
                     ray, str(base), cfg, stage, ranks, batch, args.learner_steps if "learner" in parts else 0,
                     args.sync_repeats if "sync" in parts else 0, rollout_actor, n_params, args.peak_tflops, timeout_s)
@@ -132,6 +133,9 @@ def _run_bench(args, res: dict) -> int:
                     progress(f"sync ZeRO-{stage}: {fmt_value(sy['seconds'])} s for {sy['bytes'] / 2**20:.2f} MiB")
             if not res["learner"]:
                 res.pop("learner")
+            if "lora" in parts:  # 6. LoRA sync and optimizer memory vs full fine-tuning
+                from cluster.bench.lora import bench_lora
+                res["lora"] = bench_lora(ray, str(base), cfg, batch, args.lora_rank, args.sync_repeats, timeout_s)
         if rollout_actor is not None:
             ray.kill(rollout_actor)
             rollout_actor = None

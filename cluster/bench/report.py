@@ -227,7 +227,8 @@ def table_rows(res: dict) -> list[tuple]:
             ]
     elif t:
         rows.append(("5 vs TRL", "TRL GRPOTrainer", None, f"{t.get('status')}: {t.get('message', '')}"[:120]))
-    return rows
+    from cluster.bench.lora import lora_rows  # here: cluster.bench.lora imports this module
+    return rows + lora_rows(res)
 
 
 def write_json(path: str | Path, payload: dict) -> Path:

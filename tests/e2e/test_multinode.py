@@ -27,8 +27,15 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-# Ray 2.60 clusters use token auth by default (the token in ~/.ray/auth_token): every node and client must too.
-ENV = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+# A user's environment: no RAY_* variable, the venv not on PATH (its `ray` is called by path). The head
+# then runs with token authentication (Ray 2.60 does whenever ~/.ray/auth_token exists), and
+# `raygrpo submit` must find the token and the cluster's Python by itself.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+ENV["PATH"] = os.pathsep.join(p for p in ENV.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+                              if p and Path(p).resolve() != BIN.resolve())
+# A node joining a token-authenticated head needs RAY_AUTH_MODE=token (Ray 2.60 switches it on by
+# itself only for a head and for ray.init; Ray's docs: "configured consistently on every node").
+WORKER_NODE_ENV = {**ENV, "RAY_AUTH_MODE": "token"}
 
 
 @pytest.fixture
@@ -44,10 +51,10 @@ def netns():
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-def ray_start(prefix: list[str], args: list[str], temp_dir: str, log) -> subprocess.Popen:
+def ray_start(prefix: list[str], args: list[str], temp_dir: str, log, env: dict = ENV) -> subprocess.Popen:
     return subprocess.Popen([*prefix, str(BIN / "ray"), "start", "--block", f"--temp-dir={temp_dir}",
                              "--disable-usage-stats", *args],
-                            env=ENV, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_node(proc: subprocess.Popen, temp_dir: str) -> None:
@@ -66,7 +73,8 @@ def stop_node(proc: subprocess.Popen, temp_dir: str) -> None:
 
 
 def wait_for_nodes(prefix: list[str], address: str, n: int, timeout_s: float = 180) -> None:
-    probe = ("import sys; from cluster.cli import _use_ray_auth_token; _use_ray_auth_token(); "
+    probe = ("import sys; from cluster.ray_auth import dashboard_auth_mode, use_cluster_auth_mode; "
+             f"use_cluster_auth_mode(dashboard_auth_mode('{address}'), '{address}'); "
              "from ray.util.state import list_nodes; "
              f"sys.exit(0 if len(list_nodes(address='{address}', filters=[('state', '=', 'ALIVE')])) >= {n} else 1)")
     deadline = time.time() + timeout_s
@@ -91,11 +99,11 @@ def test_submit_to_a_two_node_cluster(tiny_model_dir, tmp_path, netns):
     try:
         wait_for_nodes(netns, address, 1)
         worker = ray_start(netns, [f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", "--num-cpus=3",
-                            '--resources={"second_node": 1}'], worker_tmp, log)
+                            '--resources={"second_node": 1}'], worker_tmp, log, env=WORKER_NODE_ENV)
         wait_for_nodes(netns, address, 2)
         run_dir = tmp_path / "run"
         out = subprocess.run(
-            [*netns, sys.executable, "-m", "cluster.cli", "submit", "examples/cpu_demo.yaml", "--address", address,
+            [*netns, str(BIN / "raygrpo"), "submit", "examples/cpu_demo.yaml", "--address", address,
              f"model.path={tiny_model_dir}", f"trainer.run_dir={run_dir}", "trainer.steps=2",
              "trainer.prompts_per_step=4", "trainer.group_size=4", "data.num_eval=4", "data.task_digits=1",
              "rollout.num_workers=2", "rollout.max_model_len=48", "rollout.max_new_tokens=6",
@@ -105,6 +113,7 @@ def test_submit_to_a_two_node_cluster(tiny_model_dir, tmp_path, netns):
         print(out.stdout[-5000:], out.stderr[-3000:])
         assert out.returncode == 0, out.stderr[-3000:]
         assert "submitted job" in out.stdout and "SUCCEEDED" in out.stdout
+        assert f"driver runs on {BIN / 'python'}" in out.stdout  # the cluster's Python, not the first on PATH
         placement = json.loads((run_dir / "placement.json").read_text())
         nodes = {p["node_id"] for p in placement}
         assert len(nodes) == 2, placement  # SPREAD put the actors on both nodes

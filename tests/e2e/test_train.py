@@ -51,6 +51,24 @@ def kill_while_learning(trainer: Trainer, at_step: int, role: str) -> list[int]:
     return killed
 
 
+def listeners_while_learning(trainer: Trainer, at_step: int, role: str) -> list[tuple[str, int]]:
+    """(address, port) of every listening TCP socket of actor `role`, read once when the driver
+    starts training with `trainer.step == at_step`."""
+    import psutil
+
+    learn, seen = trainer._learn, []
+
+    def learn_and_look(batch, sw):
+        if trainer.step == at_step and not seen:
+            pid = next(p["pid"] for p in trainer.placement if p["role"] == role)
+            seen.extend((c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="tcp")
+                        if c.status == psutil.CONN_LISTEN)
+        return learn(batch, sw)
+
+    trainer._learn = learn_and_look
+    return seen
+
+
 def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluster, tmp_path):
     """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal."""
     full = tmp_path / "full"
@@ -83,8 +101,14 @@ def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster,
     cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2")
     trainer = Trainer(cfg)
     killed = kill_while_learning(trainer, at_step=1, role="rollout-1")  # training step 2, generating step 3
+    sockets = listeners_while_learning(trainer, at_step=1, role="learner-0")
     summary = trainer.run()
     assert killed, "the worker was never killed: the test did not test anything"
+    # embedded cluster: rank 0's own listeners (rendezvous + weight-transfer stores, gloo) on loopback
+    # only; the one wildcard socket is Ray's core-worker server, which every actor process has
+    assert sum(ip == "127.0.0.1" for ip, _ in sockets) >= 2, sockets
+    assert sum(ip in ("0.0.0.0", "::") for ip, _ in sockets) == 1 and {ip for ip, _ in sockets} <= {
+        "127.0.0.1", "0.0.0.0", "::"}, sockets
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert summary["rollout_restarts"] >= 1 and rows[-1]["rollout_restarts"] >= 1

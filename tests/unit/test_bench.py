@@ -204,3 +204,13 @@ def test_a_failing_part_leaves_partial_json(tmp_path, monkeypatch):
         bench.run_bench(build_parser().parse_args(["bench", "--out", str(out)]))
     saved = json.loads(out.read_text())
     assert saved["error"] == "RuntimeError: part 3 broke" and saved["machine"] == {"cpu_count": 2}
+
+
+def test_lora_rows():
+    v = lambda b, s, o, t: {"bytes": b, "seconds": s, "optimizer_state_bytes": o, "trainable_params": t,  # noqa: E731
+                            "total_params": 1000}
+    res = {"lora": {"lora_rank": 16, "full": v(4000, 0.2, 12000, 1000), "adapter": v(400, 0.02, 1200, 100),
+                    "merged": v(4000, 0.25, 1200, 100)}}
+    rows = {(r[0], r[1]): r for r in report.table_rows(res)}
+    assert rows[("6 lora", "sync adapter seconds")][2] == 0.02 and "10.0% of full" in rows[("6 lora", "sync adapter seconds")][3]
+    assert rows[("6 lora", "optimizer state LoRA / full")][2] == pytest.approx(0.1)

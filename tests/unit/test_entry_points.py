@@ -3,8 +3,6 @@
 import importlib
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -42,15 +40,14 @@ def test_setup_py_entry_points_resolve(group):
         assert callable(resolve(module, attr))
 
 
-def test_submit_runs_the_cli_module_by_its_importable_name():
-    from cluster import cli
+def test_submit_entry_script_and_the_module_it_runs_resolve():
+    from cluster import cli, job_entry
 
-    assert resolve(cli.CLI_MODULE).main is cli.main
-    # and when run as a script module (`python -m`), where __name__ is not "cluster.cli"
-    out = subprocess.run([sys.executable, "-c", "import runpy; print(runpy.run_module('cluster.cli', "
-                          "run_name='__not_cluster_cli__')['CLI_MODULE'])"], capture_output=True, text=True,
-                         cwd=PROJECT_ROOT)
-    assert out.returncode == 0 and out.stdout.strip() == "cluster.cli", out.stderr[-2000:]
+    script = cli.JOB_ENTRY.read_text()  # submit's entrypoint: `sh <JOB_ENTRY relative to the project> train ...`
+    assert cli.JOB_ENTRY.resolve().is_relative_to(PROJECT_ROOT)
+    modules = re.findall(r"-m ([\w.]+)", script)
+    assert modules == ["cluster.job_entry"], modules
+    assert resolve(modules[0]) is job_entry and callable(job_entry.main)
 
 
 def test_bench_subprocess_module_has_a_main_that_dispatches():

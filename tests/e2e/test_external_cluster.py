@@ -1,0 +1,173 @@
+"""A Ray cluster started by hand, exactly as a user does (README, "On a cluster"):
+
+    .venv/bin/ray start --head --node-ip-address 127.0.0.1 --port P --dashboard-host 127.0.0.1 ...
+    raygrpo submit examples/cpu_demo.yaml --address http://127.0.0.1:D model.path=... trainer.steps=4
+    raygrpo train examples/cpu_demo.yaml model.path=... ray.address=127.0.0.1:P
+
+The head is the venv's `ray` started by its path, with the venv NOT on PATH and no `RAY_*`
+variable in the environment of the head, the client or the test (Ray 2.60 then runs the head
+with token authentication, the token in ~/.ray/auth_token): the product must find the token and
+the cluster's Python by itself. One head serves the module; it is stopped by its own process
+group (never `ray stop`, which would stop every Ray on the machine), and every port it uses is
+given explicitly so it cannot collide with another Ray here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cluster.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's bin: ray, raygrpo
+# Ray's own worker servers (every actor process has one, on all interfaces: Ray's, documented in
+# docs/DESIGN.md) take ports from this range; our listeners take free ports outside it.
+RAY_WORKER_PORTS = range(10002, 20000)
+
+
+def user_env() -> dict[str, str]:
+    """This environment without any RAY_* variable and without the venv on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+                                  if p and Path(p).resolve() != BIN.resolve())
+    return env
+
+
+def tiny_run(model_dir, run_dir, steps: int) -> list[str]:
+    return [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
+            "trainer.prompts_per_step=4", "trainer.group_size=4", "data.num_eval=0", "data.task_digits=1",
+            "rollout.max_model_len=48", "rollout.max_new_tokens=6", "rollout.gpu_memory_utilization=0.03",
+            "metrics.tensorboard=false"]
+
+
+def train_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+    return [r["step"] for r in rows if r.get("kind") == "train"]
+
+
+@pytest.fixture(scope="module")
+def head():
+    """`<venv>/bin/ray start --head` on 127.0.0.1 with explicit ports; yields (gcs, dashboard) addresses."""
+    gcs, dash = free_port(), free_port()
+    temp_dir = tempfile.mkdtemp(prefix="rg-ext-")  # short: Ray's socket paths have a length limit
+    log = open(Path(temp_dir) / "head.log", "w")
+    ports = {"--port": gcs, "--dashboard-port": dash, "--node-manager-port": free_port(),
+             "--object-manager-port": free_port(), "--ray-client-server-port": free_port(),
+             "--dashboard-agent-listen-port": free_port(), "--dashboard-agent-grpc-port": free_port(),
+             "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()}
+    proc = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+         "--num-cpus=4", f"--temp-dir={temp_dir}", f"--min-worker-port={RAY_WORKER_PORTS.start}",
+         f"--max-worker-port={RAY_WORKER_PORTS.stop - 1}", "--disable-usage-stats", *[f"{k}={v}" for k, v in ports.items()]],
+        env=user_env(), cwd=temp_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{dash}/api/gcs_healthz", timeout=5).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"ray start --head did not come up: {(Path(temp_dir) / 'head.log').read_text()}") from None
+                time.sleep(2)
+        yield f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}"
+    finally:
+        # SIGTERM lets the head drain; then whatever is left of its process group goes
+        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 20)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait_s)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for p in psutil.process_iter(["cmdline"]):  # workers Ray moved out of the group still name the temp dir
+            if any(temp_dir in a for a in (p.info["cmdline"] or [])):
+                p.kill()
+        log.close()
+
+
+@pytest.mark.timeout(900)
+def test_submit_to_a_head_started_by_hand(head, tiny_model_dir, tmp_path):
+    _, dashboard = head
+    run_dir = tmp_path / "run"
+    out = subprocess.run([str(BIN / "raygrpo"), "submit", "examples/cpu_demo.yaml", "--address", dashboard,
+                          *tiny_run(tiny_model_dir, run_dir, 4)],
+                         cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=800)
+    print(out.stdout[-5000:], out.stderr[-3000:])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "submitted job" in out.stdout and "SUCCEEDED" in out.stdout
+    assert f"driver runs on {BIN / 'python'}" in out.stdout  # the cluster's Python, not the first on PATH
+    assert train_steps(run_dir) == [1, 2, 3, 4]
+    assert (run_dir / "hf_model" / "config.json").exists()
+
+
+def listeners(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every listening TCP socket of `pids` and their children."""
+    procs = []
+    for pid in pids:
+        p = psutil.Process(pid)
+        procs += [p, *p.children(recursive=True)]
+    return [(p.pid, c.laddr.ip, c.laddr.port) for p in procs for c in p.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN]
+
+
+@pytest.mark.timeout(900)
+def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_ip(head, tiny_model_dir, tmp_path):
+    """`train ray.address=HOST:PORT` on the hand-started head; a rollout worker SIGKILLed after step 1;
+    every step done. During the run, our own listeners (the learner ranks' rendezvous store, the
+    weight-transfer store, gloo) are on the node's address, never on 0.0.0.0."""
+    gcs, _ = head
+    # a user without the cluster's token (another HOME) gets told where to put it
+    no_token = subprocess.run([str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml",
+                               *tiny_run(tiny_model_dir, tmp_path / "no-token", 5), f"ray.address={gcs}"],
+                              cwd=ROOT, env={**user_env(), "HOME": str(tmp_path)}, capture_output=True, text=True,
+                              timeout=300)
+    assert no_token.returncode == 2, no_token.stderr[-3000:]
+    assert "no token was found" in no_token.stderr and "~/.ray/auth_token" in no_token.stderr, no_token.stderr[-3000:]
+
+    run_dir = tmp_path / "run"
+    log = open(tmp_path / "train.log", "w")
+    proc = subprocess.Popen([str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", *tiny_run(tiny_model_dir, run_dir, 5),
+                             "learner.num_ranks=2", f"ray.address={gcs}"],
+                            cwd=ROOT, env=user_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        while not train_steps(run_dir):
+            assert proc.poll() is None, (tmp_path / "train.log").read_text()[-5000:]
+            assert time.time() < deadline, "no step done in 600 s"
+            time.sleep(1)
+        placement = json.loads((run_dir / "placement.json").read_text())
+        pid_of = {p["role"]: p["pid"] for p in placement}
+        ours = listeners([pid_of["learner-0"], pid_of["learner-1"], pid_of["rollout-0"]])
+        open_to_all = [x for x in ours if x[1] in ("0.0.0.0", "::") and x[2] not in RAY_WORKER_PORTS]
+        assert not open_to_all, (open_to_all, ours)
+        # rank 0's rendezvous store + weight-transfer store + gloo: on the node IP Ray gave the head
+        # (Ray 2.60 turns --node-ip-address 127.0.0.1 into this machine's address), nowhere else
+        listen = next(p["listen_address"] for p in placement if p["role"] == "learner-0")
+        rank0 = [ip for pid, ip, port in ours if pid == pid_of["learner-0"] and port not in RAY_WORKER_PORTS]
+        assert len(rank0) >= 2 and set(rank0) == {listen}, (listen, ours)
+
+        os.kill(pid_of["rollout-0"], signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    text = (tmp_path / "train.log").read_text()
+    assert train_steps(run_dir) == [1, 2, 3, 4, 5], text[-3000:]
+    assert "restart" in text.lower(), text[-3000:]  # the driver saw the kill and brought the worker back
