@@ -10,7 +10,8 @@ Pins (why each one):
   ray[default]==2.60.*  job submission API + dashboard; actor restart semantics tested on 2.60.
   deepspeed==0.19.8     ZeRO-2/3 on CPU with gloo verified on this version (DESIGN.md).
   accelerate            needed by transformers' HfDeepSpeedConfig for ZeRO-3 loading.
-  datasets==5.2.*       users' JSONL/parquet/save_to_disk data read the way TRL and verl read it.
+  datasets==5.2.*       users' parquet files and save_to_disk directories, read the way TRL and verl
+                        read them (JSON/JSONL are read by cluster/datafiles.py, to name bad lines).
   math-verify[antlr4_13_2]==0.9.0  the `math_verify` reward (parse/verify of LaTeX answers); the
                         antlr4 extra is its LaTeX parser; 0.9.0 is the version verified (DESIGN.md).
   peft==0.21.2          LoRA on the learner; the version verified with vLLM 0.32 adapters (DESIGN.md).

@@ -101,6 +101,7 @@ class RolloutConfig:
 class RewardConfig:
     """Reward functions: registry names or `path/to/file.py:function`, summed with weights."""
 
+    # gsm8k | math_verify | exact_match | format | overlong_penalty | path/to/file.py:fn (per-sample or TRL-style)
     functions: list[str] = field(default_factory=lambda: ["exact_match"])
     weights: list[float] = field(default_factory=list)  # empty: 1.0 each
     timeout_s: float = 10.0  # per call; a call past it counts as a reward error
@@ -108,6 +109,7 @@ class RewardConfig:
     num_procs: int = 2  # isolated processes that run user reward code
     # DAPO soft overlong punishment (used by the `overlong_penalty` built-in)
     overlong_buffer: int = 8
+    answer_key: str = "answer"  # the column the answer checkers (gsm8k, math_verify, exact_match) compare against
 
     def problems(self) -> list[str]:
         p = []
@@ -121,6 +123,8 @@ class RewardConfig:
             p.append(f"reward.num_procs must be >= 1, got {self.num_procs}")
         if self.overlong_buffer < 0:
             p.append(f"reward.overlong_buffer must be >= 0, got {self.overlong_buffer}")
+        if not self.answer_key:
+            p.append("reward.answer_key is empty: name the answer column")
         return p
 
 

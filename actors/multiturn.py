@@ -77,8 +77,10 @@ class MultiTurnRollout:
 class ChatTokens:
     """The chat template as token ids: the prompt, and the suffix that appends environment messages."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, template_kwargs: dict | None = None):
+        """template_kwargs: passed to every apply_chat_template (data.chat_template_kwargs, e.g. enable_thinking)."""
         self.tok = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self.eos = tokenizer.eos_token_id
         if self.eos is None:
             raise TemplateError("the tokenizer has no eos_token: multi-turn rollouts need the end-of-turn token")
@@ -88,7 +90,8 @@ class ChatTokens:
         self.check_prefix_preserving()
 
     def ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                            **self.template_kwargs)
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def check_prefix_preserving(self) -> None:

@@ -1,21 +1,35 @@
-"""Reward functions: a registry, the built-ins, and user functions run in isolated processes.
+"""Reward scoring: built-ins in-process, user functions (and math_verify) in isolated processes.
 
-A reward function is `fn(prompt: str, completion: str, **example_fields) -> float`. The
-example's fields (e.g. `answer`) arrive as keywords, plus what the scorer knows about the
-sample: `_num_tokens` (completion length in tokens), `_finish_reason` ("stop" | "length"),
-`_max_new_tokens` and `_overlong_buffer`. A function receives only the keywords its signature
-names, unless it takes `**kwargs`, so `def reward(prompt, completion, answer)` works.
+Two forms of reward function, told apart by their first parameter:
+
+- per sample: `fn(prompt, completion, **fields) -> float`, called once per completion;
+- batched, as TRL writes them: `fn(prompts, completions, **columns) -> list[float | None]`
+  (first parameter named `prompts` or `completions`), called with keywords on a whole batch,
+  so a TRL reward function works unchanged.
+
+`prompt` is the dataset's prompt as it is there: a string, or a list of chat messages. For a
+per-sample function `completion` is the generated text (special tokens removed). A batched
+function gets what TRL passes: `completions[i]` is the text for string prompts and
+`[{"role": "assistant", "content": text}]` for conversational ones, `completion_ids[i]` the
+token ids, and every other column as a list (`answer=[...]`). Both forms also receive what the
+scorer knows about a sample: `_num_tokens`, `_finish_reason` ("stop" | "length"),
+`_max_new_tokens`, `_overlong_buffer`, `_answer_key` (per sample: values; batched: lists). A
+function receives only the keywords its signature names, unless it takes `**kwargs`, so
+`def reward(prompt, completion, answer)` works. A batched function may return None for a
+sample it has no opinion on: it adds nothing to that sample's reward (as in TRL).
+
+`RewardConfig.functions` names registry entries (actors/reward_functions.py: `exact_match`,
+`format`, `overlong_penalty`, `gsm8k`, `math_verify`) or user code (`path/to/file.py:name`).
+Built-ins run in-process (fast, trusted), except `math_verify`. User code runs in a small pool
+of worker processes: a call that raises, returns a non-number / NaN, exceeds `timeout_s` (its
+process is killed and replaced), or kills its process is a reward *error*: counted per sample,
+reported, and the sample gets `fallback` instead of a silent 0. A batched function's batch is
+split into `num_procs` chunks, one call (and one timeout) each.
 
 Multi-turn trajectories (actors/multiturn.py) are scored on the final assistant turn's text as
 `completion`, with the whole conversation as `_messages` (a list of chat messages, prompt
 included), `_turns`, and `_num_tokens` counting the model's tokens only; the environment's
 own rewards (`Trajectory.env_reward`) are added to the weighted sum.
-
-`RewardConfig.functions` names registry entries (`exact_match`) or user code
-(`path/to/file.py:function_name`). Built-ins run in-process (fast, trusted). User code runs in
-a small pool of worker processes: a call that raises, returns a non-number / NaN, exceeds
-`timeout_s` (its process is killed and replaced), or kills its process is a reward *error*:
-counted, reported, and the sample gets `fallback` instead of a silent 0.
 
 Deliberately light: no torch import, so the worker processes start fast.
 """
@@ -33,105 +47,61 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from multiprocessing.connection import wait as wait_connections
 
 from actors.config import RewardConfig
+from actors.reward_functions import (  # noqa: F401 - re-exported: the registry and built-ins live there
+    ANSWER_CHECKERS,
+    ISOLATED,
+    REWARDS,
+    exact_match,
+    final_answer,
+    format_reward,
+    gsm8k,
+    math_verify,
+    overlong_penalty,
+    parse_number,
+    register,
+)
 
-REWARDS: dict[str, Callable[..., float]] = {}
 MAX_ERROR_SAMPLES = 5
 STARTUP_TIMEOUT_S = 120.0
-
-
-def register(name: str):
-    """Decorator: make `fn` available as `RewardConfig.functions` entry `name`."""
-
-    def deco(fn):
-        REWARDS[name] = fn
-        return fn
-
-    return deco
-
-
-# --------------------------------------------------------------------------- #
-# Built-ins
-# --------------------------------------------------------------------------- #
-# A number: optional sign, digits with optional thousands commas ("1,234"), optional decimals.
-_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
-_BARE_NUMBER = re.compile(rf"\s*(?:{_NUMBER.pattern})\s*")
-
-
-def parse_number(text: str) -> Decimal | None:
-    """'46', '46.0', ' +46 ', '1,000' -> Decimal; anything else -> None."""
-    try:
-        return Decimal(str(text).strip().replace(",", ""))
-    except (InvalidOperation, ValueError):
-        return None
-
-
-def final_answer(completion: str) -> str | None:
-    """The answer a completion gives: the first number after the last "answer:" if there is
-    one, else the first number after the last "=", else the last number in the text."""
-    lowered = completion.lower()
-    for marker in ("answer:", "="):
-        at = lowered.rfind(marker)
-        if at >= 0:
-            found = _NUMBER.search(completion, at + len(marker))
-            if found:
-                return found.group()
-    numbers_ = _NUMBER.findall(completion)
-    return numbers_[-1] if numbers_ else None
-
-
-@register("exact_match")
-def exact_match(prompt: str, completion: str, answer=None, **_) -> float:
-    """1.0 if the completion's final answer equals the example's `answer` as a number
-    ("46" == "46.0" == "+46"), else 0.0. A non-numeric `answer` is compared as stripped,
-    case-insensitive text against the whole completion."""
-    if answer is None:
-        raise KeyError("exact_match needs an `answer` field in the example")
-    expected = parse_number(answer)
-    if expected is None:
-        return float(completion.strip().lower() == str(answer).strip().lower())
-    got = final_answer(completion)
-    return float(got is not None and parse_number(got) == expected)
-
-
-@register("format")
-def format_reward(prompt: str, completion: str, _finish_reason: str | None = None, **_) -> float:
-    """1.0 if the completion is just a number (surrounding whitespace allowed, nothing else)
-    and generation ended by itself (EOS / a stop string: `_finish_reason == "stop"`, when the
-    scorer knows it), else 0.0. Teaches "answer, then stop" on the arithmetic tasks."""
-    if _finish_reason is not None and _finish_reason != "stop":
-        return 0.0
-    return float(_BARE_NUMBER.fullmatch(completion) is not None)
-
-
-@register("overlong_penalty")
-def overlong_penalty(prompt: str, completion: str, _num_tokens: int | None = None,
-                     _max_new_tokens: int | None = None, _overlong_buffer: int = 8, **_) -> float:
-    """DAPO's soft overlong punishment (Yu et al. 2025): 0 up to max_new_tokens - buffer
-    tokens, then linear down to -1 at max_new_tokens (and -1 beyond)."""
-    if _num_tokens is None or _max_new_tokens is None:
-        raise KeyError("overlong_penalty needs _num_tokens and _max_new_tokens (pass Completion objects "
-                       "or set them in the example, and max_new_tokens to score())")
-    free = _max_new_tokens - _overlong_buffer
-    if _num_tokens <= free:
-        return 0.0
-    if _num_tokens >= _max_new_tokens or _overlong_buffer <= 0:
-        return -1.0
-    return (free - _num_tokens) / _overlong_buffer
 
 
 # --------------------------------------------------------------------------- #
 # Calling a function with what it accepts, checking what it returns
 # --------------------------------------------------------------------------- #
-def _call(fn: Callable, prompt: str, completion: str, fields: dict):
+def is_batched(fn: Callable) -> bool:
+    """TRL's form: the first parameter is `prompts` or `completions` (plural)."""
+    params = list(inspect.signature(fn).parameters.values())
+    return bool(params) and params[0].name in ("prompts", "completions")
+
+
+def _accepted(fn: Callable, kwargs: dict) -> dict:
     params = inspect.signature(fn).parameters.values()
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        names = {p.name for p in params}
-        fields = {k: v for k, v in fields.items() if k in names}
-    return fn(prompt, completion, **fields)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return kwargs
+    names = {p.name for p in params}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+def _call(fn: Callable, prompt, completion: str, fields: dict) -> float:
+    """A per-sample call, its value checked."""
+    return _as_reward(fn(prompt, completion, **_accepted(fn, fields)))
+
+
+def _call_batched(fn: Callable, prompts: list, completions: list, columns: dict) -> list[float | None]:
+    """A TRL-style call with keywords, its values checked (one per prompt; None allowed)."""
+    out = fn(**_accepted(fn, {"prompts": prompts, "completions": completions, **columns}))
+    if not isinstance(out, (list, tuple)) or len(out) != len(prompts):
+        raise TypeError(f"returned {type(out).__name__} {out!r:.80}, not a list of {len(prompts)} rewards")
+    return [None if v is None else _as_reward(v) for v in out]
+
+
+def _run_call(fn: Callable, call: tuple):
+    """call: ("one", prompt, completion, fields) or ("batch", prompts, completions, columns)."""
+    kind, a, b, c = call
+    return _call_batched(fn, a, b, c) if kind == "batch" else _call(fn, a, b, c)
 
 
 def _as_reward(value) -> float:
@@ -167,15 +137,21 @@ def load_file_function(spec: str) -> Callable:
 # --------------------------------------------------------------------------- #
 # Worker processes for user code
 # --------------------------------------------------------------------------- #
+def _load(spec: str) -> Callable:
+    return REWARDS[spec] if spec in REWARDS else load_file_function(spec)
+
+
 def _worker_main(conn, specs: list[str]) -> None:
-    """Load every user function once, say "ready", then answer calls until told to stop."""
-    functions, errors = {}, {}
+    """Load every function once, say "ready" (with load errors and which are batched), then answer
+    calls until told to stop."""
+    functions, errors, batched = {}, {}, {}
     for spec in specs:
         try:
-            functions[spec] = load_file_function(spec)
+            functions[spec] = _load(spec)
+            batched[spec] = is_batched(functions[spec])
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             errors[spec] = f"{type(e).__name__}: {e}"
-    conn.send(("ready", errors))
+    conn.send(("ready", errors, batched))
     while True:
         try:
             msg = conn.recv()
@@ -183,9 +159,9 @@ def _worker_main(conn, specs: list[str]) -> None:
             return
         if msg is None:
             return
-        idx, spec, prompt, completion, fields = msg
+        idx, spec, call = msg
         try:
-            reply = ("result", idx, True, _as_reward(_call(functions[spec], prompt, completion, fields)))
+            reply = ("result", idx, True, _run_call(functions[spec], call))
         except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
             reply = ("result", idx, False, f"{type(e).__name__}: {e}")
         conn.send(reply)
@@ -203,6 +179,7 @@ class _Worker:
         self.ready = False
         self.started = time.monotonic()
         self.load_errors: dict[str, str] = {}
+        self.batched: dict[str, bool] = {}
 
     def kill(self):
         if self.proc.is_alive():
@@ -231,6 +208,7 @@ class RewardPool:
                 raise TimeoutError(f"reward worker processes did not start in {STARTUP_TIMEOUT_S:.0f}s")
             self._poll(0.5, busy={}, results=[])
         errors = self.workers[0].load_errors
+        self.batched = dict(self.workers[0].batched)  # spec -> TRL-style batched function?
         if errors:
             self.close()
             raise ValueError("cannot load reward function(s): " + "; ".join(f"{s}: {e}" for s, e in errors.items()))
@@ -261,13 +239,13 @@ class RewardPool:
                 self._replace(worker)
                 continue
             if msg[0] == "ready":
-                worker.ready, worker.load_errors = True, msg[1]
+                worker.ready, worker.load_errors, worker.batched = True, msg[1], msg[2]
             elif worker in busy and busy[worker][0] == msg[1]:
                 busy.pop(worker)
                 results[msg[1]] = (msg[2], msg[3])
 
     def run(self, calls: list[tuple]) -> list[tuple[bool, float | str]]:
-        """calls: (spec, prompt, completion, fields) -> per call (True, reward) or (False, error)."""
+        """calls: (spec, call) with call as `_run_call` takes it -> per call (True, value) or (False, error)."""
         results: list = [None] * len(calls)
         pending, busy = deque(range(len(calls))), {}  # busy: worker -> (call index, deadline)
         last_ready = time.monotonic()
@@ -275,7 +253,7 @@ class RewardPool:
             for w in self.workers:
                 if pending and w.ready and w not in busy:
                     idx = pending.popleft()
-                    w.conn.send((idx, *calls[idx]))
+                    w.conn.send((idx, *calls[idx]))  # (idx, spec, call)
                     busy[w] = (idx, time.monotonic() + self.timeout_s)
             if busy:
                 last_ready = time.monotonic()
@@ -303,6 +281,30 @@ class RewardPool:
         self.workers = []
 
 
+def _chunks(n: int, k: int) -> list[list[int]]:
+    size, extra = divmod(n, k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + size + (1 if i < extra else 0)
+        out.append(list(range(start, end)))
+        start = end
+    return out
+
+
+def _trl_completion(prompt, text: str):
+    """What TRL passes as a completion: the text, or for a conversation one assistant message."""
+    return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+
+
+def _columns(idx: list[int], ids: list, fields: list[dict]) -> dict:
+    """Per-sample fields as TRL's column lists (a column a row lacks is None there)."""
+    keys = list(dict.fromkeys(k for i in idx for k in fields[i]))
+    cols = {k: [fields[i].get(k) for i in idx] for k in keys}
+    if all(ids[i] is not None for i in idx):
+        cols["completion_ids"] = [ids[i] for i in idx]
+    return cols
+
+
 # --------------------------------------------------------------------------- #
 # The scorer
 # --------------------------------------------------------------------------- #
@@ -323,9 +325,9 @@ class RewardScorer:
         self.weights = list(cfg.weights) or [1.0] * len(cfg.functions)
         self.pool: RewardPool | None = None
         self.validate()
-        user = [s for s in cfg.functions if _is_file_spec(s) and s not in REWARDS]
-        if user:
-            self.pool = RewardPool(user, cfg.num_procs, cfg.timeout_s)
+        isolated = [s for s in cfg.functions if s in ISOLATED or (_is_file_spec(s) and s not in REWARDS)]
+        if isolated:
+            self.pool = RewardPool(isolated, cfg.num_procs, cfg.timeout_s)
 
     def validate(self) -> None:
         """Fail at start, clearly, on a config that cannot score anything."""
@@ -344,15 +346,9 @@ class RewardScorer:
             if not os.path.isfile(path):
                 raise ValueError(f"reward function file not found: {path} (from {spec!r}, cwd {os.getcwd()})")
 
-    def score(self, prompts: list[str], completions: list, examples: list[dict],
-              max_new_tokens: int | None = None) -> RewardResult:
-        """completions: strings, Completion objects (then `_num_tokens` and `_finish_reason`
-        come from them) or multi-turn Trajectory objects (see the module docstring).
-        examples[i] holds sample i's dataset fields (e.g. `answer`)."""
-        if not len(prompts) == len(completions) == len(examples):
-            raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions, {len(examples)} examples")
-        t0 = time.perf_counter()
-        texts, fields, env_rewards = [], [], []
+    def _samples(self, completions: list, examples: list[dict], max_new_tokens: int | None):
+        """(texts, token ids or None, per-sample keyword fields, environment rewards)."""
+        texts, ids, fields, env_rewards = [], [], [], []
         for completion, example in zip(completions, examples):
             f = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
             env_rewards.append(float(getattr(completion, "env_reward", 0.0)))
@@ -361,55 +357,93 @@ class RewardScorer:
                 f.setdefault("_finish_reason", completion.finish_reason)
                 f.setdefault("_messages", completion.messages)
                 f.setdefault("_turns", completion.turns)
+                ids.append(None)
                 completion = completion.text
             elif hasattr(completion, "token_ids"):
                 f.setdefault("_num_tokens", len(completion.token_ids))
                 f.setdefault("_finish_reason", completion.finish_reason)
+                ids.append(completion.token_ids)
                 completion = completion.text
+            else:
+                ids.append(None)
             if max_new_tokens is not None:
                 f.setdefault("_max_new_tokens", max_new_tokens)
             f.setdefault("_overlong_buffer", self.cfg.overlong_buffer)
+            f.setdefault("_answer_key", self.cfg.answer_key)
             texts.append(completion)
             fields.append(f)
+        return texts, ids, fields, env_rewards
 
+    def _values(self, specs: list[str], prompts: list, texts: list[str], ids: list, fields: list[dict]):
+        """Every function's value per sample: ({spec: [value]}, failed per sample, error messages)."""
         n = len(texts)
-        values = {spec: [math.nan] * n for spec in self.cfg.functions}
+        values = {spec: [math.nan] * n for spec in specs}
         failed = [False] * n
         errors: list[str] = []
 
         def record(spec, i, ok, value):
             if ok:
-                values[spec][i] = value
+                values[spec][i] = 0.0 if value is None else value  # None: no opinion, adds nothing
             else:
                 failed[i] = True
                 errors.append(f"{spec} on sample {i}: {value}")
 
-        user_calls = []
-        for spec in self.cfg.functions:
-            if spec in REWARDS:
+        pool_calls, where = [], []
+        for spec in specs:
+            if spec in REWARDS and spec not in ISOLATED:
                 for i in range(n):
                     try:
-                        record(spec, i, True, _as_reward(_call(REWARDS[spec], prompts[i], texts[i], fields[i])))
+                        record(spec, i, True, _call(REWARDS[spec], prompts[i], texts[i], fields[i]))
                     except Exception as e:  # noqa: BLE001 - a failing reward is counted, not fatal
                         record(spec, i, False, f"{type(e).__name__}: {e}")
+            elif self.pool.batched.get(spec):
+                for chunk in (c for c in _chunks(n, self.cfg.num_procs) if c):
+                    pool_calls.append((spec, ("batch", [prompts[i] for i in chunk],
+                                              [_trl_completion(prompts[i], texts[i]) for i in chunk],
+                                              _columns(chunk, ids, fields))))
+                    where.append((spec, chunk))
             else:
-                user_calls += [(spec, i) for i in range(n)]
-        if user_calls:
-            assert self.pool is not None
-            out = self.pool.run([(spec, prompts[i], texts[i], fields[i]) for spec, i in user_calls])
-            for (spec, i), (ok, value) in zip(user_calls, out):
-                record(spec, i, ok, value)
+                for i in range(n):
+                    pool_calls.append((spec, ("one", prompts[i], texts[i], fields[i])))
+                    where.append((spec, [i]))
+        if pool_calls:
+            for (spec, idx), (ok, value) in zip(where, self.pool.run(pool_calls)):
+                for k, i in enumerate(idx):
+                    record(spec, i, ok, value[k] if ok and isinstance(value, list) else value)
+        return values, failed, errors
 
+    def score(self, prompts: list, completions: list, examples: list[dict],
+              max_new_tokens: int | None = None) -> RewardResult:
+        """completions: strings, or Completion objects (then `_num_tokens`, `_finish_reason` and
+        `completion_ids` come from them). examples[i] holds sample i's dataset fields (e.g. `answer`)."""
+        if not len(prompts) == len(completions) == len(examples):
+            raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions, {len(examples)} examples")
+        t0 = time.perf_counter()
+        texts, ids, fields, env_rewards = self._samples(completions, examples, max_new_tokens)
+        values, failed, errors = self._values(list(self.cfg.functions), prompts, texts, ids, fields)
         if errors:  # said when it happens, not only counted: the first error and how many
-            print(f"reward: {len(errors)} of {n * len(self.cfg.functions)} reward call(s) failed "
+            print(f"reward: {len(errors)} of {len(texts) * len(self.cfg.functions)} reward call(s) failed "
                   f"(those samples get reward.fallback={self.cfg.fallback:g}), first: {errors[0]}",
                   file=sys.stderr, flush=True)
         rewards = [
             env_rewards[i] + (self.cfg.fallback if failed[i]
                               else sum(w * values[spec][i] for spec, w in zip(self.cfg.functions, self.weights)))
-            for i in range(n)
+            for i in range(len(texts))
         ]
         return RewardResult(rewards, len(errors), errors[:MAX_ERROR_SAMPLES], time.perf_counter() - t0, values)
+
+    def judge(self, prompts: list, completions: list, examples: list[dict]) -> list[bool]:
+        """Is each completion correct? The verdict (1.0) of the first answer checker among the configured
+        functions (gsm8k, math_verify, exact_match); without one, exact_match when the data has the answer
+        column; else a positive total reward. (Held-out evaluation.)"""
+        checker = next((s for s in self.cfg.functions if s in ANSWER_CHECKERS), None)
+        if checker is None and examples and all(self.cfg.answer_key in e for e in examples):
+            checker = "exact_match"
+        if checker is None:
+            return [r > 0 for r in self.score(prompts, completions, examples).rewards]
+        texts, ids, fields, _ = self._samples(completions, examples, None)
+        values, failed, _ = self._values([checker], prompts, texts, ids, fields)
+        return [not bad and v == 1.0 for v, bad in zip(values[checker], failed)]
 
     def close(self) -> None:
         if self.pool is not None:

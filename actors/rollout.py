@@ -23,19 +23,20 @@ from actors.config import RolloutConfig
 from actors.devices import on_gpu, resolve_dtype, transfer_backend
 
 FINISH_REASONS = ("stop", "length")
+CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
 
 
 @dataclass
 class Completion:
     token_ids: list[int]
     logprobs: list[float]  # behaviour log-prob of each sampled token, from vLLM
-    text: str
-    finish_reason: str  # "stop" (EOS or a stop string) | "length"
+    text: str  # decoded without special tokens (no <|im_end|>): what reward functions see
+    finish_reason: str  # "stop" (EOS, an eos_token_id of generation_config.json, a stop string) | "length"
 
 
 @dataclass
 class PromptRollout:
-    prompt: str
+    prompt: str | list[int]  # as given to generate(): token ids (the driver's) or a string
     prompt_ids: list[int]
     completions: list[Completion]  # G of them; empty when the prompt was skipped
     weight_version: int
@@ -63,6 +64,20 @@ def split_evenly(items: list, n: int) -> list[list]:
     return chunks
 
 
+def stop_token_ids(model_path: str, eos_token_id: int | None) -> list[int]:
+    """The tokenizer's EOS and every `eos_token_id` listed in generation_config.json (chat models
+    list several, e.g. Qwen2.5's `<|im_end|>` and `<|endoftext|>`)."""
+    ids = [] if eos_token_id is None else [eos_token_id]
+    try:
+        from transformers import GenerationConfig
+
+        listed = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:  # no generation_config.json
+        listed = None
+    ids += listed if isinstance(listed, list) else ([] if listed is None else [listed])
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
 def _adapter_dir(tmp: str) -> str:
     """This process's adapter dir, `raygrpo-lora-<pid>`; those of dead processes (engines killed
     by Ray, which runs no cleanup) are removed first."""
@@ -84,9 +99,11 @@ def _adapter_dir(tmp: str) -> str:
 class RolloutWorker:
     """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
 
-    def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0, max_lora_rank: int = 0):
+    def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0, max_lora_rank: int = 0,
+                 chat_template_kwargs: dict | None = None):
         """`max_lora_rank` > 0 starts the engine with vLLM's LoRA support (one adapter slot, see
-        `load_adapter`); it must be a value vLLM accepts (learner/config.py VLLM_LORA_RANKS)."""
+        `load_adapter`); it must be a value vLLM accepts (learner/config.py VLLM_LORA_RANKS).
+        `chat_template_kwargs`: how multi-turn rollouts render conversations (data.chat_template_kwargs)."""
         problems = cfg.problems()
         if problems:
             raise ValueError("invalid RolloutConfig: " + "; ".join(problems))
@@ -108,6 +125,11 @@ class RolloutWorker:
         kwargs = {}
         if not gpu and cfg.cpu_kv_cache_mb > 0:
             kwargs["kv_cache_memory_bytes"] = cfg.cpu_kv_cache_mb * 1024 * 1024
+        if not gpu:
+            # vLLM 0.32 CPU: a seeded request whose prefill is split across steps crashes the engine
+            # ("CPU Generator does not use offset": the runner rewinds a generator that CPU torch
+            # cannot rewind). Whole prefills only: a prompt that does not fit waits for the next step.
+            kwargs |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_PREFILL_BUDGET, cfg.max_model_len)}
         if max_lora_rank > 0:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         self._lora = None  # the LoRARequest every generate uses, once an adapter arrived
@@ -126,6 +148,7 @@ class RolloutWorker:
             **kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.stop_token_ids = stop_token_ids(self.model_path, self.tokenizer.eos_token_id)
         self._warm_up()
         self.start_seconds = time.perf_counter() - t0
         self._version = 0
@@ -136,7 +159,7 @@ class RolloutWorker:
             from actors.envs import EnvPool
             from actors.multiturn import ChatTokens
 
-            self._chat = ChatTokens(self.tokenizer)
+            self._chat = ChatTokens(self.tokenizer, chat_template_kwargs)
             self._envs = EnvPool(cfg.env, cfg.env_num_procs, cfg.env_timeout_s)
             self._env_keys = 0
 
@@ -152,9 +175,14 @@ class RolloutWorker:
                           SamplingParams(n=2, max_tokens=2, seed=0, logprobs=0), use_tqdm=False)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: list[str], group_size: int, seeds: list[int] | None = None,
+    def generate(self, prompts: list[list[int]] | list[str], group_size: int, seeds: list[int] | None = None,
                  greedy: bool = False, max_new_tokens: int | None = None) -> list[PromptRollout]:
         """`group_size` completions for each prompt, all prompts in one engine call.
+
+        A prompt is its token ids, sent to the engine as they are (the driver renders and
+        tokenizes every prompt once, at load time, with the model's chat template); a string
+        (tools, benchmarks) is encoded with the engine's tokenizer. Generation stops at the
+        tokenizer's EOS and every `eos_token_id` of the model's generation_config.json.
 
         One request per prompt with n=group_size, so the G samples share the prompt's KV cache.
         `seeds[i]` seeds prompt i's request (reproducible across restarts and resumes);
@@ -179,7 +207,7 @@ class RolloutWorker:
 
         rollouts, requests, params, slots = [], [], [], []
         for i, prompt in enumerate(prompts):
-            ids = list(self.tokenizer.encode(prompt))
+            ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
             problem = None
             if not ids:
                 problem = "prompt is empty after tokenization"
@@ -198,6 +226,8 @@ class RolloutWorker:
                     top_k=cfg.top_k if cfg.top_k > 0 else 0,
                     max_tokens=max_new,
                     stop=list(cfg.stop) or None,
+                    stop_token_ids=self.stop_token_ids,
+                    skip_special_tokens=True,
                     logprobs=0,  # just the sampled token's log-prob
                     seed=None if seeds is None else int(seeds[i]),
                 ))
@@ -205,6 +235,7 @@ class RolloutWorker:
         if requests:
             outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
             for i, out in zip(slots, outputs):
+                rollouts[i].prompt_ids = list(out.prompt_token_ids)  # what the engine itself saw (== the ids sent)
                 completions = [self._completion(c) for c in out.outputs]
                 if greedy:  # G identical samples: copies of the one greedy completion
                     completions = [copy.deepcopy(completions[0]) for _ in range(group_size)]

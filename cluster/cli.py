@@ -1,4 +1,4 @@
-"""`raygrpo train | submit | export | plot | demo | bench`: the command line.
+"""`raygrpo train | data | submit | export | plot | demo | bench`: the command line.
 
 Errors a user can fix (config, data, model path, reward functions, a dead actor) are printed
 as one clear message and exit with status 2 (bad input) or 1 (the run failed), without a
@@ -35,6 +35,16 @@ def cmd_train(args) -> int:
     print(f"done: run dir {summary['run_dir']}, checkpoint {summary['checkpoint']}, HF model {summary['hf_model']}")
     if summary.get("before") and summary.get("after"):
         print(f"held-out accuracy: {summary['before']['accuracy']:.3f} -> {summary['after']['accuracy']:.3f}")
+    return 0
+
+
+def cmd_data(args) -> int:
+    from cluster.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    from cluster.data_preview import preview
+
+    preview(cfg, args.n)
     return 0
 
 
@@ -137,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start afresh in trainer.run_dir even if it holds another run: its contents are moved to "
                    "RUN_DIR.replaced-<time> beside it (nothing is deleted)")
     t.set_defaults(fn=cmd_train)
+
+    dp = sub.add_parser("data", help="show the data as training will use it: rendered prompts, reward columns, stats",
+                        description="Loads the config's data exactly as `train` would (files, chat template, system "
+                        "prompt, length filter) and prints the first N prompts of step 1 as the engine receives them "
+                        "(rendered text and token count), the columns the reward functions get, and per split: rows, "
+                        "filtered rows, prompt-token p50/p95/max. Starts no actor: check a template here first.")
+    dp.add_argument("config", help="YAML config, e.g. examples/chat_cpu.yaml")
+    dp.add_argument("overrides", nargs="*", help=_overrides_help())
+    dp.add_argument("-n", type=int, default=3, help="prompts to print (default 3)")
+    dp.set_defaults(fn=cmd_data)
 
     s = sub.add_parser("submit", help="submit `train` as a job to a Ray cluster",
                        description="Submit a training run through Ray's Job Submission API. The project directory "

@@ -84,21 +84,37 @@ def _safetensors_problem(f: Path) -> str:
 
 @dataclass
 class DataConfig:
-    train: str = "task:addition"  # a JSONL file (one {"prompt": ..., <reward fields>} per line) or task:<name>
-    eval: str = ""  # held-out JSONL; empty: the task's held-out split (tasks only), or none
+    # task:<name> (built-in arithmetic), or a .jsonl / .json / .parquet file, a comma-separated list of
+    # them (concatenated), or a directory written by Dataset.save_to_disk (its "train" split)
+    train: str = "task:addition"
+    eval: str = ""  # held-out set, same forms ("test"/"validation" split of a DatasetDict); empty: a task's split, or none
     num_eval: int = 64  # held-out prompts evaluated (task splits are generated from the seed)
     task_digits: int = 2  # operand digits of the built-in arithmetic tasks
+    prompt_key: str = "prompt"  # the prompt column: a string, or a list of {"role", "content"} messages
+    apply_chat_template: bool = False  # also render *string* prompts with the chat template (as one user message)
+    system_prompt: str = ""  # added as the first message of conversations that have no system message
+    chat_template_kwargs: dict = field(default_factory=dict)  # passed to apply_chat_template, e.g. {enable_thinking: false}
+    max_prompt_tokens: int = 0  # rendered prompt length limit; 0: rollout.max_model_len - rollout.max_new_tokens
+    long_prompts: str = "filter"  # prompts over the limit: filter (counted, reported once at load) | error
 
     def problems(self) -> list[str]:
+        from cluster.datafiles import path_problem, split_paths
+
         p = []
         if self.num_eval < 0:
             p.append(f"data.num_eval must be >= 0, got {self.num_eval}")
         if self.task_digits < 1:
             p.append(f"data.task_digits must be >= 1, got {self.task_digits}")
-        if not self.train.startswith("task:") and not Path(self.train).is_file():
-            p.append(f"data.train {self.train!r} is neither task:<name> nor an existing JSONL file")
-        if self.eval and not Path(self.eval).is_file():
-            p.append(f"data.eval {self.eval!r} does not exist")
+        if not self.train.startswith("task:"):
+            parts = split_paths(self.train)
+            p += [x for x in (path_problem(f, "data.train") for f in parts) if x] if parts else ["data.train is empty"]
+        p += [x for x in (path_problem(f, "data.eval") for f in split_paths(self.eval)) if x]
+        if not self.prompt_key:
+            p.append("data.prompt_key is empty: name the prompt column")
+        if self.max_prompt_tokens < 0:
+            p.append(f"data.max_prompt_tokens must be >= 0 (0: derived from rollout), got {self.max_prompt_tokens}")
+        if self.long_prompts not in ("filter", "error"):
+            p.append(f"data.long_prompts must be filter|error, got {self.long_prompts!r}")
         return p
 
 
@@ -227,6 +243,10 @@ class RunConfig:
             )
         if t.mode == "async" and t.max_staleness < 1:
             p.append("trainer.mode=async generates each batch one weight version behind: set trainer.max_staleness >= 1")
+        room = r.max_model_len - r.max_new_tokens
+        if self.data.max_prompt_tokens > room:
+            p.append(f"data.max_prompt_tokens ({self.data.max_prompt_tokens}) > rollout.max_model_len - rollout.max_new_tokens "
+                     f"({room}): the engine has no room for such prompts; lower it or raise rollout.max_model_len")
         p += env_spec_problems(r.env)
         if r.max_turns > 1 and not r.env:
             p.append(f"rollout.max_turns={r.max_turns} needs rollout.env (an environment that answers each turn)")

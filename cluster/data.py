@@ -1,54 +1,68 @@
-"""Prompt datasets: JSONL files and built-in verifiable tasks, in a deterministic, resumable order.
+"""Prompt datasets: files (via cluster/datafiles.py) and built-in tasks, rendered for the model,
+in a deterministic, resumable order.
 
-An example is a prompt plus whatever fields its reward needs (`answer` for the arithmetic
-tasks). The order is a fresh permutation per epoch drawn from (seed, epoch), so the position
-`(epoch, index)` is all a checkpoint needs to continue exactly where the run stopped.
+An example is a prompt (a string or a list of chat messages, as the dataset has it) plus every
+other column of its row, which the reward functions get as keyword arguments (`answer` for the
+arithmetic tasks). `load_run_data` renders every prompt once, on the driver, with the model's
+tokenizer (cluster/render.py), keeps those token ids on the example (the engine receives
+exactly them), and filters prompts too long for the engine. The order is a fresh permutation
+per epoch drawn from (seed, epoch), so the position `(epoch, index)` is all a checkpoint needs
+to continue exactly where the run stopped.
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.datafiles import DataError, raise_problems, read_rows
+from cluster.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
+
 TASKS = ("addition", "subtraction")
-
-
-class DataError(ValueError):
-    pass
+__all__ = ["DataError", "Example", "PromptStream", "RunData", "load_run_data", "load_splits", "load_tokenizer"]
 
 
 @dataclass(frozen=True)
 class Example:
-    prompt: str
+    prompt: str | list  # as the dataset has it (string or messages): what reward functions get as `prompt(s)`
     fields: dict = field(default_factory=dict)  # passed to the reward functions as keyword arguments
+    prompt_ids: list = field(default_factory=list)  # the rendered prompt's token ids: what the engine receives
+    prompt_text: str = ""  # the rendered prompt, for display (`raygrpo data`)
+    where: str = field(default="", compare=False)  # file and line/row it came from, for error messages
 
 
 # --------------------------------------------------------------------------- sources
 
 
-def load_jsonl(path: str | Path) -> list[Example]:
-    """One JSON object per line with a string `prompt`; every problem names file and line."""
-    out, problems = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                problems.append(f"{path}:{lineno}: not valid JSON ({e.msg})")
-                continue
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                problems.append(f'{path}:{lineno}: expected an object with a string "prompt", got {line.strip()[:80]!r}')
-                continue
-            out.append(Example(obj.pop("prompt"), obj))
-    if problems:
-        shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
-        raise DataError("malformed dataset lines (fix or remove them):\n  " + "\n  ".join(shown))
-    if not out:
-        raise DataError(f"{path} holds no examples")
+def examples_from_rows(rows: list[tuple[str, dict]], prompt_key: str, problems: list[str]) -> list[Example]:
+    """Rows -> examples; every bad row is named (file and line/row) in one error, with `problems`
+    the reader found."""
+    out = []
+    for where, row in rows:
+        if prompt_key not in row:
+            problems.append(f"{where}: no {prompt_key!r} column (columns: {', '.join(row) or 'none'}); "
+                            "set data.prompt_key to the prompt's column")
+            continue
+        problem = prompt_problem(row[prompt_key])
+        if problem:
+            problems.append(f"{where}: {problem}")
+            continue
+        out.append(Example(row[prompt_key], {k: v for k, v in row.items() if k != prompt_key}, where=where))
+    raise_problems(problems, "malformed dataset rows")
     return out
+
+
+def load_examples(spec: str, prompt_key: str = "prompt", split: str = "train") -> list[Example]:
+    problems: list[str] = []
+    examples = examples_from_rows(read_rows(spec, split, problems), prompt_key, problems)
+    if not examples:
+        raise DataError(f"{spec} holds no examples")
+    return examples
+
+
+def load_jsonl(path: str | Path) -> list[Example]:
+    """One JSON object per line with a `prompt` (kept for callers that read JSONL directly)."""
+    return load_examples(str(path))
 
 
 def arithmetic_examples(task: str, digits: int) -> list[Example]:
@@ -68,14 +82,74 @@ def arithmetic_examples(task: str, digits: int) -> list[Example]:
     return out
 
 
-def load_splits(train: str, eval_path: str, num_eval: int, digits: int, seed: int) -> tuple[list[Example], list[Example]]:
-    """(train examples, held-out examples). A task's held-out split is disjoint from its train split."""
+def load_splits(train: str, eval_path: str, num_eval: int, digits: int, seed: int, prompt_key: str = "prompt",
+                cap_eval: bool = True) -> tuple[list[Example], list[Example]]:
+    """(train examples, held-out examples), not rendered. A task's held-out split is disjoint from its
+    train split. `cap_eval=False` keeps the whole eval file (the caller caps it after filtering)."""
+    cap = num_eval if cap_eval else None
+    held_file = load_examples(eval_path, prompt_key, "eval")[:cap] if eval_path else []
     if train.startswith("task:"):
         examples = arithmetic_examples(train.split(":", 1)[1], digits)
         random.Random(f"heldout-{seed}").shuffle(examples)
         held, rest = examples[:num_eval], examples[num_eval:]
-        return rest, (load_jsonl(eval_path)[:num_eval] if eval_path else held)
-    return load_jsonl(train), (load_jsonl(eval_path)[:num_eval] if eval_path else [])
+        return rest, (held_file if eval_path else held)
+    return load_examples(train, prompt_key, "train"), held_file
+
+
+# --------------------------------------------------------------------------- rendering for the model
+
+
+def load_tokenizer(model_path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+@dataclass
+class RunData:
+    train: list[Example]
+    heldout: list[Example]
+    reports: list[LengthReport]  # train (and eval): rows, filtered, prompt-token stats
+
+    def notes(self) -> list[str]:
+        """The once-per-run lines about filtered prompts."""
+        return [n for n in (r.filtered_note() for r in self.reports) if n]
+
+
+def prompt_token_limit(cfg) -> int:
+    """data.max_prompt_tokens, or what rollout.max_model_len - rollout.max_new_tokens leaves."""
+    return cfg.data.max_prompt_tokens or cfg.rollout.max_model_len - cfg.rollout.max_new_tokens
+
+
+def render_examples(examples: list[Example], tokenizer, fmt: PromptFormat) -> list[Example]:
+    rendered = render([e.prompt for e in examples], tokenizer, fmt)
+    return [Example(e.prompt, e.fields, ids, text, e.where) for e, (text, ids) in zip(examples, rendered)]
+
+
+def load_run_data(cfg, tokenizer) -> RunData:
+    """The run's data exactly as training uses it (`cfg` is a RunConfig): loaded, rendered with the
+    model's chat template, prompts too long for the engine filtered (or an error), the eval set
+    capped at data.num_eval after filtering. Fails before any actor starts."""
+    d = cfg.data
+    fmt = PromptFormat(d.apply_chat_template, d.system_prompt, dict(d.chat_template_kwargs))
+    limit = prompt_token_limit(cfg)
+    train, held = load_splits(d.train, d.eval, d.num_eval, d.task_digits, cfg.trainer.seed, d.prompt_key, cap_eval=False)
+    out, reports = [], []
+    for name, examples, source in (("train", train, d.train), ("eval", held, d.eval or d.train)):
+        if not examples:
+            out.append([])
+            continue
+        rendered = render_examples(examples, tokenizer, fmt)
+        kept, report = length_filter(rendered, [len(e.prompt_ids) for e in rendered], limit, d.long_prompts, name,
+                                     [e.where or f"{source} example {i}" for i, e in enumerate(rendered)])
+        if not kept:
+            raise DataError(
+                f"every {name} prompt of {source} ({report.rows}) is longer than {limit} tokens "
+                f"(shortest {min(report.tokens)}), so nothing is left to train on; raise rollout.max_model_len or "
+                "data.max_prompt_tokens, or lower rollout.max_new_tokens")
+        out.append(kept if name == "train" else kept[:d.num_eval])
+        reports.append(report)
+    return RunData(out[0], out[1], reports)
 
 
 # --------------------------------------------------------------------------- order

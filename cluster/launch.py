@@ -154,7 +154,8 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
             ray.remote(RolloutWorker)
             .options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=r.max_restarts, max_task_retries=0,
                      scheduling_strategy=at(rollout_bundle[i]))
-            .remote(cfg.model.path, r, worker_index=i, max_lora_rank=lrn.vllm_max_lora_rank())
+            .remote(cfg.model.path, r, worker_index=i, max_lora_rank=lrn.vllm_max_lora_rank(),
+                    chat_template_kwargs=dict(cfg.data.chat_template_kwargs))
         )
     for rank in range(lrn.num_ranks):
         out.learners.append(

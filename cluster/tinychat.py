@@ -101,3 +101,40 @@ def build_tiny_chat_model(out_dir: str | os.PathLike, spec: TinyChatSpec = TinyC
     write_model_dir(out, spec.model, tokenizer, spec_json, eos_token_id=eos, bos_token_id=endoftext,
                     pad_token_id=pad, generation_config=generation_config)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m cluster.tinychat`: build the chat model, write the word-problem JSONL files that
+    examples/chat_cpu.yaml trains on, and warm-start a copy of the model on them (supervised, cached),
+    so that GRPO starts from a model that is sometimes right."""
+    import argparse
+
+    from cluster.config import load_config
+    from cluster.data import load_run_data, load_tokenizer
+    from cluster.warmstart import WarmStartSpec, warm_start
+    from cluster.wordproblems import conversational_rows, write_jsonl
+
+    p = argparse.ArgumentParser(prog="python -m cluster.tinychat", description=main.__doc__)
+    p.add_argument("--model-dir", default=".cache/chat/tiny-chat-qwen2", help="where the base model goes (cached)")
+    p.add_argument("--data-dir", default="examples/data", help="where wordproblems_{train,eval}.jsonl go")
+    p.add_argument("--train-rows", type=int, default=256)
+    p.add_argument("--eval-rows", type=int, default=64)
+    p.add_argument("--warm-start-steps", type=int, default=80, help="supervised steps (0: none); the result is "
+                   "written next to the model as <model-dir>-warm<steps>")
+    args = p.parse_args(argv)
+    model = build_tiny_chat_model(args.model_dir)
+    train = write_jsonl(Path(args.data_dir) / "wordproblems_train.jsonl", conversational_rows(args.train_rows, seed=1))
+    held = write_jsonl(Path(args.data_dir) / "wordproblems_eval.jsonl", conversational_rows(args.eval_rows, seed=2))
+    print(f"model: {model}\ntrain data: {train}\neval data: {held}")
+    if args.warm_start_steps:
+        # the training prompts rendered exactly as a run renders them (chat template, token ids)
+        cfg = load_config(None, [f"model.path={model}", f"data.train={train}"])
+        examples = load_run_data(cfg, load_tokenizer(str(model))).train
+        spec = WarmStartSpec(steps=args.warm_start_steps, batch_size=32, lr=1e-3, seed=0)
+        warm = warm_start(model, f"{args.model_dir}-warm{args.warm_start_steps}", examples, spec)
+        print(f"warm-started model: {warm}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

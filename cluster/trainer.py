@@ -17,13 +17,14 @@ from pathlib import Path
 import torch
 
 from actors.devices import transfer_backend
-from actors.rewards import RewardScorer, exact_match
+from actors.rewards import RewardScorer
 from cluster import launch
 from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data import Example, PromptStream, load_splits
+from cluster.data import Example, PromptStream, load_run_data, load_tokenizer
 from cluster.health import HealthMonitor, TrainingHalted
 from cluster.metrics import LEARNER_KEYS, MetricsLogger
+from cluster.render import PromptFormat, conversation
 from cluster.rundir import claim
 from cluster.stopping import RunStopped, StopSignals
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
@@ -32,9 +33,10 @@ from learner.batch import TrainBatch
 from learner.grpo import group_advantages
 
 
-def conversation_of(prompt) -> list[dict]:
-    """A multi-turn conversation's opening messages: the data's messages, or a string prompt as one user turn."""
-    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+def multiturn_format(cfg: RunConfig) -> PromptFormat:
+    """How a multi-turn conversation opens: the data's messages (a string prompt as one user turn) with
+    data.system_prompt, rendered with data.chat_template_kwargs, as single-turn prompts are."""
+    return PromptFormat(True, cfg.data.system_prompt, dict(cfg.data.chat_template_kwargs))
 
 
 def check_multiturn(cfg: RunConfig) -> None:
@@ -47,7 +49,7 @@ def check_multiturn(cfg: RunConfig) -> None:
 
     try:
         EnvPool(cfg.rollout.env, 1, cfg.rollout.env_timeout_s).close()
-        ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path))
+        ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path), cfg.data.chat_template_kwargs)
     except (ValueError, TypeError, TemplateError) as e:
         raise ConfigError([str(e)], "rollout.env") from None
 
@@ -65,8 +67,13 @@ class Trainer:
         t = cfg.trainer
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
-        train_set, self.heldout = load_splits(cfg.data.train, cfg.data.eval, cfg.data.num_eval, cfg.data.task_digits, t.seed)
-        self.stream = PromptStream(train_set, t.seed)
+        # Rendered and length-filtered once, here, with the model's tokenizer: bad data fails before any actor starts.
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        data = load_run_data(cfg, self.tokenizer)
+        for note in data.notes():
+            print(note, flush=True)
+        self.heldout = data.heldout
+        self.stream = PromptStream(data.train, t.seed)
         try:  # unknown reward names / missing files fail here, before any actor starts
             self.scorer = RewardScorer(cfg.reward)
         except ValueError as e:
@@ -243,9 +250,10 @@ class Trainer:
         """G completions per example from the engines: single-turn, or with `rollout.env` multi-turn
         trajectories (actors/multiturn.py) that the rest of the step reads the same way."""
         if not self.cfg.rollout.env:
-            return self.pool.generate([e.prompt for e in examples], G, seeds, greedy=greedy,
+            return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,
                                       expected_version=self.engine_version)
-        rollouts = self.pool.generate_multiturn([conversation_of(e.prompt) for e in examples],
+        fmt = multiturn_format(self.cfg)
+        rollouts = self.pool.generate_multiturn([conversation(e.prompt, fmt) for e in examples],
                                                 [e.fields for e in examples], G, seeds, greedy,
                                                 expected_version=self.engine_version)
         if stats is not None:
@@ -289,31 +297,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
-        """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = exact match of the
-        `answer` field when the data has one, else a positive configured reward."""
+        """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = the verdict of the
+        configured answer checker (gsm8k, math_verify, exact_match; see RewardScorer.judge)."""
         t, ex = self.cfg.trainer, self.heldout
         with self._engines_lock:
             greedy = self._generate(ex, 1, [0] * len(ex), greedy=True)
             sampled = self._generate(ex, t.eval_pass_k,  # same seeds at every evaluation
                                      [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))])
 
-        def correct(e: Example, text: str) -> bool:
-            if "answer" in e.fields:
-                return exact_match(e.prompt, text, **e.fields) == 1.0
-            return self.scorer.score([e.prompt], [text], [e.fields]).rewards[0] > 0
-
-        ok = [bool(g.completions) and correct(e, g.completions[0].text) for e, g in zip(ex, greedy)]
-        passk = [any(correct(e, c.text) for c in s.completions) for e, s in zip(ex, sampled)]
+        # one judge call for every completion (user code and math_verify fan out over the scorer's processes)
+        pairs = [(i, c) for i, g in enumerate(greedy) for c in g.completions[:1]]
+        pairs += [(len(ex) + i, c) for i, s in enumerate(sampled) for c in s.completions]
+        verdicts = self.scorer.judge([ex[i % len(ex)].prompt for i, _ in pairs], [c for _, c in pairs],
+                                     [ex[i % len(ex)].fields for i, _ in pairs])
+        right = [False] * (2 * len(ex))
+        for (i, _), v in zip(pairs, verdicts):
+            right[i] = right[i] or v
+        ok, passk = right[:len(ex)], right[len(ex):]
         m = {"accuracy": sum(ok) / len(ex), f"pass@{t.eval_pass_k}": sum(passk) / len(ex), "num_prompts": len(ex)}
         self.log.log_eval(self.step, m)
         return m
 
     # ------------------------------------------------------------------ actors, checkpoints
     def _setup(self) -> None:
-        from transformers import AutoTokenizer
-
         cfg = self.cfg
-        self.pad_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id or 0
+        # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
+        tok = self.tokenizer
+        self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
         launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save

@@ -34,12 +34,13 @@ def _encode(tok, examples: list[Example]):
 
     seqs, masks = [], []
     for e in examples:
-        p = tok(e.prompt, add_special_tokens=False)["input_ids"]
+        # a rendered example (chat template applied at load) brings its ids; a task prompt is encoded here
+        p = list(e.prompt_ids) or tok(e.prompt, add_special_tokens=False)["input_ids"]
         a = tok(e.fields["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         seqs.append(p + a)
         masks.append([0] * len(p) + [1] * len(a))
     n = max(map(len, seqs))
-    ids = torch.full((len(seqs), n), tok.pad_token_id)
+    ids = torch.full((len(seqs), n), tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     lab = torch.zeros((len(seqs), n), dtype=torch.bool)
     att = torch.zeros((len(seqs), n), dtype=torch.long)
     for i, (s, m) in enumerate(zip(seqs, masks)):

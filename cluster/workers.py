@@ -60,7 +60,7 @@ class RolloutPool:
         self.handles, self.timeout_s, self.on_restart, self.pids = handles, timeout_s, on_restart, list(pids)
         self.restarts = 0
 
-    def generate(self, prompts: list[str], group_size: int, seeds: list[int], greedy: bool = False,
+    def generate(self, prompts: list, group_size: int, seeds: list[int], greedy: bool = False,
                  expected_version: int | None = None) -> list[PromptRollout]:
         """Every prompt's rollouts, in the original order; an engine that dies loses nothing.
 

@@ -32,3 +32,13 @@ def tiny_chat_model_dir() -> Path:
 
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
     return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2", spec)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_nopad_model_dir() -> Path:
+    """The same chat model whose tokenizer declares no pad token (as some base models ship)."""
+    from cluster.tinychat import TinyChatSpec, build_tiny_chat_model
+    from cluster.tinymodel import TinyModelSpec
+
+    spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0), pad_token=False)
+    return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2-nopad", spec)

@@ -142,3 +142,13 @@ def test_two_workers_share_a_batch(workers):
     assert [i["worker_index"] for i in infos] == [0, 1]
     assert infos[0]["pid"] != infos[1]["pid"]
     assert all(i["node_id"] and i["weight_version"] == 0 for i in infos)
+
+
+def test_seeded_batch_larger_than_one_engine_step(workers):
+    """More prompt tokens than vLLM's CPU step budget (4096): with chunked prefill a seeded request
+    split across steps crashed vLLM 0.32's CPU runner ("CPU Generator does not use offset")."""
+    ray, skip, _ = workers
+    prompts = [f"{i:02d}+" + "1+" * 49 + "1=" for i in range(12)]  # 103 tokens each, x G=4: 4944 prefill tokens
+    rollouts = ray.get(skip.generate.remote(prompts, 4, seeds=list(range(12)), max_new_tokens=4))
+    assert [len(r.prompt_ids) for r in rollouts] == [103] * 12
+    assert all(len(r.completions) == 4 and not r.skipped for r in rollouts)

@@ -5,7 +5,7 @@ import pytest
 
 from cluster.cli import build_parser, main
 
-COMMANDS = ["train", "submit", "export", "plot", "demo", "bench"]
+COMMANDS = ["train", "data", "submit", "export", "plot", "demo", "bench"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -23,7 +23,8 @@ class FakeStream:
     """Prompts whose `rewards` field says what the fake scorer gives each of its G completions."""
 
     def __init__(self, rewards_per_prompt):
-        self.examples = [Example(f"p{i}", {"rewards": r}) for i, r in enumerate(rewards_per_prompt)]
+        # the driver sends each example's rendered token ids: here [i] for prompt "p{i}"
+        self.examples = [Example(f"p{i}", {"rewards": r}, prompt_ids=[i]) for i, r in enumerate(rewards_per_prompt)]
         self.pos = 0
 
     def state(self):
@@ -43,10 +44,11 @@ class FakePool:
 
     def generate(self, prompts, group_size, seeds, greedy=False, expected_version=None):
         self.calls.append(len(prompts))
-        return [PromptRollout(p, [1, 2], [] if p in self.skip else
+        skipped = [f"p{ids[0]}" in self.skip for ids in prompts]
+        return [PromptRollout(p, [1, 2], [] if skip else
                               [Completion([3] * (i + 1), [-0.5] * (i + 1), f"c{i}", "stop") for i in range(group_size)],
-                              weight_version=expected_version, skipped="too long" if p in self.skip else None)
-                for p in prompts]
+                              weight_version=expected_version, skipped="too long" if skip else None)
+                for p, skip in zip(prompts, skipped)]
 
 
 class FakeScorer:

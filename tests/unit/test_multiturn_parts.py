@@ -222,3 +222,20 @@ def test_the_calculator_example_config_is_valid():
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "examples" / "calculator.yaml", validate_paths=False)  # model and data are the user's
     assert cfg.rollout.env == "calculator" and cfg.rollout.max_turns > 1
+
+
+def test_multiturn_conversations_open_like_single_turn_prompts(tokenizer):
+    """data.system_prompt and data.chat_template_kwargs reach multi-turn rollouts too."""
+    from cluster.render import conversation
+    from cluster.trainer import multiturn_format
+
+    cfg = load_config(None, ["rollout.env=calculator", "data.system_prompt=Use calc.",
+                             "data.chat_template_kwargs={enable_thinking: false}"], validate_paths=False)
+    fmt = multiturn_format(cfg)
+    assert conversation("2+3?", fmt) == [{"role": "system", "content": "Use calc."}, {"role": "user", "content": "2+3?"}]
+    own = [{"role": "system", "content": "Mine."}, {"role": "user", "content": "q"}]
+    assert conversation(own, fmt) == own  # the data's own system message wins
+    chat = ChatTokens(tokenizer, fmt.chat_template_kwargs)
+    assert chat.template_kwargs == {"enable_thinking": False}
+    assert chat.ids(own, True) == tokenizer.apply_chat_template(own, add_generation_prompt=True, enable_thinking=False,
+                                                                tokenize=True, return_dict=False)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from actors.config import RewardConfig
-from actors.rewards import REWARDS, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty, register
+from actors.rewards import REWARDS, STARTUP_TIMEOUT_S, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty, register
 from actors.rollout import Completion
 
 
@@ -179,7 +179,9 @@ def test_module_that_exits_on_import_is_reported_at_once(tmp_path, exit_line):
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=r"exit code 7|SystemExit: 7"):
         RewardScorer(RewardConfig(functions=[f"{path}:reward"], num_procs=2))
-    assert time.monotonic() - t0 < 30  # not the 120 s start-up timeout of respawning
+    # said at once: not after respawning the process until the start-up timeout runs out (the old bug;
+    # half of it leaves room for a loaded CI machine)
+    assert time.monotonic() - t0 < STARTUP_TIMEOUT_S / 2
 
 
 def test_unknown_name_lists_registered():

@@ -1,0 +1,69 @@
+"""`raygrpo data CONFIG`: the run's data exactly as training will use it, before any GPU hour is spent.
+
+Loads the data the way `Trainer` does (`load_run_data`: same files, same chat template, same
+length filter), then prints the first prompts of step 1 as the engine will receive them
+(rendered text and token count), the columns the reward functions will get, and each split's
+stats. Starts no actor.
+"""
+from __future__ import annotations
+
+from cluster.config import RunConfig
+from cluster.data import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
+
+EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"
+
+
+def _short(value, width: int = 100) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _token(tokenizer, token_id) -> str:
+    return "none" if token_id is None else f"{tokenizer.convert_ids_to_tokens(token_id)!r} ({token_id})"
+
+
+def preview(cfg: RunConfig, n: int, out=print) -> None:
+    from actors.reward_functions import ANSWER_CHECKERS
+    from actors.rollout import stop_token_ids
+
+    tok = load_tokenizer(cfg.model.path)
+    data = load_run_data(cfg, tok)
+    r = cfg.rollout
+    out(f"model: {cfg.model.path}")
+    out(f"  tokenizer {type(tok).__name__}, {len(tok)} tokens; eos {_token(tok, tok.eos_token_id)}, "
+        f"pad {_token(tok, tok.pad_token_id)}; chat template: {'yes' if tok.chat_template else 'none'}")
+    out(f"  generation stops at token ids {stop_token_ids(cfg.model.path, tok.eos_token_id)} "
+        f"(EOS + generation_config.json eos_token_id)")
+    limit = prompt_token_limit(cfg)
+    source = "data.max_prompt_tokens" if cfg.data.max_prompt_tokens else \
+        f"rollout.max_model_len {r.max_model_len} - rollout.max_new_tokens {r.max_new_tokens}"
+    out(f"prompt limit: {limit} tokens ({source}); data.long_prompts={cfg.data.long_prompts}")
+    out("")
+    for report in data.reports:
+        out(report.stats())
+    for note in data.notes():
+        out(note)
+
+    examples = PromptStream(data.train, cfg.trainer.seed).take(min(n, len(data.train)))
+    for i, e in enumerate(examples, 1):
+        out("")
+        out(f"--- train prompt {i} of step 1 ({e.where or 'built-in task'}): {len(e.prompt_ids)} tokens, as the engine receives it ---")
+        out(e.prompt_text)
+        out("--- reward functions get ---")
+        kind = "chat messages" if isinstance(e.prompt, list) else "string"
+        out(f"  prompt ({kind}): {_short(e.prompt)}")
+        for key, value in e.fields.items():
+            out(f"  {key}: {_short(value)}")
+        out(f"  (and from the scorer: {EXTRA_FIELDS})")
+
+    out("")
+    functions = ", ".join(cfg.reward.functions)
+    out(f"reward.functions: {functions}")
+    if isinstance(data.train[0].prompt, list):
+        out('  a TRL-style function gets prompts as message lists and completions as [{"role": "assistant", "content": text}]')
+    checkers = [f for f in cfg.reward.functions if f in ANSWER_CHECKERS]
+    missing = [e for e in data.train if cfg.reward.answer_key not in e.fields]
+    if checkers and missing:
+        out(f"  WARNING: {len(missing)} of {len(data.train)} train rows have no {cfg.reward.answer_key!r} column "
+            f"(reward.answer_key), which {', '.join(checkers)} compare against; e.g. {missing[0].where}: "
+            f"columns {', '.join(missing[0].fields) or 'none'}")

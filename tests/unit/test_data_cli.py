@@ -1,0 +1,42 @@
+"""`raygrpo data`, and data errors that `raygrpo train` reports before any actor starts (exit 2)."""
+from __future__ import annotations
+
+from cluster.cli import main
+from cluster.wordproblems import conversational_rows, write_jsonl
+
+
+def _config(tmp_path, model_dir, train) -> str:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {model_dir}}}\ndata: {{train: {train}}}\ntrainer: {{run_dir: {tmp_path / 'run'}}}\n"
+                   "rollout: {max_model_len: 96, max_new_tokens: 16}\nreward: {functions: [gsm8k]}\n")
+    return str(cfg)
+
+
+def test_data_command_shows_prompts_as_the_engine_gets_them(tmp_path, tiny_chat_model_dir, capsys):
+    rows = conversational_rows(5) + [{"prompt": [{"role": "user", "content": "apples " * 100}], "answer": "#### 1"}]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    assert main(["data", _config(tmp_path, tiny_chat_model_dir, data), "-n", "2", "data.system_prompt=Be brief."]) == 0
+    out = capsys.readouterr().out
+    assert "train: 6 rows, 1 filtered (> 80 prompt tokens), prompt tokens p50" in out
+    assert "filtered 1 of 6 train prompts longer than 80 tokens" in out
+    assert out.count("as the engine receives it") == 2
+    assert "<|im_start|>system\nSolve the problem." in out and "<|im_start|>assistant\n" in out
+    assert "answer: '" in out and "#### " in out
+    assert "generation stops at token ids [2, 0]" in out
+    assert not (tmp_path / "run").exists()  # nothing trained, nothing written
+
+
+def test_non_utf8_dataset_is_named_by_file_and_line(tmp_path, tiny_chat_model_dir, capsys):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    assert main(["train", _config(tmp_path, tiny_chat_model_dir, data)]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:2: not UTF-8" in err and "Traceback" not in err
+
+
+def test_every_prompt_filtered_is_an_error_before_training(tmp_path, tiny_chat_model_dir, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", conversational_rows(3))
+    assert main(["train", _config(tmp_path, tiny_chat_model_dir, data), "data.max_prompt_tokens=8"]) == 2
+    err = capsys.readouterr().err
+    assert "every train prompt" in err and "longer than 8 tokens" in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
