@@ -69,30 +69,10 @@ class RolloutPool:
         brought back to the current weights and its prompts are sent again. (A newer version
         is fine: a sync may land between the call being sent and served.)
         """
-        shares = split_evenly(list(range(len(prompts))), len(self.handles))
-        results: dict[int, PromptRollout] = {}
-        pending = {w: idx for w, idx in enumerate(shares) if idx}
-        while pending:
-            refs = {w: self.handles[w].generate.remote([prompts[i] for i in idx], group_size,
-                                                       [seeds[i] for i in idx], greedy)
-                    for w, idx in pending.items()}
-            lost = {}
-            for w, ref in refs.items():
-                try:
-                    out = wait_for(ref, f"rollout worker {w}", f"generating {len(pending[w])} prompts", self.timeout_s)
-                except ActorFailed as e:
-                    if not e.died:
-                        raise
-                    lost[w] = pending[w]
-                    continue
-                if expected_version is not None and any(r.weight_version < expected_version for r in out):
-                    lost[w] = pending[w]
-                    continue
-                results.update(zip(pending[w], out))
-            for w in lost:
-                self._revive(w)
-            pending = lost  # re-send exactly the prompts the dead engine held
-        return [results[i] for i in range(len(prompts))]
+        return self._fan_out(
+            len(prompts), "generating {} prompts",
+            lambda h, idx: h.generate.remote([prompts[i] for i in idx], group_size, [seeds[i] for i in idx], greedy),
+            expected_version)
 
     def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
                            seeds: list[int], greedy: bool = False, expected_version: int | None = None) -> list:
@@ -128,7 +108,7 @@ class RolloutPool:
                 results.update(zip(pending[w], out))
             for w in lost:
                 self._revive(w)
-            pending = lost
+            pending = lost  # re-send exactly the share the dead engine held
         return [results[i] for i in range(n)]
 
     def restarted_workers(self) -> list[int]:
