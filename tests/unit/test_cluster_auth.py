@@ -24,7 +24,15 @@ def no_ray_env(monkeypatch, tmp_path):
         if k.startswith("RAY_"):
             monkeypatch.delenv(k)
     monkeypatch.setenv("HOME", str(tmp_path))
-    return tmp_path
+    yield tmp_path
+    # use_cluster_auth_mode makes Ray re-read RAY_AUTH_MODE into its process-wide config: put the
+    # environment back, then have Ray read it again, or every later Ray client in this pytest process
+    # (the e2e tests' embedded cluster) would stay in the mode a test chose.
+    monkeypatch.undo()
+    if "ray._raylet" in sys.modules:
+        from ray._raylet import Config
+
+        Config.initialize("")
 
 
 def test_token_is_found_where_ray_keeps_it_in_rays_order(no_ray_env, monkeypatch):
