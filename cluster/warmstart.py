@@ -3,9 +3,9 @@ sometimes right (a random model never is, and then every group's rewards are equ
 
 Plain torch, one process: teacher-forced cross-entropy on `prompt + answer + <eos>`, loss on
 the answer tokens only. It counts steps, never time, so the result does not depend on machine
-load, and the result is cached by its spec. With `target_accuracy` it stops at the first check
-(every `check_every` steps, greedy decoding on `num_check` train prompts it never trains on)
-that reaches the target: a fixed step count lands at different accuracies on different CPUs
+load, and the result is cached by its spec. With `target_accuracy` it stops once `checks_in_a_row`
+consecutive checks (every `check_every` steps, greedy decoding on `num_check` train prompts it
+never trains on) reach the target: a fixed step count lands at different accuracies on different CPUs
 (their kernels round differently, and the accuracy climbs steeply), a target lands every
 machine at about the same place. `steps` is then the cap.
 """
@@ -32,7 +32,8 @@ class WarmStartSpec:
     batch_size: int = 64
     lr: float = 1e-3
     seed: int = 0
-    target_accuracy: float | None = None  # stop at the first check at or above it (None: run `steps`)
+    target_accuracy: float | None = None  # stop once `checks_in_a_row` checks reach it (None: run `steps`)
+    checks_in_a_row: int = 2  # one check can be a spike: the accuracy swings +-10 points between checks
     check_every: int = 20
     num_check: int = 200
     threads: int = 1  # torch threads; other counts (or CPUs) give a different floating-point trajectory
@@ -120,7 +121,7 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
         from tqdm import tqdm
 
         steps = tqdm(steps, desc="warm start (supervised)", unit="step")
-    taken, accuracy = spec.steps, None
+    taken, accuracy, reached = spec.steps, None, 0
     for step in steps:
         if check and step > 0 and step % spec.check_every == 0:
             model.eval()
@@ -129,7 +130,8 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
             if progress:
                 print(f"warm start: step {step}, greedy accuracy {accuracy:.3f} on {len(check)} held-out prompts "
                       f"(target {spec.target_accuracy:.2f})", flush=True)
-            if accuracy >= spec.target_accuracy:
+            reached = reached + 1 if accuracy >= spec.target_accuracy else 0
+            if reached >= spec.checks_in_a_row:
                 taken = step
                 break
         if progress and not tty and step % 100 == 0:

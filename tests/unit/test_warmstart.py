@@ -19,9 +19,9 @@ def test_noise_verdict_compares_the_gain_with_two_standard_errors():
 
 def test_warm_start_stops_at_its_target_and_caches_per_spec(tiny_model_dir, tmp_path):
     train, _ = load_splits("task:addition", "", 64, 1, 0)  # 1-digit addition: 100 examples
-    spec = WarmStartSpec(steps=6, batch_size=4, lr=1e-3, target_accuracy=0.0, check_every=2, num_check=8)
+    spec = WarmStartSpec(steps=6, batch_size=4, lr=1e-3, target_accuracy=0.0, checks_in_a_row=2, check_every=2, num_check=8)
     out = warm_start(tiny_model_dir, tmp_path / "w", train, spec, progress=False)
-    assert warm_start_result(out) == {"steps": 2, "accuracy": 0.0}  # target 0 is met at the first check
+    assert warm_start_result(out) == {"steps": 4, "accuracy": 0.0}  # target 0: met at checks 2 and 4
     mtime = (out / "model.safetensors").stat().st_mtime_ns
     assert warm_start(tiny_model_dir, tmp_path / "w", train, spec, progress=False) == out
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime  # same spec: reused
