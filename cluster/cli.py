@@ -194,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--run-dir", default="runs/demo")
     d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo config's)")
     d.add_argument("--cache-dir", default=".cache/demo", help="where the base model and warm start are cached")
+    d.add_argument("--seed", type=int, default=None,
+                   help="seed of the warm start and of GRPO (sets trainer.seed; default: the demo config's)")
+    d.add_argument("--warm-start-threads", type=int, default=1, choices=range(1, 65), metavar="N",
+                   help="torch threads in the warm start (default 1; another count gives another floating-point "
+                   "trajectory, as another CPU does)")
     d.add_argument("overrides", nargs="*", help=_overrides_help())
     d.set_defaults(fn=cmd_demo)
 

@@ -2,8 +2,12 @@
 sometimes right (a random model never is, and then every group's rewards are equal).
 
 Plain torch, one process: teacher-forced cross-entropy on `prompt + answer + <eos>`, loss on
-the answer tokens only. It runs for a fixed number of steps (not a time budget) so the
-starting accuracy does not depend on machine load, and the result is cached by its spec.
+the answer tokens only. It counts steps, never time, so the result does not depend on machine
+load, and the result is cached by its spec. With `target_accuracy` it stops once `checks_in_a_row`
+consecutive checks (every `check_every` steps, greedy decoding on `num_check` train prompts it
+never trains on) reach the target: a fixed step count lands at different accuracies on different CPUs
+(their kernels round differently, and the accuracy climbs steeply), a target lands every
+machine at about the same place. `steps` is then the cap.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from pathlib import Path
 from cluster.data import Example
 
 SPEC_FILE = "raygrpo_warmstart_spec.json"
+RESULT_FILE = "raygrpo_warmstart_result.json"  # {"steps": taken, "accuracy": at the last check or null}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +32,11 @@ class WarmStartSpec:
     batch_size: int = 64
     lr: float = 1e-3
     seed: int = 0
+    target_accuracy: float | None = None  # stop once `checks_in_a_row` checks reach it (None: run `steps`)
+    checks_in_a_row: int = 2  # one check can be a spike: the accuracy swings +-10 points between checks
+    check_every: int = 20
+    num_check: int = 200
+    threads: int = 1  # torch threads; other counts (or CPUs) give a different floating-point trajectory
 
 
 def _encode(tok, examples: list[Example]):
@@ -69,16 +79,21 @@ def greedy_accuracy(model, tok, examples: list[Example], max_new_tokens: int = 8
 
 def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: list[Example],
                spec: WarmStartSpec = WarmStartSpec(), progress: bool = True) -> Path:
-    """Fine-tune `base_dir` on `train` for spec.steps; write (or reuse) `out_dir`."""
+    """Fine-tune `base_dir` on `train` (spec.steps, or until spec.target_accuracy); write (or reuse) `out_dir`.
+    `warm_start_result(out_dir)` then says how many steps it took and the accuracy it reached."""
     import torch
 
     out = Path(out_dir)
-    key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train)}, sort_keys=True)
-    if (out / SPEC_FILE).exists() and (out / SPEC_FILE).read_text() == key:
+    first = train[0].prompt if train else ""
+    key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train), "first": first},
+                     sort_keys=True)
+    if (out / SPEC_FILE).exists() and (out / SPEC_FILE).read_text() == key and (out / RESULT_FILE).exists():
         return out
-    # One thread: the result (and so the demo's starting accuracy) must not depend on the core count.
+    if spec.target_accuracy is not None and len(train) <= spec.num_check + spec.batch_size:
+        raise ValueError(f"warm start: {len(train)} train examples cannot spare num_check={spec.num_check} for checks")
+    # A fixed thread count, not the core count: the result must not depend on the machine's size.
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(spec.threads)
     try:
         return _train_and_save(base_dir, out, train, spec, key, progress)
     finally:
@@ -91,6 +106,11 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
 
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
+    check: list[Example] = []
+    if spec.target_accuracy is not None:  # held out from this training, not from GRPO's evaluation split
+        train = list(train)
+        random.Random(f"warm-check-{spec.seed}").shuffle(train)
+        check, train = train[: spec.num_check], train[spec.num_check :]
     tok = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.train()
@@ -102,7 +122,19 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
         from tqdm import tqdm
 
         steps = tqdm(steps, desc="warm start (supervised)", unit="step")
+    taken, accuracy, reached = spec.steps, None, 0
     for step in steps:
+        if check and step > 0 and step % spec.check_every == 0:
+            model.eval()
+            accuracy = greedy_accuracy(model, tok, check)
+            model.train()
+            if progress:
+                print(f"warm start: step {step}, greedy accuracy {accuracy:.3f} on {len(check)} held-out prompts "
+                      f"(target {spec.target_accuracy:.2f})", flush=True)
+            reached = reached + 1 if accuracy >= spec.target_accuracy else 0
+            if reached >= spec.checks_in_a_row:
+                taken = step
+                break
         if progress and not tty and step % 100 == 0:
             print(f"warm start: step {step}/{spec.steps}", flush=True)
         ids, att, lab = _encode(tok, rng.sample(train, spec.batch_size))
@@ -115,6 +147,8 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
         opt.step()
         sched.step()
     model.eval()
+    if check and taken == spec.steps:
+        accuracy = greedy_accuracy(model, tok, check)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
         shutil.rmtree(out)
@@ -122,5 +156,11 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     (tmp / SPEC_FILE).write_text(key)
+    (tmp / RESULT_FILE).write_text(json.dumps({"steps": taken, "accuracy": accuracy}))
     os.replace(tmp, out)
     return out
+
+
+def warm_start_result(out_dir: str | os.PathLike) -> dict:
+    """{"steps": steps taken, "accuracy": greedy accuracy on the warm start's check split, or None}."""
+    return json.loads((Path(out_dir) / RESULT_FILE).read_text())
