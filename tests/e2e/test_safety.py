@@ -19,6 +19,7 @@ from test_train import ROOT, config, kill_while_learning, run_cli
 from learner import checkpoint
 
 pytestmark = pytest.mark.timeout(900)
+NEVER_REACHED = 100_000  # trainer.steps of a run that a signal stops
 
 
 def raw_train_steps(run_dir):
@@ -42,7 +43,9 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     Then: a changed config, checkpoints that all fail verification, and export into a non-empty dir
     are each refused with a message, losing nothing."""
     run_dir = tmp_path / "run"
-    cfg = config(tiny_model_dir, run_dir, "trainer.steps=30")  # long enough to be stopped midway
+    # Far more steps than it will live for: SIGTERM ends it. (A run short enough to finish could end before
+    # the second `train` below looks at the lock, on a quiet machine, and then nothing would be tested.)
+    cfg = config(tiny_model_dir, run_dir, f"trainer.steps={NEVER_REACHED}")
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
     log = open(tmp_path / "first.log", "w")
@@ -62,14 +65,15 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     assert rc == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped by SIGTERM after step" in out and "Traceback" not in out, out[-3000:]
     stopped_at = raw_train_steps(run_dir)[-1]
-    assert stopped_at < 30, "the run ended before SIGTERM arrived: nothing was tested"
+    assert stopped_at < NEVER_REACHED, "the run ended before SIGTERM arrived: nothing was tested"
+    end = stopped_at + 2  # the rerun finishes two more steps (a new trainer.steps is not a config change)
     assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(stopped_at))
     assert not (run_dir / "raygrpo.lock").exists()
 
-    rerun = run_cli("train", cfg_file)
+    rerun = run_cli("train", cfg_file, f"trainer.steps={end}")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from {run_dir / 'checkpoints' / checkpoint.step_dir_name(stopped_at)}" in rerun.stdout
-    assert raw_train_steps(run_dir) == list(range(1, 31))
+    assert raw_train_steps(run_dir) == list(range(1, end + 1))
 
     changed = run_cli("train", cfg_file, "learner.lr=0.5")
     assert changed.returncode == 2 and "learner.lr: 0.001 -> 0.5" in changed.stderr, changed.stderr
@@ -86,11 +90,11 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
 
     for ckpt in checkpoint.list_checkpoints(run_dir / "checkpoints"):  # every checkpoint broken
         (Path(ckpt) / checkpoint.MANIFEST).unlink()
-    broken = run_cli("train", cfg_file, "trainer.steps=40")
+    broken = run_cli("train", cfg_file, f"trainer.steps={end + 10}")
     assert broken.returncode == 2, broken.stderr
     assert "fails verification" in broken.stderr and "no COMPLETE marker" in broken.stderr
     assert all(c in broken.stderr for c in checkpoint.list_checkpoints(run_dir / "checkpoints"))
-    assert raw_train_steps(run_dir) == list(range(1, 31))  # nothing was trained over
+    assert raw_train_steps(run_dir) == list(range(1, end + 1))  # nothing was trained over
 
 
 def test_constant_reward_halts_with_a_checkpoint_and_a_diagnosis(tiny_model_dir, ray_cluster, tmp_path):
