@@ -31,7 +31,7 @@ import time
 from collections import deque
 from multiprocessing.connection import wait as wait_connections
 
-from actors.rewards import STARTUP_TIMEOUT_S, _Worker, load_file_function
+from actors.rewards import STARTUP_TIMEOUT_S, WorkerProcess, close_workers, load_file_function
 
 ROLES = ("system", "user", "assistant", "tool")
 ENVS: dict[str, type] = {}
@@ -208,8 +208,8 @@ class EnvPool:
         self._pending_replays: dict[int, list] = {}  # process index -> keys to rebuild there before its next call
         self._await_ready()
 
-    def _start(self) -> _Worker:
-        return _Worker(self.ctx, [self.spec], target=_env_main, name="raygrpo-env")
+    def _start(self) -> WorkerProcess:
+        return WorkerProcess(self.ctx, [self.spec], target=_env_main, name="raygrpo-env")
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -329,12 +329,5 @@ class EnvPool:
             results[idx] = (False, error)
 
     def close(self) -> None:
-        for w in self.workers:
-            try:
-                w.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-        for w in self.workers:
-            w.proc.join(1)
-            w.kill()
+        close_workers(self.workers)
         self.workers = []

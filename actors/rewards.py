@@ -167,7 +167,7 @@ def _worker_main(conn, specs: list[str]) -> None:
         conn.send(reply)
 
 
-class _Worker:
+class WorkerProcess:
     """One isolated process and the parent's end of its pipe. `target(conn, specs)` runs in the
     child (the reward loop here; actors/envs.py runs its environment loop in the same shell)."""
 
@@ -188,6 +188,18 @@ class _Worker:
         self.conn.close()
 
 
+def close_workers(workers: list[WorkerProcess]) -> None:
+    """Ask each process to exit (None on its pipe), give it a moment, then make sure it is gone."""
+    for w in workers:
+        try:
+            w.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+    for w in workers:
+        w.proc.join(1)
+        w.kill()
+
+
 class RewardPool:
     """`num_procs` processes running user reward code, one call at a time each, with a
     per-call timeout: a stuck process is killed and replaced, so nothing can hang the run."""
@@ -196,7 +208,7 @@ class RewardPool:
         self.specs, self.timeout_s = list(specs), timeout_s
         # spawn: forking a process that holds threads (Ray, vLLM) is unsafe.
         self.ctx = mp.get_context("spawn")
-        self.workers = [_Worker(self.ctx, self.specs) for _ in range(num_procs)]
+        self.workers = [WorkerProcess(self.ctx, self.specs) for _ in range(num_procs)]
         self.replaced = 0
         self._await_ready()
 
@@ -213,9 +225,9 @@ class RewardPool:
             self.close()
             raise ValueError("cannot load reward function(s): " + "; ".join(f"{s}: {e}" for s, e in errors.items()))
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: WorkerProcess) -> None:
         worker.kill()
-        self.workers[self.workers.index(worker)] = _Worker(self.ctx, self.specs)
+        self.workers[self.workers.index(worker)] = WorkerProcess(self.ctx, self.specs)
         self.replaced += 1
 
     def _poll(self, timeout: float, busy: dict, results: list) -> None:
@@ -270,14 +282,7 @@ class RewardPool:
         return results
 
     def close(self) -> None:
-        for w in self.workers:
-            try:
-                w.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-        for w in self.workers:
-            w.proc.join(1)
-            w.kill()
+        close_workers(self.workers)
         self.workers = []
 
 
