@@ -33,6 +33,7 @@ class RolloutConfig:
     enforce_eager: bool = True
     num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything
     num_gpus: float = 0.0
+    threads: int = 0  # torch threads per engine; 0: the thread budget (actors/threads.py) decides
     max_restarts: int = 3  # Ray restarts a dead worker this many times
     # Multi-turn rollouts (actors/multiturn.py): an environment answers each assistant turn.
     # "" = single-turn completions. A built-in name (actors/envs.py ENVS, e.g. "calculator") or
@@ -51,6 +52,8 @@ class RolloutConfig:
 
     def problems(self) -> list[str]:
         p = []
+        if self.threads < 0:
+            p.append(f"rollout.threads must be >= 0 (0: the thread budget decides), got {self.threads}")
         if self.max_turns < 1:
             p.append(f"rollout.max_turns must be >= 1, got {self.max_turns}")
         if self.env and self.env_timeout_s <= 0:
@@ -134,12 +137,22 @@ class ReferenceConfig:
 
     micro_batch_size: int = 16
     dtype: str = "auto"
+    # Who computes the reference log-probs: "actor" (this separate process, its own device: large
+    # models), "learner" (a frozen copy on every learner rank, in the rank's training loop: no extra
+    # hop; with LoRA the base model, adapters off, no copy), "auto" (learner on CPU or with LoRA,
+    # else actor; measured in docs/benchmarks.md).
+    placement: str = "auto"
     num_cpus: float = 0.25
     num_gpus: float = 0.0
+    threads: int = 0  # torch threads of the reference actor; 0: the thread budget decides
     max_restarts: int = 3
 
     def problems(self) -> list[str]:
         p = []
+        if self.placement not in ("auto", "actor", "learner"):
+            p.append(f"reference.placement must be auto|actor|learner, got {self.placement!r}")
+        if self.threads < 0:
+            p.append(f"reference.threads must be >= 0 (0: the thread budget decides), got {self.threads}")
         if self.micro_batch_size < 1:
             p.append(f"reference.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -9,6 +9,7 @@ live in actors/gloo_transfer.py.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,10 @@ from actors.gloo_transfer import (
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.weight_transfer import WeightTransferConfig
+
+# Seconds of the last update's parts in this process (one engine per process: the engine runs
+# in-process, see actors/rollout.py), read by RolloutWorker.apply_weight_update for the bench.
+LAST_UPDATE_PARTS: dict[str, float] = {}
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
@@ -88,10 +93,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
 
         dtypes = update_info.dtypes()
         sizes = [nbytes(s, d) for s, d in zip(update_info.shapes, dtypes)]
+        receive = load = 0.0
         with disable_mtp_completeness_check():
             for bucket in plan_buckets(sizes, self.bucket_bytes):
+                t0 = time.perf_counter()
                 buffer = torch.empty(sum(sizes[i] for i in bucket), dtype=torch.uint8)
                 wait_work(self.group.broadcast(buffer, 0), self.timeout_s)
+                t1 = time.perf_counter()
+                receive += t1 - t0
                 self.model.load_weights(unpack_bucket(
                     buffer,
                     [update_info.names[i] for i in bucket],
@@ -99,13 +108,17 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     [dtypes[i] for i in bucket],
                     [sizes[i] for i in bucket],
                 ))
+                load += time.perf_counter() - t1
+        LAST_UPDATE_PARTS.update(receive_s=receive, load_weights_s=load)
 
     def finish_weight_update(self) -> None:
         # vLLM's CPU linear layers compute from a packed copy made at load time: rebuild it
         # from the weights just loaded, or the engine keeps generating with the old ones.
         from actors.vllm_ext import repack_cpu_weights
 
+        t0 = time.perf_counter()
         repack_cpu_weights(self.model)
+        LAST_UPDATE_PARTS["repack_s"] = time.perf_counter() - t0
 
     def shutdown(self) -> None:
         if self.group is not None:

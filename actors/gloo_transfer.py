@@ -287,6 +287,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.timeout_s = timeout_s
         self.store = None
         self.group = None
+        self.last_parts: dict[str, float] = {}  # seconds of the last send's parts (the bench reports them)
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
@@ -342,10 +343,12 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             raise RuntimeError("send_weights after shutdown(); call trainer_init again")
 
         info = GlooWeightTransferUpdateInfo.from_metadata(meta)
+        t0 = time.perf_counter()
         self.client.start_weight_update()
         # The engines' update_weights blocks until the last bucket arrived: run it beside the
         # broadcast, and fail fast if it errors (instead of sitting out the gloo timeout).
         rpc = _Background(self.client.update_weights, asdict(info))
+        t1 = time.perf_counter()
         try:
             self._broadcast(source, meta, rpc.raise_if_failed)
         except BaseException:
@@ -353,11 +356,15 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             # receive fail now rather than at the timeout. The caller must trainer_init again.
             self.shutdown()
             raise
+        t2 = time.perf_counter()
         rpc.join(self.timeout_s)
+        t3 = time.perf_counter()
         if weight_version is None:
             self.client.finish_weight_update()
         else:
             self.client.finish_weight_update(str(weight_version))
+        self.last_parts = {"start_s": t1 - t0, "gather_pack_broadcast_s": t2 - t1, "wait_engines_s": t3 - t2,
+                           "finish_call_s": time.perf_counter() - t3}
 
     def _broadcast(self, source: WeightSource, meta: list[ParamMeta], peer_failed: Callable[[], None]) -> None:
         """Pack the source's tensors into the planned buckets and broadcast them. Packing the

@@ -14,6 +14,7 @@ import torch
 from actors.config import ReferenceConfig
 from actors.devices import on_gpu, resolve_dtype
 from actors.sequences import completion_logprobs
+from actors.threads import node_cores, use_threads
 
 
 class ReferenceActor:
@@ -25,9 +26,9 @@ class ReferenceActor:
 
         self.cfg = cfg
         gpu = on_gpu(cfg.num_gpus)
-        if not gpu:
-            # One thread per fractional CPU share, so it does not fight the engines for cores.
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, int(cfg.num_cpus)))))
+        # Until the driver's thread budget arrives (set_threads): one thread per CPU share.
+        self.threads = cfg.threads or (0 if gpu else int(os.environ.get("OMP_NUM_THREADS", max(1, int(cfg.num_cpus)))))
+        use_threads(self.threads)
         dtype = getattr(torch, resolve_dtype(cfg.dtype, gpu))
         self.device = torch.device("cuda" if gpu else "cpu")
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
@@ -38,11 +39,18 @@ class ReferenceActor:
 
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """log pi_ref(completion token t | prompt, completion[:t]) per completion token."""
+        use_threads(self.threads)
         return completion_logprobs(self.model, prompt_ids, completion_ids, self.cfg.micro_batch_size, self.pad_id)
+
+    def set_threads(self, n: int) -> None:
+        """The torch threads this actor computes with from now on (the driver's thread budget)."""
+        self.threads = n
+        use_threads(n)
 
     def info(self) -> dict:
         import ray
 
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"pid": os.getpid(), "node_id": node_id, "device": str(self.device),
+        return {"pid": os.getpid(), "node_id": node_id, "device": str(self.device), "cores": node_cores(),
+                "torch_threads": torch.get_num_threads(),
                 "dtype": str(next(self.model.parameters()).dtype)}

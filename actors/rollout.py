@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from actors.config import RolloutConfig
 from actors.devices import on_gpu, resolve_dtype, transfer_backend
+from actors.threads import node_cores, use_threads
 
 FINISH_REASONS = ("stop", "length")
 CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
@@ -114,12 +115,11 @@ class RolloutWorker:
         if not gpu:
             # Before vLLM is imported: envs are read lazily, but keep it obviously first.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            threads = max(1, int(cfg.num_cpus))
-            os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-            import torch
-
-            # vLLM's CPU worker turns torch.set_num_threads into a no-op once it starts.
-            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+            os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads or max(1, int(cfg.num_cpus))))
+        # Until the driver's thread budget arrives (set_threads); vLLM's CPU worker turns
+        # torch.set_num_threads into a no-op once it starts, use_threads goes around that.
+        self._threads = cfg.threads or (0 if gpu else int(os.environ["OMP_NUM_THREADS"]))
+        use_threads(self._threads)
         from vllm import LLM
 
         kwargs = {}
@@ -196,6 +196,7 @@ class RolloutWorker:
 
         cfg = self.cfg
         self._check_not_updating()
+        use_threads(self._threads)
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         if seeds is not None and len(seeds) != len(prompts):
@@ -250,6 +251,7 @@ class RolloutWorker:
         from actors.multiturn import run_trajectories
 
         self._check_not_updating()
+        use_threads(self._threads)
         if self._envs is None:
             raise RuntimeError("generate_multiturn needs rollout.env (an environment) set when the worker starts")
         if len(fields) != len(conversations) or (seeds is not None and len(seeds) != len(conversations)):
@@ -308,6 +310,7 @@ class RolloutWorker:
         from vllm.inputs import TokensPrompt
 
         self._check_not_updating()
+        use_threads(self._threads)
         for i, ids in enumerate(token_ids):
             if not 2 <= len(ids) < self.cfg.max_model_len:
                 raise ValueError(f"sequence {i} has {len(ids)} tokens; need 2..{self.cfg.max_model_len - 1}")
@@ -340,7 +343,13 @@ class RolloutWorker:
         self.llm.start_weight_update()
         self._updating = True
 
+    def set_threads(self, n: int) -> None:
+        """The torch threads this engine computes with from now on (the driver's thread budget)."""
+        self._threads = n
+        use_threads(n)
+
     def update_weights(self, request) -> None:
+        use_threads(self._threads)
         try:
             self.llm.update_weights(request)
         except BaseException:
@@ -355,6 +364,27 @@ class RolloutWorker:
             raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
         if weight_version is not None:
             self.update_weight_version(weight_version)
+
+    def apply_weight_update(self, request, weight_version: int | str) -> dict:
+        """A whole weight update in one call (one round trip from the sender instead of four):
+        start, receive and load every bucket (the sender broadcasts meanwhile), finish (CPU re-pack,
+        prefix-cache reset) and stamp `weight_version`. Returns the seconds of its parts."""
+        from actors.gloo_engine import LAST_UPDATE_PARTS
+
+        LAST_UPDATE_PARTS.clear()
+        t0 = time.perf_counter()
+        self.start_weight_update()
+        self.update_weights(request)
+        t1 = time.perf_counter()
+        self.llm.finish_weight_update()
+        self._updating = False
+        t2 = time.perf_counter()
+        if not self.llm.reset_prefix_cache():  # cached prefixes hold K/V computed by the old weights
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+        self.update_weight_version(weight_version)
+        t3 = time.perf_counter()
+        return {"engine_update_s": t1 - t0, **LAST_UPDATE_PARTS, "engine_finish_s": t2 - t1,
+                "prefix_reset_and_version_s": t3 - t2, "engine_total_s": t3 - t0}
 
     def update_weight_version(self, version: int | str) -> None:
         """The learner's step the weights came from (vLLM keeps it as a string)."""
@@ -380,6 +410,7 @@ class RolloutWorker:
             raise RuntimeError("load_adapter on an engine started without LoRA (max_lora_rank=0); "
                                "start it with learner.lora_rank > 0 and learner.lora_sync=adapter")
         self._check_not_updating()
+        use_threads(self._threads)
         t0 = time.perf_counter()
         if self._adapter_root is None:
             self._adapter_root = _adapter_dir(tempfile.gettempdir())
@@ -420,6 +451,7 @@ class RolloutWorker:
             "weight_version": self._version,
             "updating": self._updating,
             "torch_threads": torch.get_num_threads(),
+            "cores": node_cores(),
             "model_path": self.model_path,
             "start_seconds": round(self.start_seconds, 2),
         }

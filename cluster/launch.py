@@ -163,7 +163,8 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
             .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0,
                      scheduling_strategy=at(learner_bundle[rank]))
             .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
-                    master_port=out.learner_port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed)
+                    master_port=out.learner_port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
+                    reference_on_learner=cfg.reference_on_learner())
         )
     if with_reference:
         out.reference = (
@@ -194,6 +195,26 @@ def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
     if actors.reference is not None:
         infos.append({"role": "reference", **wait_for(actors.reference.info.remote(), "reference actor", "loading the model", timeout_s)})
     return infos
+
+
+def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str, int]:
+    """Give every actor its torch thread count (actors/threads.py: all of a node's cores to each phase
+    of the sync schedule, split between generation and learning in the async one; rollout.threads,
+    learner.threads, reference.threads override). Recorded in `placement` (placement.json)."""
+    from actors.threads import thread_budget
+
+    budget = thread_budget(cfg.trainer.mode, placement, {"rollout": cfg.rollout.threads,
+                                                        "learner": cfg.learner.threads,
+                                                        "reference": cfg.reference.threads})
+    handles = {**{f"rollout-{i}": h for i, h in enumerate(actors.rollouts)},
+               **{f"learner-{i}": h for i, h in enumerate(actors.learners)},
+               **({"reference": actors.reference} if actors.reference is not None else {})}
+    refs = {role: h.set_threads.remote(budget[role]) for role, h in handles.items()}
+    for role, ref in refs.items():
+        wait_for(ref, role, "setting its threads", cfg.trainer.actor_timeout_s)
+    for p in placement:
+        p["threads"] = budget[p["role"]]
+    return budget
 
 
 def wait_restarted(handle, name: str, timeout_s: float, budget_key: str = "rollout.max_restarts") -> dict:

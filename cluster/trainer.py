@@ -181,6 +181,8 @@ class Trainer:
                 prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=advantages.tolist(),
                 behavior_logp=batch.behavior_logp, ref_logp=ref_logp, pad_id=self.pad_id,
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
+        if m.get("ref_seconds"):  # computed on the learner ranks, inside the train call
+            sw.t["ref_s"], sw.t["train_s"] = m["ref_seconds"], sw.t["train_s"] - m["ref_seconds"]
         with sw("sync"):
             self.version += 1
             m["sync"] = self._sync_weights()
@@ -327,9 +329,10 @@ class Trainer:
         launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
-        self.actors = launch.create_actors(  # LoRA: the learner's base model is the reference
-            cfg, with_reference=cfg.algo.beta > 0 and not cfg.learner.reference_from_learner(cfg.algo.beta))
+        self.actors = launch.create_actors(  # reference.placement: the actor, or the learner ranks themselves
+            cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner())
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
+        self.threads = launch.apply_thread_budget(self.actors, self.placement, cfg)
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
@@ -347,6 +350,8 @@ class Trainer:
         the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
         print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
         with self._engines_lock:
+            launch.wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
+                            f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
             self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb,
                                            self.cfg.rollout.tensor_parallel_size)
             self.learners.sync_weights(self.version)

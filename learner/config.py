@@ -76,6 +76,7 @@ class LearnerConfig:
     lora_reference_actor: bool = False
     num_cpus: float = 0.5
     num_gpus: float = 0.0
+    threads: int = 0  # torch threads per rank; 0: the thread budget (actors/threads.py) decides
 
     def problems(self) -> list[str]:
         p = []
@@ -108,6 +109,8 @@ class LearnerConfig:
             p.append(f"learner.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.max_nonfinite_steps < 1:
             p.append(f"learner.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        if self.threads < 0:
+            p.append(f"learner.threads must be >= 0 (0: the thread budget decides), got {self.threads}")
         if self.num_cpus < 0 or self.num_gpus < 0:
             p.append(f"learner.num_cpus and learner.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
         p += self._lora_problems()
@@ -123,11 +126,6 @@ class LearnerConfig:
         if not self.lora or self.lora_sync != "adapter":
             return 0
         return next(r for r in VLLM_LORA_RANKS if r >= self.lora_rank)
-
-    def reference_from_learner(self, beta: float) -> bool:
-        """Reference log-probs from the learner's own model with adapters disabled (the base model)
-        instead of a reference actor: LoRA with beta > 0, unless lora_reference_actor."""
-        return self.lora and beta > 0 and not self.lora_reference_actor
 
     def _lora_problems(self) -> list[str]:
         p = []

@@ -126,17 +126,31 @@ def consolidated_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int,
     return out
 
 
-class VersionedRayClient(RayVLLMWeightSyncClient):
-    """RayVLLMWeightSyncClient that stamps the engines' weight version when an update finishes.
+class OneTripRayClient(RayVLLMWeightSyncClient):
+    """The engines' side of an update in ONE Ray call per engine (RolloutWorker.apply_weight_update)
+    instead of vLLM's four (start, update, finish, then the version): on a small model those
+    round trips, not the bytes, were most of an update (docs/benchmarks.md, part 2).
 
-    The trainer engines call `finish_weight_update()` without a version; this fills in the one
-    the current `send` is for, so each engine's `get_weight_version()` reads it afterwards.
+    vLLM's trainer engines (our gloo one and vLLM's nccl one) call start -> update (beside their
+    broadcast) -> finish; here start and finish do nothing and `update_weights` runs the whole
+    update on every engine, stamping `next_version`. `last_parts` holds engine 0's timings.
     """
 
-    next_version: str | None = None
+    next_version: str = "0"
+    last_parts: dict | None = None
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info) -> None:
+        import ray
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        request = WeightTransferUpdateRequest(update_info=update_info)
+        self.last_parts = ray.get([h.apply_weight_update.remote(request, self.next_version) for h in self.handles])[0]
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        super().finish_weight_update(weight_version if weight_version is not None else self.next_version)
+        pass
 
 
 def trainer_init_info(init_info: dict, rank: int):
@@ -161,7 +175,7 @@ class WeightSync:
 
         self.rank = rank
         self.source = source
-        self.client = VersionedRayClient(list(rollout_handles))
+        self.client = OneTripRayClient(list(rollout_handles))
         info = trainer_init_info(init_info, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
@@ -177,7 +191,9 @@ class WeightSync:
             self.source.drain()  # let the other ranks out of their gathers, then report
             raise
         return {"bytes": self.source.num_bytes() if self.rank == 0 else 0,
-                "seconds": time.perf_counter() - t0, "weight_version": version}
+                "seconds": time.perf_counter() - t0, "weight_version": version,
+                "parts": {**getattr(self.engine, "last_parts", {}), **(self.client.last_parts or {})}
+                if self.rank == 0 else {}}
 
     def shutdown(self) -> None:
         try:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from actors.devices import on_gpu, resolve_dtype
+from actors.threads import node_cores, use_threads
 from learner import grpo
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
@@ -129,11 +130,16 @@ class LearnerWorker:
     """One DeepSpeed rank (a Ray actor). See the module docstring for the calling contract."""
 
     def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, *, rank: int, world_size: int,
-                 master_addr: str, master_port: int, total_steps: int, seed: int):
+                 master_addr: str, master_port: int, total_steps: int, seed: int, reference_on_learner: bool = False):
+        """`reference_on_learner`: this rank computes the reference log-probs of its shard itself
+        (RunConfig.reference_on_learner): with LoRA from its base model, adapters off; else from a
+        frozen copy of the starting model that it holds."""
         import deepspeed
         from transformers import AutoModelForCausalLM
 
         t0 = time.perf_counter()
+        self.threads = cfg.threads  # until the driver's thread budget arrives (set_threads)
+        use_threads(self.threads)
         self.cfg, self.algo, self.model_path = cfg, algo, str(model_path)
         self.rank, self.world_size, self.total_steps, self.seed = rank, world_size, total_steps, seed
         self.master_addr = master_addr
@@ -151,6 +157,10 @@ class LearnerWorker:
 
         self.ds_config = build_ds_config(cfg, world_size=world_size, on_gpu=self.on_gpu)
         dtype = getattr(torch, resolve_dtype(cfg.dtype, self.on_gpu))
+        self.reference_on_learner, self.reference = reference_on_learner, None
+        if reference_on_learner and not cfg.lora:  # loaded before ZeRO-3's config exists: a whole, unpartitioned copy
+            self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device)
+            self.reference.eval().requires_grad_(False)
         self._hf_ds_config = None
         if cfg.zero_stage == 3:
             # Must exist (and stay referenced: transformers keeps a weakref) before from_pretrained,
@@ -205,7 +215,12 @@ class LearnerWorker:
                 "hostname": socket.gethostname(), "device": str(self.device), "zero_stage": self.cfg.zero_stage,
                 "init_seconds": self.init_seconds, "step": self.step, "lora_rank": self.cfg.lora_rank,
                 "listen_address": self.master_addr,  # rank 0's rendezvous and weight-transfer listeners
-                **self.param_counts}
+                "cores": node_cores(), "torch_threads": torch.get_num_threads(), **self.param_counts}
+
+    def set_threads(self, n: int) -> None:
+        """The torch threads this rank computes with from now on (the driver's thread budget)."""
+        self.threads = n
+        use_threads(n)
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         import deepspeed.comm as dist
@@ -213,10 +228,12 @@ class LearnerWorker:
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return t.tolist()
 
-    def _forward(self, mb: MicroBatch, with_entropy: bool):
-        """Log-probs [n, C] of the completion tokens (one forward pass), and optionally their entropy."""
-        out = self.engine(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device),
-                          position_ids=mb.position_ids.to(self.device), use_cache=False)
+    def _forward(self, mb: MicroBatch, with_entropy: bool, model=None):
+        """Log-probs [n, C] of the completion tokens (one forward pass of `model`, by default the one
+        being trained), and optionally their entropy."""
+        out = (model or self.engine)(input_ids=mb.input_ids.to(self.device),
+                                     attention_mask=mb.attention_mask.to(self.device),
+                                     position_ids=mb.position_ids.to(self.device), use_cache=False)
         logits = out.logits[:, :-1]  # row t scores token t+1
         index = mb.comp_index.to(self.device)
         logp = grpo.token_logprobs(logits, mb.input_ids[:, 1:].to(self.device)).gather(1, index)
@@ -234,6 +251,7 @@ class LearnerWorker:
         """mu optimisation passes over `batch` (the full batch; this rank takes its shard). Returns metrics,
         identical on every rank (averaged / summed over ranks)."""
         t0 = time.perf_counter()
+        use_threads(self.threads)
         batch.validate()
         cfg, algo = self.cfg, self.algo
         shard = batch.shard(self.rank, self.world_size)
@@ -242,9 +260,10 @@ class LearnerWorker:
         mbs = shard.micro_batches(cfg.micro_batch_size)
         to = lambda x: None if x is None else x.to(self.device)  # noqa: E731
 
-        ref_logps = None
-        if cfg.lora and algo.beta > 0 and batch.ref_logp is None:
-            ref_logps = self._base_logps(mbs)
+        ref_logps, ref_seconds = None, 0.0
+        if self.reference_on_learner and algo.beta > 0 and batch.ref_logp is None:
+            ref_logps = self._reference_logps(mbs)
+            ref_seconds = time.perf_counter() - t0
         old_logps = None
         if cfg.mu > 1:  # pi_old is the policy before the first of the mu updates
             with torch.no_grad():
@@ -295,7 +314,8 @@ class LearnerWorker:
         metrics = self._reduce_metrics(sums, passes, batch.num_completion_tokens())
         metrics["logprob_diff_max"] = self._all_reduce([diff_max], op="max")[0]
         metrics.update(grad_norm=grad_norm, lr=lr, tokens=batch.num_completion_tokens(), skipped=skipped,
-                       nonfinite_count=self.nonfinite_streak, seconds=time.perf_counter() - t0, step=self.step)
+                       nonfinite_count=self.nonfinite_streak, seconds=time.perf_counter() - t0, step=self.step,
+                       ref_seconds=ref_seconds)
         if self.nonfinite_streak >= cfg.max_nonfinite_steps:
             raise RuntimeError(
                 f"loss was NaN/inf for {self.nonfinite_streak} consecutive steps at step {self.step}; "
@@ -304,11 +324,14 @@ class LearnerWorker:
                 f"the last checkpoint is at {self.last_checkpoint or '(none written by this run)'}")
         return metrics
 
-    def _base_logps(self, mbs: list[MicroBatch]) -> list[torch.Tensor]:
-        """Reference log-probs from the learner's own model with its adapters off: under LoRA that
-        is the base model, so no second copy (reference actor) is needed."""
-        with torch.no_grad(), self.engine.module.disable_adapter():
-            return [self._forward(mb, with_entropy=False)[0] for mb in mbs]
+    def _reference_logps(self, mbs: list[MicroBatch]) -> list[torch.Tensor]:
+        """Reference log-probs of this rank's micro-batches, in the training loop: from the frozen copy,
+        or under LoRA from the learner's own model with adapters off (the base model, no copy)."""
+        with torch.no_grad():
+            if self.reference is not None:
+                return [self._forward(mb, with_entropy=False, model=self.reference)[0] for mb in mbs]
+            with self.engine.module.disable_adapter():
+                return [self._forward(mb, with_entropy=False)[0] for mb in mbs]
 
     def _norm_length(self, batch: TrainBatch) -> float | None:
         """Dr. GRPO's constant length normaliser (only for aggregation seq-mean-token-sum-norm)."""
@@ -380,6 +403,7 @@ class LearnerWorker:
         """Send the current weights to every engine; their weight version becomes `version`."""
         if self._transfer is None:
             raise RuntimeError("sync_weights called before init_weight_sync")
+        use_threads(self.threads)
         return self._transfer.send(version)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

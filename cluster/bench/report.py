@@ -165,6 +165,9 @@ def table_rows(res: dict) -> list[tuple]:
              f"{sy['bytes'] / 2**20:.2f} MiB, learner -> vLLM, {sy.get('backend', 'gloo')}"),
             ("2 sync", f"full update ({label}) MB/s", ratio(sy["bytes"], sy["seconds"] * 1e6), "through vLLM's RL API"),
         ]
+        if sy.get("parts"):
+            rows.append(("2 sync", f"parts ({label}), ms", "-",
+                         ", ".join(f"{k.removesuffix('_s')} {1000 * v:.1f}" for k, v in sy["parts"].items())))
     raw = res.get("raw_broadcast")
     if raw:
         rows += [

@@ -70,14 +70,55 @@ def listeners_while_learning(trainer: Trainer, at_step: int, role: str) -> list[
     return seen
 
 
+def threads_while_learning(trainer: Trainer, at_step: int) -> dict[str, int]:
+    """role -> the torch threads each actor reports (info()) when the driver starts training step
+    `at_step` + 1: what the thread budget really set in the actor, not what the driver planned."""
+    import ray
+
+    learn, seen = trainer._learn, {}
+
+    def learn_and_ask(batch, sw):
+        if trainer.step == at_step and not seen:
+            a = trainer.actors
+            handles = {"rollout-0": a.rollouts[0], "learner-0": a.learners[0], **(
+                {"reference": a.reference} if a.reference is not None else {})}
+            seen.update({role: ray.get(h.info.remote())["torch_threads"] for role, h in handles.items()})
+        return learn(batch, sw)
+
+    trainer._learn = learn_and_ask
+    return seen
+
+
 def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluster, tmp_path):
-    """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal."""
+    """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal. The
+    reference runs on the learner rank (reference.placement auto, on CPU) and gives the KL the
+    reference actor gives; every actor computes with the thread budget's count."""
+    from actors.threads import node_cores
+
     full = tmp_path / "full"
-    Trainer(config(tiny_model_dir, full, "algo.beta=0.05", "checkpoint.every=2")).run()
+    trainer = Trainer(config(tiny_model_dir, full, "algo.beta=0.05", "checkpoint.every=2"))
+    threads = threads_while_learning(trainer, at_step=0)
+    trainer.run()
     rows = train_rows(full)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["weight_version"] == r["step"] and r["staleness"] == 0 for r in rows)
-    assert all(r["kl"] is not None for r in rows) and rows[-1]["kl"] > 0  # reference actor served log-probs
+    assert all(r["kl"] is not None for r in rows) and rows[-1]["kl"] > 0 and rows[-1]["ref_s"] > 0
+    placement = json.loads((full / "placement.json").read_text())
+    assert "reference" not in {p["role"] for p in placement}  # the learner rank computed it
+    # sync schedule: each phase gets the whole node (the test machine's cores, as the actors see them)
+    assert threads == {"rollout-0": node_cores(), "learner-0": node_cores()}
+    assert all(p["threads"] == node_cores() for p in placement)
+
+    by_actor = tmp_path / "actor"
+    trainer = Trainer(config(tiny_model_dir, by_actor, "algo.beta=0.05", "reference.placement=actor", "reference.threads=1"))
+    threads = threads_while_learning(trainer, at_step=0)
+    trainer.run()
+    assert threads == {"rollout-0": node_cores(), "learner-0": node_cores(), "reference": 1}  # an override wins
+    actor_rows = train_rows(by_actor)
+    assert len(actor_rows) == len(rows) and actor_rows[-1]["kl"] > 0  # the last step compares a real KL
+    for a, b in zip(rows, actor_rows):
+        assert a["reward_mean"] == b["reward_mean"] and a["gen_tokens"] == b["gen_tokens"]
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-6), (a, b)
     assert all(r["gen_tokens"] > 0 and r["sync_bytes"] > 0 for r in rows)
     assert (full / "hf_model" / "config.json").exists()
     assert (full / "config.yaml").exists()

@@ -22,13 +22,6 @@ def test_lora_config_problems_and_engine_rank():
     assert LearnerConfig(lora_rank=-1).problems()
 
 
-def test_reference_from_learner_only_with_lora_and_beta():
-    assert LearnerConfig(lora_rank=4).reference_from_learner(0.1)
-    assert not LearnerConfig(lora_rank=4).reference_from_learner(0.0)
-    assert not LearnerConfig(lora_rank=4, lora_reference_actor=True).reference_from_learner(0.1)
-    assert not LearnerConfig().reference_from_learner(0.1)
-
-
 def test_names_and_merge_match_peft(tiny_model_dir):
     """The merged view (hf_name + merge_map + merged) equals peft's own merge_and_unload."""
     from transformers import AutoModelForCausalLM

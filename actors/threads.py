@@ -1,0 +1,88 @@
+"""The CPU thread budget: every phase of a step uses the cores that are free while it runs.
+
+A CPU actor computes with torch's OpenMP threads. Ray's `num_cpus` is a scheduling share, not
+a thread count (0.5 CPU would be one thread that leaves the other core idle), so the driver
+gives every actor a thread count from the schedule and the placement (`thread_budget`), and
+each actor applies it at the start of every coarse call (`use_threads`):
+
+  sync schedule   generate -> reference -> train -> sync run one after another, so each phase
+                  takes all of its node's cores, shared only by the actors of the same role on
+                  that node (two learner ranks on a 2-core node: one thread each).
+  async schedule  generation overlaps the learner side (reference, then train), so a node that
+                  holds both splits its cores between them in proportion to their actor counts.
+
+An idle actor holds no core: OpenMP's worker threads spin for about a millisecond after a
+parallel region, then sleep. `rollout.threads`, `learner.threads` and `reference.threads`
+(> 0) override the budget per role.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import torch
+
+# vLLM's CPU worker replaces torch.set_num_threads with a no-op once its engine starts (it pins
+# threads for its own process manager, which raygrpo does not use: the engine runs in-process).
+# The binding underneath still works, so keep a reference to it taken before vLLM can patch it.
+_set_torch_threads = torch._C.set_num_threads
+
+ROLES = ("rollout", "learner", "reference")
+
+
+def node_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
+    (a container limited to 2 CPUs on a 64-core host must not plan for 64)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def use_threads(n: int) -> None:
+    """Run this thread's torch work on n threads from now on (n <= 0: leave it as it is)."""
+    if n > 0 and torch.get_num_threads() != n:
+        _set_torch_threads(n)
+
+
+def thread_budget(mode: str, placement: list[dict], overrides: dict[str, int] | None = None) -> dict[str, int]:
+    """Threads for every actor, by its placement role ("rollout-0", "learner-1", "reference").
+
+    `placement`: one dict per actor with "role", "node_id" and "cores" (its node's `node_cores()`).
+    `mode`: "sync" or "async" (trainer.mode). `overrides`: {"rollout": n, ...}, n > 0 wins.
+    """
+    overrides = overrides or {}
+    per_node: dict = {}
+    for p in placement:
+        per_node.setdefault(p["node_id"], Counter())[role_of(p["role"])] += 1
+    out = {}
+    for p in placement:
+        role, count, cores = role_of(p["role"]), per_node[p["node_id"]], max(1, int(p["cores"]))
+        out[p["role"]] = overrides.get(role, 0) or _share(mode, role, count, cores)
+    return out
+
+
+def role_of(placement_role: str) -> str:
+    role = placement_role.split("-")[0]
+    if role not in ROLES:
+        raise ValueError(f"unknown actor role {placement_role!r}; expected one of {ROLES} (with -i)")
+    return role
+
+
+def _share(mode: str, role: str, count: Counter, cores: int) -> int:
+    """One actor's threads on a node with `cores` cores holding `count` actors per role."""
+    engines, ranks = count["rollout"], count["learner"]
+    learner_side = ranks or count["reference"]  # the reference runs before train, on the same side
+    if mode == "async" and engines and learner_side:
+        gen = min(cores - 1, max(1, round(cores * engines / (engines + learner_side)))) if cores > 1 else 1
+        cores = gen if role == "rollout" else max(1, cores - gen)
+    if role == "rollout":
+        return max(1, cores // engines)
+    if role == "learner":
+        return max(1, cores // ranks)
+    return cores

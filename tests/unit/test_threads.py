@@ -1,0 +1,87 @@
+"""The CPU thread budget (actors/threads.py) and the reference placement rule (RunConfig.reference_on_learner)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from actors.config import ReferenceConfig
+from actors.threads import node_cores, thread_budget, use_threads
+from cluster.config import ConfigError, RunConfig, load_config
+from learner.config import AlgoConfig, LearnerConfig
+
+
+def actors(cores: int, node: str = "a", engines: int = 1, ranks: int = 1, reference: bool = False) -> list[dict]:
+    out = [{"role": f"rollout-{i}", "node_id": node, "cores": cores} for i in range(engines)]
+    out += [{"role": f"learner-{i}", "node_id": node, "cores": cores} for i in range(ranks)]
+    return out + ([{"role": "reference", "node_id": node, "cores": cores}] if reference else [])
+
+
+def test_sync_schedule_gives_each_phase_the_whole_node():
+    assert thread_budget("sync", actors(2, reference=True)) == {"rollout-0": 2, "learner-0": 2, "reference": 2}
+    # actors of one role share their node's cores: they work at the same time
+    assert thread_budget("sync", actors(8, engines=2, ranks=4)) == {
+        "rollout-0": 4, "rollout-1": 4, "learner-0": 2, "learner-1": 2, "learner-2": 2, "learner-3": 2}
+    assert thread_budget("sync", actors(2, ranks=4))["learner-3"] == 1  # never 0
+
+
+def test_async_schedule_splits_cores_between_generation_and_learning():
+    assert thread_budget("async", actors(2, reference=True)) == {"rollout-0": 1, "learner-0": 1, "reference": 1}
+    assert thread_budget("async", actors(16)) == {"rollout-0": 8, "learner-0": 8}
+    b = thread_budget("async", actors(12, engines=2, ranks=1))  # in proportion to the actor counts
+    assert (b["rollout-0"], b["learner-0"]) == (4, 4)
+    assert thread_budget("async", actors(1)) == {"rollout-0": 1, "learner-0": 1}
+
+
+def test_budget_is_per_node_and_overrides_win():
+    placement = actors(4, node="gen", engines=2, ranks=0) + actors(6, node="train", engines=0, ranks=2, reference=True)
+    assert thread_budget("async", placement) == {"rollout-0": 2, "rollout-1": 2, "learner-0": 3, "learner-1": 3,
+                                                 "reference": 6}
+    assert thread_budget("sync", actors(2, reference=True), {"rollout": 1, "learner": 0, "reference": 3}) == {
+        "rollout-0": 1, "learner-0": 2, "reference": 3}
+    with pytest.raises(ValueError, match="unknown actor role"):
+        thread_budget("sync", [{"role": "critic-0", "node_id": "a", "cores": 2}])
+
+
+def test_use_threads_goes_around_a_patched_set_num_threads(monkeypatch):
+    """vLLM's CPU worker replaces torch.set_num_threads with a no-op; the budget must still apply."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    try:
+        use_threads(2 if before != 2 else 1)
+        assert torch.get_num_threads() == (2 if before != 2 else 1)
+        use_threads(0)  # 0: leave as it is
+        assert torch.get_num_threads() == (2 if before != 2 else 1)
+    finally:
+        use_threads(before)
+    assert 1 <= node_cores() <= os.cpu_count()
+
+
+def test_thread_and_placement_keys_are_validated():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.threads=-1", "learner.threads=-2", "reference.threads=-1",
+                           "reference.placement=gpu"])
+    text = str(e.value)
+    for key in ("rollout.threads", "learner.threads", "reference.threads", "reference.placement must be auto|actor|learner"):
+        assert key in text
+
+
+def on_learner(beta: float = 0.01, placement: str = "auto", **learner) -> bool:
+    return RunConfig(algo=AlgoConfig(beta=beta), reference=ReferenceConfig(placement=placement),
+                     learner=LearnerConfig(**learner)).reference_on_learner()
+
+
+def test_reference_placement_auto_is_learner_on_cpu_and_actor_on_gpu():
+    assert on_learner()  # CPU learner: the frozen copy on the ranks
+    assert not on_learner(num_gpus=1)  # a GPU learner: keep its memory for training
+    assert on_learner(placement="learner", num_gpus=1)
+    assert not on_learner(placement="actor")
+    assert not on_learner(beta=0)  # no KL term, no reference anywhere
+
+
+def test_reference_placement_with_lora():
+    assert on_learner(lora_rank=4, num_gpus=1)  # the base model is already there: adapters off
+    assert not on_learner(beta=0, lora_rank=4)
+    assert not on_learner(lora_rank=4, lora_reference_actor=True)
+    assert not on_learner(placement="actor", lora_rank=4)
