@@ -13,6 +13,10 @@ class RolloutConfig:
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     max_model_len: int = 256  # prompt + completion tokens the engine accepts
     max_new_tokens: int = 32
+    # Sampled completions are not allowed to end (EOS / stop token ids) before this many tokens
+    # (vLLM's SamplingParams.min_tokens); greedy evaluation is not affected. 0: off. The bench's
+    # long-completion setting sets it to max_new_tokens, so a random model cannot stop early.
+    min_new_tokens: int = 0
     gpu_memory_utilization: float = 0.1  # on CPU vLLM reads this as the fraction of RAM for KV cache
     # CPU only: an explicit KV-cache size. vLLM-CPU's gpu_memory_utilization must cover the whole
     # process (its ~0.7 GiB RSS included), which breaks in small fractions; a fixed size does not,
@@ -67,6 +71,12 @@ class RolloutConfig:
             p.append(f"rollout.num_workers must be >= 1, got {self.num_workers}")
         if self.max_new_tokens < 1:
             p.append(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            p.append(f"rollout.min_new_tokens must be in [0, rollout.max_new_tokens ({self.max_new_tokens})], "
+                     f"got {self.min_new_tokens}")
+        if self.env and self.min_new_tokens:
+            p.append("rollout.min_new_tokens applies to single-turn completions only: with rollout.env set a turn "
+                     "ends at the chat template's end-of-turn token; set rollout.min_new_tokens=0")
         if self.max_new_tokens >= self.max_model_len:
             p.append(f"rollout.max_new_tokens ({self.max_new_tokens}) must be < rollout.max_model_len ({self.max_model_len})")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -226,6 +226,8 @@ class RolloutWorker:
                     top_p=cfg.top_p,
                     top_k=cfg.top_k if cfg.top_k > 0 else 0,
                     max_tokens=max_new,
+                    # no EOS / stop token before min_tokens (sampling only; a shorter max_new caps it)
+                    min_tokens=0 if greedy else min(cfg.min_new_tokens, max_new),
                     stop=list(cfg.stop) or None,
                     stop_token_ids=self.stop_token_ids,
                     skip_special_tokens=True,

@@ -209,19 +209,31 @@ def build_parser() -> argparse.ArgumentParser:
                        "schedule step time, (4) learner tokens/s under ZeRO-2 and ZeRO-3, (5) TRL's GRPOTrainer on the "
                        "same task/model/batch/steps/lr (installed on demand into .venv-bench), (6) LoRA: sync bytes and seconds "
                        "adapter vs merged vs full, optimizer state LoRA vs full. Prints a table and "
-                       "writes it as JSON with the machine's details (see docs/benchmarks.md).")
+                       "writes it as JSON with the machine's details (see docs/benchmarks.md). --setting long: "
+                       "the regime the design is for (a ~31.5M-parameter random model, every completion 128 "
+                       "tokens), where generation dominates a step.")
     b.add_argument("overrides", nargs="*", help="dotted config overrides on the bench's pinned training settings "
-                   "(cluster/bench/report.py BENCH_SETTINGS), e.g. algo.beta=0 learner.lr=5e-5")
-    b.add_argument("--hidden-size", type=int, default=128, help="tiny Qwen2 hidden size (head_dim 32); default ~1M params")
-    b.add_argument("--num-layers", type=int, default=4, help="tiny Qwen2 layers")
+                   "(cluster/bench/report.py BENCH_SETTINGS, + LONG_SETTINGS for --setting long), e.g. algo.beta=0 "
+                   "learner.lr=5e-5")
+    b.add_argument("--setting", choices=("default", "long"), default="default",
+                   help="default: the CPU demo's task and sizes, 8 new tokens, a warm-started model. long: "
+                   "long completions where generation dominates: hidden 512 x 8 layers (~31.5M parameters), random "
+                   "weights (no warm start), 128 new tokens per completion with rollout.min_new_tokens=128 (vLLM "
+                   "min_tokens, TRL min_new_tokens: no completion stops early), 8 prompts x G=8; runs only parts "
+                   "schedule,trl unless --parts names others (parts 1, 2, 4, 6 would take many minutes there)")
+    b.add_argument("--hidden-size", type=int, default=None,
+                   help="tiny Qwen2 hidden size (head_dim 32); default 128 (~1M params), --setting long: 512")
+    b.add_argument("--num-layers", type=int, default=None, help="tiny Qwen2 layers; default 4, --setting long: 8")
     b.add_argument("--model", default="", help="an existing HF model directory instead of a tiny one (no warm start)")
     b.add_argument("--steps", type=int, default=5, help="training steps of the sync/async/TRL runs (the first is warm-up)")
     b.add_argument("--out", default="runs/bench/bench.json", help="where the JSON goes (work files beside it)")
     b.add_argument("--skip-trl", action="store_true", help="leave out part 5 (no .venv-bench, no TRL install)")
-    b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora (default: all)")
+    b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora (default: all; "
+                   "--setting long: schedule,trl)")
     b.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of part 6 (adapter vs merged vs full sync)")
     b.add_argument("--cache-dir", default=".cache/bench", help="where the tiny models and warm starts are cached")
-    b.add_argument("--warm-start-steps", type=int, default=900, help="supervised warm-start steps (cached; 0: none)")
+    b.add_argument("--warm-start-steps", type=int, default=None,
+                   help="supervised warm-start steps (cached; 0: none); default 900, --setting long: 0 (always)")
     b.add_argument("--gen-prompts", type=int, default=32, help="prompts per rollout call in part 1")
     b.add_argument("--gen-tokens", type=int, default=32, help="max new tokens per completion in part 1")
     b.add_argument("--gen-repeats", type=int, default=3, help="timed rollout calls per path in part 1 (after warm-up)")

@@ -21,6 +21,10 @@ Six measurements, each against a baseline that does the same work without our ma
              merged mode: merged weights through the transfer path) vs full fine-tuning, and the
              learner's optimizer state bytes LoRA vs full (one ZeRO-2 rank each).
 
+`--setting long` (report.py LONG_SETTINGS) is the regime the design is for: a ~31.5M-parameter
+random model, every completion 128 tokens (rollout.min_new_tokens; TRL gets min_new_tokens), so
+generation dominates a step; it runs parts 3 and 5 unless --parts names others.
+
 The baseline subprocesses (direct vLLM, TRL) run at the niceness Ray gives its workers, so on a
 shared machine both sides of a comparison get the same CPU priority.
 

@@ -13,7 +13,6 @@ from cluster.bench.learner_sync import (
     fixed_batch,
 )
 from cluster.bench.report import (
-    BENCH_SETTINGS,
     fmt_value,
     format_table,
     load_average,
@@ -21,6 +20,7 @@ from cluster.bench.report import (
     model_spec,
     progress,
     ratio,
+    resolve_setting,
     table_rows,
     write_json,
 )
@@ -52,12 +52,14 @@ def _run_bench(args, res: dict) -> int:
     from cluster.tinymodel import build_tiny_model, num_parameters
     from cluster.warmstart import WarmStartSpec, warm_start
 
+    setting = resolve_setting(args.setting, args.hidden_size, args.num_layers, args.warm_start_steps, args.parts)
     t_start = time.perf_counter()
     out_path = Path(args.out)
     workdir = out_path.parent / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     timeout_s = float(getattr(args, "timeout", 900))
-    res.update({"machine": machine_info(), "load_average_start": load_average(), "command": " ".join(sys.argv)})
+    res.update({"machine": machine_info(), "load_average_start": load_average(), "command": " ".join(sys.argv),
+                "setting": setting.describe()})
     progress(f"load average at start: {res['load_average_start']} on {res['machine']['cpu_count']} CPUs")
 
     cache = Path(args.cache_dir)
@@ -68,29 +70,31 @@ def _run_bench(args, res: dict) -> int:
         res["model"] = {"path": str(base), "parameters": n_params, "hidden_size": hf.get("hidden_size"),
                         "num_layers": hf.get("num_hidden_layers"), "model_type": hf.get("model_type")}
     else:
-        spec = model_spec(args.hidden_size, args.num_layers)
+        spec = model_spec(setting.hidden_size, setting.num_layers)
         base = build_tiny_model(cache / f"base-h{spec.hidden_size}-l{spec.num_layers}", spec)
-        warm = base  # replaced by the warm start below unless --warm-start-steps 0
+        warm = base  # replaced by the warm start below unless --warm-start-steps 0 (or --setting long)
         n_params = num_parameters(base)
         res["model"] = {"path": str(base), "parameters": n_params, **dataclasses.asdict(spec)}
     progress(f"model: {base} ({(n_params or 0) / 1e6:.2f}M parameters)")
 
     user = list(args.overrides or [])
-    cfg0 = load_config(None, [*BENCH_SETTINGS, f"model.path={base}", *user])
-    if not args.model and args.warm_start_steps > 0:
+    cfg0 = load_config(None, [*setting.overrides, f"model.path={base}", *user])
+    if not args.model and setting.warm_start_steps > 0:
         t = time.perf_counter()
         train_set, _ = load_splits(cfg0.data.train, cfg0.data.eval, cfg0.data.num_eval, cfg0.data.task_digits,
                                    cfg0.trainer.seed)
-        ws = WarmStartSpec(steps=args.warm_start_steps)
-        warm = warm_start(base, cache / f"warm-h{args.hidden_size}-l{args.num_layers}-{ws.steps}", train_set, ws)
+        ws = WarmStartSpec(steps=setting.warm_start_steps)
+        warm = warm_start(base, cache / f"warm-h{setting.hidden_size}-l{setting.num_layers}-{ws.steps}", train_set, ws)
         res["model"]["warm_start"] = {"path": str(warm), **dataclasses.asdict(ws), "seconds": time.perf_counter() - t}
         progress(f"warm start: {warm} ({time.perf_counter() - t:.0f}s; cached by spec)")
-    # The training config of parts 3 and 5 (and the shapes of 1, 2, 4): BENCH_SETTINGS + the user's overrides.
-    train_overrides = [*BENCH_SETTINGS, f"model.path={warm}", f"trainer.steps={args.steps}", *user]
+    # The training config of parts 3 and 5 (and the shapes of 1, 2, 4): BENCH_SETTINGS (+ LONG_SETTINGS
+    # for --setting long) + the user's overrides.
+    train_overrides = [*setting.overrides, f"model.path={warm}", f"trainer.steps={args.steps}", *user]
     cfg = load_config(None, train_overrides)
     res["config"] = {"overrides": train_overrides, "resolved": cfg.to_dict()}
 
-    parts = set(args.parts.split(",")) if args.parts else {"rollout", "learner", "sync", "schedule", "trl", "lora"}
+    parts = set(setting.parts)
+    progress(f"setting {setting.name}: parts {','.join(p for p in setting.parts)}")
     launch.start_ray(cfg.ray.address, cfg.ray.num_cpus)
     # Ray runs its workers at a raised niceness (15 by default); the baselines get the same
     res["ray_worker_niceness"] = ray.get(ray.remote(num_cpus=0)(current_niceness).remote(), timeout=timeout_s)
@@ -157,7 +161,7 @@ def _run_bench(args, res: dict) -> int:
 
     # held-out greedy accuracy, one procedure for every model (after Ray is down: nothing runs beside it)
     sync_run = res.get("schedules", {}).get("sync")
-    if sync_run and sync_run.get("hf_model"):
+    if sync_run and sync_run.get("hf_model") and cfg.data.num_eval > 0:  # --setting long: none (random weights)
         data = dataclasses.asdict(cfg.data)
         progress(f"held-out accuracy: the starting model and raygrpo's after {args.steps} steps (HF greedy)")
         res["heldout"] = {"prompts": len(heldout_examples(data, cfg.trainer.seed)),

@@ -1,6 +1,7 @@
 """Tables, ratios, summaries and machine facts: the pure, unit-tested part of the bench."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -28,6 +29,72 @@ BENCH_SETTINGS = [
     "algo.advantage_estimator=grpo", "algo.beta=0.001", "algo.clip_high=0.28",
     "checkpoint.every=0", "checkpoint.resume=none", "metrics.tensorboard=false",
 ]
+# `raygrpo bench --setting long`: the regime the design is for. Generation is long (every
+# completion runs to max_new_tokens: min_new_tokens = max_new_tokens, so a model cannot stop
+# early and both sides generate the same number of tokens) on a model big enough that a decode
+# step costs real compute, so generation dominates a TRL step (HF generate, one process) while
+# raygrpo's runs in a vLLM engine. Applied after BENCH_SETTINGS. The model is random (no warm
+# start: it would learn to stop after 3 tokens), so every reward is 0: both sides still do the
+# full forward/backward on zero advantages (+ the KL term), and the zero-variance health guard
+# is off so the run is not halted for it. No held-out evaluation (meaningless on random weights).
+LONG_SETTINGS = [
+    "rollout.max_new_tokens=128", "rollout.min_new_tokens=128", "rollout.max_model_len=160",
+    "trainer.prompts_per_step=8", "trainer.group_size=8", "learner.micro_batch_size=16",
+    "data.num_eval=0", "trainer.halt_on_zero_variance=false",
+]
+LONG_MODEL = {"hidden_size": 512, "num_layers": 8}  # tiny Qwen2, ~31.5M parameters
+ALL_PARTS = ("rollout", "learner", "sync", "schedule", "trl", "lora")
+# What `--setting long` runs unless --parts says otherwise: the step-time comparison. Parts 1, 2,
+# 4 and 6 measure engine, sync and learner costs that --setting default already covers, and at
+# 31M parameters with 128-token completions they would take many minutes on 2 cores.
+LONG_PARTS = ("schedule", "trl")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSetting:
+    """What `--setting` (with --hidden-size / --num-layers / --warm-start-steps / --parts) resolves to."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    warm_start_steps: int
+    parts: tuple[str, ...]
+    overrides: tuple[str, ...]  # the pinned training settings, before the user's own overrides
+
+    def describe(self) -> dict:
+        return {"name": self.name, "hidden_size": self.hidden_size, "num_layers": self.num_layers,
+                "warm_start_steps": self.warm_start_steps, "parts": list(self.parts),
+                "setting_overrides": list(LONG_SETTINGS) if self.name == "long" else []}
+
+
+def resolve_setting(name: str, hidden_size: int | None = None, num_layers: int | None = None,
+                    warm_start_steps: int | None = None, parts: str = "") -> BenchSetting:
+    """The bench's model, warm start, parts and pinned overrides for `--setting NAME`.
+
+    None / "" means the setting's own value. Raises ConfigError (a ValueError; the CLI exits 2 with
+    the message) on what cannot be honoured."""
+    from cluster.config import ConfigError
+
+    if name not in ("default", "long"):
+        raise ConfigError([f"--setting must be default or long, got {name!r}"], "raygrpo bench")
+    chosen = tuple(p.strip() for p in parts.split(",") if p.strip())
+    unknown = [p for p in chosen if p not in ALL_PARTS]
+    if unknown:
+        raise ConfigError([f"--parts: unknown part(s) {', '.join(unknown)}; choose from {','.join(ALL_PARTS)}"],
+                          "raygrpo bench")
+    if name == "default":
+        return BenchSetting("default", 128 if hidden_size is None else hidden_size,
+                            4 if num_layers is None else num_layers, 900 if warm_start_steps is None else warm_start_steps,
+                            chosen or ALL_PARTS, tuple(BENCH_SETTINGS))
+    if warm_start_steps:
+        raise ConfigError([f"--warm-start-steps {warm_start_steps}: --setting long runs random weights (a "
+                           "warm-started model stops after a few tokens); leave --warm-start-steps out or give 0"],
+                          "raygrpo bench")
+    return BenchSetting("long", LONG_MODEL["hidden_size"] if hidden_size is None else hidden_size,
+                        LONG_MODEL["num_layers"] if num_layers is None else num_layers, 0, chosen or LONG_PARTS,
+                        (*BENCH_SETTINGS, *LONG_SETTINGS))
+
+
 BENCH_VENV = ".venv-bench"
 TRL_REQUIREMENT = "trl==1.16.*"
 # What the bench's subprocesses run (`python -m cluster.bench direct-vllm|trl ...`, see __main__.py):
@@ -144,8 +211,10 @@ def table_rows(res: dict) -> list[tuple]:
     rows: list[tuple] = []
     m = res.get("model", {})
     if m:
+        st = res.get("setting", {})
         rows.append(("model", "parameters", m.get("parameters"), f"hidden {m.get('hidden_size')}, "
-                     f"{m.get('num_layers')} layers, float32"))
+                     f"{m.get('num_layers')} layers, float32"
+                     + (", random weights; --setting long" if st.get("name") == "long" else "")))
     ro = res.get("rollout")
     if ro:
         note = f"{ro['prompts']} prompts x G={ro['group_size']} x <= {ro['max_new_tokens']} tokens, {ro['threads']} thread(s)"
@@ -203,6 +272,7 @@ def table_rows(res: dict) -> list[tuple]:
     if t and t.get("status") == "ok":
         ours = sc.get("sync", {})
         th = t.get("torch_threads")
+        asy = sc.get("async", {})
         rows += [
             ("5 vs TRL", "raygrpo s/step (sync, median)", ours.get("step_s_median"),
              f"min {fmt_value(ours.get('step_s_min'))}; Ray + vLLM + DeepSpeed + weight sync, 1 thread/actor"),
@@ -211,10 +281,18 @@ def table_rows(res: dict) -> list[tuple]:
             ("5 vs TRL", "raygrpo / TRL step time", ratio(ours.get("step_s_median"), t.get("step_s_median")),
              "ratio of medians (< 1: raygrpo faster)"),
         ]
+        if asy:
+            rows.append(("5 vs TRL", f"raygrpo async / TRL ({th} thread)",
+                         ratio(asy.get("step_s_median"), t.get("step_s_median")), "ratio of medians, async schedule"))
         for key in sorted(k for k in res if k.startswith("trl_") and res[k].get("status") == "ok"):
-            rows.append(("5 vs TRL", f"TRL s/step ({res[key].get('torch_threads')} threads, median)",
+            n = res[key].get("torch_threads")
+            rows.append(("5 vs TRL", f"TRL s/step ({n} threads, median)",
                          res[key].get("step_s_median"), f"min {fmt_value(res[key].get('step_s_min'))}; the same run, "
                          "more torch threads"))
+            for mode, s in (("sync", ours), ("async", asy)):
+                if s:
+                    rows.append(("5 vs TRL", f"raygrpo {mode} / TRL ({n} threads)",
+                                 ratio(s.get("step_s_median"), res[key].get("step_s_median")), "ratio of medians"))
         rows += [
             ("5 vs TRL", "raygrpo batch reward, last step", ours.get("reward_last"),
              f"step 1: {fmt_value(ours.get('reward_first'))}; same prompts per step as TRL"),

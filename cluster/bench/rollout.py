@@ -22,6 +22,7 @@ def _sampling_requests(tokenizer, prompts: list[str], group_size: int, seeds: li
     reqs = [TokensPrompt(prompt_token_ids=list(tokenizer.encode(p))) for p in prompts]
     params = [SamplingParams(n=group_size, temperature=cfg.temperature, top_p=cfg.top_p,
                              top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=max_new,
+                             min_tokens=min(cfg.min_new_tokens, max_new),
                              stop=list(cfg.stop) or None, logprobs=0, seed=int(s)) for s in seeds]
     return reqs, params
 

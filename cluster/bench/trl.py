@@ -117,7 +117,8 @@ def trl_settings(cfg, model: str, threads: int) -> dict:
     while n_seq % mb or mb % t.group_size:  # TRL: micro-batches of whole groups that tile the batch
         mb -= 1
     return {"model": model, "steps": t.steps, "prompts_per_step": t.prompts_per_step, "group_size": t.group_size,
-            "micro_batch_size": mb, "grad_accum": n_seq // mb, "max_new_tokens": r.max_new_tokens, "lr": lrn.lr,
+            "micro_batch_size": mb, "grad_accum": n_seq // mb, "max_new_tokens": r.max_new_tokens,
+            "min_new_tokens": r.min_new_tokens, "lr": lrn.lr,
             "beta": algo.beta, "clip_low": algo.clip_low, "clip_high": algo.clip_high, "mu": lrn.mu,
             "temperature": r.temperature, "top_p": r.top_p, "top_k": max(0, r.top_k), "grad_clip": lrn.grad_clip,
             "weight_decay": lrn.weight_decay, "adam_beta1": lrn.adam_beta1, "adam_beta2": lrn.adam_beta2,
@@ -168,7 +169,10 @@ def trl_main(spec_path: str, out_path: str) -> int:
         adam_beta1=s["adam_beta1"], adam_beta2=s["adam_beta2"], adam_epsilon=s["adam_eps"], max_grad_norm=s["grad_clip"],
         optim="adamw_torch", beta=s["beta"], epsilon=s["clip_low"], epsilon_high=s["clip_high"],
         num_iterations=s["mu"], loss_type="dapo", scale_rewards="group", temperature=s["temperature"],
-        top_p=s["top_p"], top_k=s["top_k"], logging_steps=1, save_strategy="no", disable_tqdm=True,
+        top_p=s["top_p"], top_k=s["top_k"],
+        # rollout.min_new_tokens: GRPOConfig.generation_kwargs go into HF generate's GenerationConfig
+        generation_kwargs={"min_new_tokens": s["min_new_tokens"]} if s.get("min_new_tokens") else None,
+        logging_steps=1, save_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0, shuffle_dataset=False,  # in order: step k gets our step k's prompts
     )
     timer = Timer()
@@ -179,10 +183,10 @@ def trl_main(spec_path: str, out_path: str) -> int:
     total = time.perf_counter() - t0
     from cluster.warmstart import greedy_accuracy
 
-    heldout = heldout_examples(d, s["seed"])
+    heldout = heldout_examples(d, s["seed"])  # none with data.num_eval=0 (--setting long)
     torch.set_num_threads(1)  # the same evaluation as raygrpo's model gets (cluster.bench.heldout_accuracy)
     trainer.model.eval()
-    accuracy_after = greedy_accuracy(trainer.model, tok, heldout, max_new_tokens=s["max_new_tokens"])
+    accuracy_after = greedy_accuracy(trainer.model, tok, heldout, max_new_tokens=s["max_new_tokens"]) if heldout else None
     steps = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
     logs = [h for h in trainer.state.log_history if "reward" in h]
     rewards = [float(h["reward"]) for h in logs]
