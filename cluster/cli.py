@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the CPU demo's task and sizes, 8 new tokens, a warm-started model. long: "
                    "long completions where generation dominates: hidden 512 x 8 layers (~31.5M parameters), random "
                    "weights (no warm start), 128 new tokens per completion with rollout.min_new_tokens=128 (vLLM "
-                   "min_tokens, TRL min_new_tokens: no completion stops early), 8 prompts x G=8; runs only parts "
+                   "min_tokens, TRL min_new_tokens: no completion stops early), 4 prompts x G=8; runs only parts "
                    "schedule,trl unless --parts names others (parts 1, 2, 4, 6 would take many minutes there)")
     b.add_argument("--hidden-size", type=int, default=None,
                    help="tiny Qwen2 hidden size (head_dim 32); default 128 (~1M params), --setting long: 512")

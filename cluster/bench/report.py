@@ -39,7 +39,7 @@ BENCH_SETTINGS = [
 # is off so the run is not halted for it. No held-out evaluation (meaningless on random weights).
 LONG_SETTINGS = [
     "rollout.max_new_tokens=128", "rollout.min_new_tokens=128", "rollout.max_model_len=160",
-    "trainer.prompts_per_step=8", "trainer.group_size=8", "learner.micro_batch_size=16",
+    "trainer.prompts_per_step=4", "trainer.group_size=8", "learner.micro_batch_size=16",
     "data.num_eval=0", "trainer.halt_on_zero_variance=false",
 ]
 LONG_MODEL = {"hidden_size": 512, "num_layers": 8}  # tiny Qwen2, ~31.5M parameters
