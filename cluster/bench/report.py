@@ -275,7 +275,7 @@ def table_rows(res: dict) -> list[tuple]:
         asy = sc.get("async", {})
         rows += [
             ("5 vs TRL", "raygrpo s/step (sync, median)", ours.get("step_s_median"),
-             f"min {fmt_value(ours.get('step_s_min'))}; Ray + vLLM + DeepSpeed + weight sync, 1 thread/actor"),
+             f"min {fmt_value(ours.get('step_s_min'))}; Ray + vLLM + DeepSpeed + weight sync, thread budget"),
             ("5 vs TRL", f"TRL s/step ({th} thread, median)", t.get("step_s_median"),
              f"min {fmt_value(t.get('step_s_min'))}; GRPOTrainer, HF generate, one process"),
             ("5 vs TRL", "raygrpo / TRL step time", ratio(ours.get("step_s_median"), t.get("step_s_median")),
