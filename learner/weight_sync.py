@@ -128,8 +128,8 @@ def consolidated_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int,
 
 class OneTripRayClient(RayVLLMWeightSyncClient):
     """The engines' side of an update in ONE Ray call per engine (RolloutWorker.apply_weight_update)
-    instead of vLLM's four (start, update, finish, then the version): on a small model those
-    round trips, not the bytes, were most of an update (docs/benchmarks.md, part 2).
+    instead of vLLM's four in a row (start, update, finish, then the version): about 3 ms of a
+    24 ms update of the 1.0M bench model (docs/benchmarks.md, weight-sync parts).
 
     vLLM's trainer engines (our gloo one and vLLM's nccl one) call start -> update (beside their
     broadcast) -> finish; here start and finish do nothing and `update_weights` runs the whole

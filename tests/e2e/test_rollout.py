@@ -156,20 +156,22 @@ def test_seeded_batch_larger_than_one_engine_step(workers):
 
 def test_min_new_tokens_keeps_sampling_past_eos(workers, tiny_model_dir):
     """rollout.min_new_tokens: no sampled completion ends before it (vLLM min_tokens masks EOS);
-    greedy calls are not affected. Same prompts and seeds as a worker without it, which does stop early."""
+    greedy calls are not affected. Same prompts and seeds as a worker without it, which does stop
+    early (the random tiny model emits EOS now and then: 19 of 40 samples within 64 tokens)."""
     ray, skip, _ = workers
     from actors.rollout import RolloutWorker
 
-    cfg = RolloutConfig(max_model_len=128, max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW, cpu_kv_cache_mb=64)
+    n = 64
+    cfg = RolloutConfig(max_model_len=128, max_new_tokens=n, min_new_tokens=n, cpu_kv_cache_mb=64)
     w = ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), cfg, worker_index=2)
     try:
         seeds = list(range(len(PROMPTS)))
-        free, held = ray.get([x.generate.remote(PROMPTS, 4, seeds=seeds) for x in (skip, w)])
-        assert any(c.finish_reason == "stop" and len(c.token_ids) < MAX_NEW for r in free for c in r.completions)
+        free, held = ray.get([x.generate.remote(PROMPTS, 8, seeds=seeds, max_new_tokens=n) for x in (skip, w)])
+        assert any(c.finish_reason == "stop" and len(c.token_ids) < n for r in free for c in r.completions)
         for r in held:
             for c in r.completions:
-                assert len(c.token_ids) == MAX_NEW and c.finish_reason == "length" and EOS not in c.token_ids
-        greedy = ray.get([x.generate.remote(PROMPTS, 1, greedy=True) for x in (skip, w)])  # evaluation: unchanged
+                assert len(c.token_ids) == n and c.finish_reason == "length" and EOS not in c.token_ids
+        greedy = ray.get([x.generate.remote(PROMPTS, 1, greedy=True, max_new_tokens=n) for x in (skip, w)])  # unchanged
         assert [r.completions[0].token_ids for r in greedy[0]] == [r.completions[0].token_ids for r in greedy[1]]
     finally:
         ray.kill(w)
