@@ -358,14 +358,19 @@ class RolloutWorker:
             self._updating = False  # vLLM's worker ends the update on a failed chunk, too
             raise
 
-    def finish_weight_update(self, weight_version: int | str | None = None) -> None:
+    def finish_weight_update(self, weight_version: int | str | None = None) -> dict:
+        """End an update (the gloo engine re-packs vLLM's CPU layers), drop the cached prefixes and
+        stamp `weight_version`; returns the seconds of those parts."""
+        t0 = time.perf_counter()
         self.llm.finish_weight_update()
         self._updating = False
+        t1 = time.perf_counter()
         # Cached prefixes hold K/V computed by the old weights.
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
         if weight_version is not None:
             self.update_weight_version(weight_version)
+        return {"engine_finish_s": t1 - t0, "prefix_reset_and_version_s": time.perf_counter() - t1}
 
     def apply_weight_update(self, request, weight_version: int | str) -> dict:
         """A whole weight update in one call (one round trip from the sender instead of four):
@@ -378,15 +383,8 @@ class RolloutWorker:
         self.start_weight_update()
         self.update_weights(request)
         t1 = time.perf_counter()
-        self.llm.finish_weight_update()
-        self._updating = False
-        t2 = time.perf_counter()
-        if not self.llm.reset_prefix_cache():  # cached prefixes hold K/V computed by the old weights
-            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
-        self.update_weight_version(weight_version)
-        t3 = time.perf_counter()
-        return {"engine_update_s": t1 - t0, **LAST_UPDATE_PARTS, "engine_finish_s": t2 - t1,
-                "prefix_reset_and_version_s": t3 - t2, "engine_total_s": t3 - t0}
+        finish = self.finish_weight_update(weight_version)
+        return {"engine_update_s": t1 - t0, **LAST_UPDATE_PARTS, **finish, "engine_total_s": time.perf_counter() - t0}
 
     def update_weight_version(self, version: int | str) -> None:
         """The learner's step the weights came from (vLLM keeps it as a string)."""
