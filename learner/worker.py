@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import socket
 import time
 
-import numpy as np
 import torch
 
 from actors.devices import on_gpu, resolve_dtype
@@ -29,101 +27,11 @@ from actors.threads import node_cores, use_threads
 from learner import grpo
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
+from learner.rank_setup import build_ds_config, init_process_group, lr_factor, param_groups, seed_everything
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
 # then / tokens, averaged over the mu passes). Entropy and logprob_diff_mean are too, measured on the first pass only.
 _TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "tis_weight_mean")
-
-
-def lr_factor(update: int, *, warmup: int, total: int, schedule: str) -> float:
-    """Multiplier of the base LR before optimizer update `update` (0-based): linear warm-up,
-    then constant / linear to 0 / cosine to 0 at `total`."""
-    if warmup > 0 and update < warmup:
-        return (update + 1) / warmup
-    if schedule == "constant" or total <= warmup:
-        return 1.0
-    progress = min(1.0, (update - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_ds_config(cfg: LearnerConfig, *, world_size: int, on_gpu: bool) -> dict:
-    """The DeepSpeed config for `cfg`. Batch sizes are nominal: we feed micro-batches ourselves."""
-    bf16 = resolve_dtype(cfg.dtype, on_gpu) == "bfloat16"
-    zero: dict = {"stage": cfg.zero_stage}
-    if cfg.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu}
-    if cfg.offload_params:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu}
-    if cfg.zero_stage == 3:
-        # We consolidate weights ourselves (layer by layer) for sync and export.
-        zero["stage3_gather_16bit_weights_on_model_save"] = False
-    return {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-        "gradient_accumulation_steps": 1,  # the boundary is set by hand, see train_step
-        "train_batch_size": cfg.micro_batch_size * world_size,
-        "gradient_clipping": cfg.grad_clip,
-        "optimizer": {
-            "type": "AdamW",
-            # torch.optim.AdamW: DeepSpeed's fused/CPU Adam need compiled ops (and a GPU for fused).
-            "params": {"lr": cfg.lr, "betas": [cfg.adam_beta1, cfg.adam_beta2], "eps": cfg.adam_eps,
-                       "weight_decay": cfg.weight_decay, "torch_adam": True},
-        },
-        "zero_optimization": zero,
-        "bf16": {"enabled": bf16},
-        "fp16": {"enabled": False},
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,  # torch AdamW with optimizer offload is fine
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: no weight decay on biases and norm weights (1-D tensors), as HF Trainer does."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        ndim = len(p.ds_shape) if hasattr(p, "ds_shape") else p.dim()  # ZeRO-3 params are flat shards
-        (no_decay if ndim < 2 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
-
-
-def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: int, world_size: int) -> None:
-    """The ranks' torch.distributed world, listening on `master_addr` only: rank 0 serves the
-    rendezvous store there (torch's env:// store would listen on every interface), and gloo's
-    own sockets use the interface that holds this node's address on the way to it."""
-    import torch.distributed as dist
-    from deepspeed.constants import default_pg_timeout
-
-    from actors.gloo_transfer import listening_store, local_ip_towards
-
-    timeout = default_pg_timeout  # what deepspeed.init_distributed would use
-    if rank == 0:
-        store = listening_store(master_addr, master_port, timeout)
-    else:
-        store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
-    if not on_gpu and not os.environ.get("GLOO_SOCKET_IFNAME"):
-        ifname = interface_of(local_ip_towards(master_addr))
-        if ifname:
-            os.environ["GLOO_SOCKET_IFNAME"] = ifname
-    dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
-
-
-def interface_of(ip: str) -> str | None:
-    """The name of the network interface that holds `ip` (gloo binds by interface name)."""
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == ip for a in addrs):
-            return name
-    return None
 
 
 class LearnerWorker:
@@ -186,7 +94,7 @@ class LearnerWorker:
             return torch.optim.lr_scheduler.LambdaLR(
                 optimizer, lambda u: lr_factor(u, warmup=warmup, total=horizon, schedule=cfg.lr_schedule))
 
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=_param_groups(model, cfg.weight_decay),
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay),
                                                config=self.ds_config, lr_scheduler=make_scheduler)
         self.step = 0  # train_step calls completed (the driver's step on resume)
         self.nonfinite_streak = 0
@@ -500,9 +408,3 @@ class LearnerWorker:
         checkpoint.set_rng_state(state["rng"])
         self.last_checkpoint = path
         self._barrier()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from learner.batch import TrainBatch
-from learner.worker import lr_factor
+from learner.rank_setup import lr_factor
 
 
 def _batch():
