@@ -4,6 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def at_least(p: list[str], key: str, value, lo, note: str = "") -> None:
+    """The one shape of most range checks: append "<key> must be >= <lo><note>, got <value>" to the
+    problems `p` when value < lo (every config section's problems() uses it)."""
+    if value < lo:
+        p.append(f"{key} must be >= {lo}{note}, got {value}")
+
+
 @dataclass
 class RolloutConfig:
     """vLLM rollout engines (one per RolloutWorker actor)."""
@@ -56,10 +63,8 @@ class RolloutConfig:
 
     def problems(self) -> list[str]:
         p = []
-        if self.threads < 0:
-            p.append(f"rollout.threads must be >= 0 (0: the thread budget decides), got {self.threads}")
-        if self.max_turns < 1:
-            p.append(f"rollout.max_turns must be >= 1, got {self.max_turns}")
+        at_least(p, "rollout.threads", self.threads, 0, " (0: the thread budget decides)")
+        at_least(p, "rollout.max_turns", self.max_turns, 1)
         if self.env and self.env_timeout_s <= 0:
             p.append(f"rollout.env_timeout_s must be > 0, got {self.env_timeout_s}")
         if self.env and self.env_num_procs < 1:
@@ -67,10 +72,8 @@ class RolloutConfig:
         if self.env and self.stop:
             p.append("rollout.stop (stop strings) cannot be used with rollout.env: a multi-turn turn ends at the "
                      "chat template's end-of-turn token, so the sampled tokens stay exact; remove rollout.stop")
-        if self.num_workers < 1:
-            p.append(f"rollout.num_workers must be >= 1, got {self.num_workers}")
-        if self.max_new_tokens < 1:
-            p.append(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        at_least(p, "rollout.num_workers", self.num_workers, 1)
+        at_least(p, "rollout.max_new_tokens", self.max_new_tokens, 1)
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             p.append(f"rollout.min_new_tokens must be in [0, rollout.max_new_tokens ({self.max_new_tokens})], "
                      f"got {self.min_new_tokens}")
@@ -81,8 +84,7 @@ class RolloutConfig:
             p.append(f"rollout.max_new_tokens ({self.max_new_tokens}) must be < rollout.max_model_len ({self.max_model_len})")
         if not 0 < self.gpu_memory_utilization <= 1:
             p.append(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.temperature < 0:
-            p.append(f"rollout.temperature must be >= 0, got {self.temperature}")
+        at_least(p, "rollout.temperature", self.temperature, 0)
         if self.long_prompt not in ("skip", "error"):
             p.append(f"rollout.long_prompt must be 'skip' or 'error', got {self.long_prompt!r}")
         if self.weight_transfer_backend not in ("auto", "gloo", "nccl"):
@@ -91,18 +93,14 @@ class RolloutConfig:
             p.append(f"rollout.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             p.append(f"rollout.logprobs_mode must be raw_logprobs|processed_logprobs, got {self.logprobs_mode!r}")
-        if self.cpu_kv_cache_mb < 0:
-            p.append(f"rollout.cpu_kv_cache_mb must be >= 0, got {self.cpu_kv_cache_mb}")
-        if self.tensor_parallel_size < 1:
-            p.append(f"rollout.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        at_least(p, "rollout.cpu_kv_cache_mb", self.cpu_kv_cache_mb, 0)
+        at_least(p, "rollout.tensor_parallel_size", self.tensor_parallel_size, 1)
         if not 0 < self.top_p <= 1:
             p.append(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k != -1 and self.top_k < 1:
             p.append(f"rollout.top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.max_model_len < 2:
-            p.append(f"rollout.max_model_len must be >= 2, got {self.max_model_len}")
-        if self.bucket_mb < 1:
-            p.append(f"rollout.bucket_mb must be >= 1, got {self.bucket_mb}")
+        at_least(p, "rollout.max_model_len", self.max_model_len, 2)
+        at_least(p, "rollout.bucket_mb", self.bucket_mb, 1)
         if self.num_cpus < 0 or self.num_gpus < 0:
             p.append(f"rollout.num_cpus and rollout.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
         if self.max_restarts < -1:
@@ -132,10 +130,8 @@ class RewardConfig:
             p.append(f"reward.weights has {len(self.weights)} entries but reward.functions has {len(self.functions)}")
         if self.timeout_s <= 0:
             p.append(f"reward.timeout_s must be > 0, got {self.timeout_s}")
-        if self.num_procs < 1:
-            p.append(f"reward.num_procs must be >= 1, got {self.num_procs}")
-        if self.overlong_buffer < 0:
-            p.append(f"reward.overlong_buffer must be >= 0, got {self.overlong_buffer}")
+        at_least(p, "reward.num_procs", self.num_procs, 1)
+        at_least(p, "reward.overlong_buffer", self.overlong_buffer, 0)
         if not self.answer_key:
             p.append("reward.answer_key is empty: name the answer column")
         return p
@@ -161,10 +157,8 @@ class ReferenceConfig:
         p = []
         if self.placement not in ("auto", "actor", "learner"):
             p.append(f"reference.placement must be auto|actor|learner, got {self.placement!r}")
-        if self.threads < 0:
-            p.append(f"reference.threads must be >= 0 (0: the thread budget decides), got {self.threads}")
-        if self.micro_batch_size < 1:
-            p.append(f"reference.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        at_least(p, "reference.threads", self.threads, 0, " (0: the thread budget decides)")
+        at_least(p, "reference.micro_batch_size", self.micro_batch_size, 1)
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             p.append(f"reference.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.num_cpus < 0 or self.num_gpus < 0:

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
+from actors.config import ReferenceConfig, RewardConfig, RolloutConfig, at_least
 from actors.envs import env_spec_problems
 from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
 
@@ -101,18 +101,15 @@ class DataConfig:
         from cluster.datafiles import path_problem, split_paths
 
         p = []
-        if self.num_eval < 0:
-            p.append(f"data.num_eval must be >= 0, got {self.num_eval}")
-        if self.task_digits < 1:
-            p.append(f"data.task_digits must be >= 1, got {self.task_digits}")
+        at_least(p, "data.num_eval", self.num_eval, 0)
+        at_least(p, "data.task_digits", self.task_digits, 1)
         if not self.train.startswith("task:"):
             parts = split_paths(self.train)
             p += [x for x in (path_problem(f, "data.train") for f in parts) if x] if parts else ["data.train is empty"]
         p += [x for x in (path_problem(f, "data.eval") for f in split_paths(self.eval)) if x]
         if not self.prompt_key:
             p.append("data.prompt_key is empty: name the prompt column")
-        if self.max_prompt_tokens < 0:
-            p.append(f"data.max_prompt_tokens must be >= 0 (0: derived from rollout), got {self.max_prompt_tokens}")
+        at_least(p, "data.max_prompt_tokens", self.max_prompt_tokens, 0, " (0: derived from rollout)")
         if self.long_prompts not in ("filter", "error"):
             p.append(f"data.long_prompts must be filter|error, got {self.long_prompts!r}")
         return p
@@ -149,31 +146,21 @@ class TrainerConfig:
         p = []
         if not self.run_dir.strip():
             p.append("trainer.run_dir is empty: name a directory for this run (e.g. runs/my-run)")
-        if self.eval_pass_k < 1:
-            p.append(f"trainer.eval_pass_k must be >= 1, got {self.eval_pass_k}")
-        if self.eval_every < 0:
-            p.append(f"trainer.eval_every must be >= 0, got {self.eval_every}")
-        if self.max_extra_prompts < 0:
-            p.append(f"trainer.max_extra_prompts must be >= 0, got {self.max_extra_prompts}")
-        if self.max_learner_restarts < 0:
-            p.append(f"trainer.max_learner_restarts must be >= 0, got {self.max_learner_restarts}")
-        if self.stop_grace_s < 0:
-            p.append(f"trainer.stop_grace_s must be >= 0, got {self.stop_grace_s}")
-        if self.halt_after < 0:
-            p.append(f"trainer.halt_after must be >= 0 (0: never halt), got {self.halt_after}")
+        at_least(p, "trainer.eval_pass_k", self.eval_pass_k, 1)
+        at_least(p, "trainer.eval_every", self.eval_every, 0)
+        at_least(p, "trainer.max_extra_prompts", self.max_extra_prompts, 0)
+        at_least(p, "trainer.max_learner_restarts", self.max_learner_restarts, 0)
+        at_least(p, "trainer.stop_grace_s", self.stop_grace_s, 0)
+        at_least(p, "trainer.halt_after", self.halt_after, 0, " (0: never halt)")
         for name in ("entropy_floor", "kl_ceiling", "logprob_diff_warn", "logprob_diff_ceiling"):
             if getattr(self, name) < 0:
                 p.append(f"trainer.{name} must be >= 0 (0: off), got {getattr(self, name)}")
-        if self.steps < 1:
-            p.append(f"trainer.steps must be >= 1, got {self.steps}")
-        if self.prompts_per_step < 1:
-            p.append(f"trainer.prompts_per_step must be >= 1, got {self.prompts_per_step}")
-        if self.group_size < 2:
-            p.append(f"trainer.group_size must be >= 2 (group advantages need a group), got {self.group_size}")
+        at_least(p, "trainer.steps", self.steps, 1)
+        at_least(p, "trainer.prompts_per_step", self.prompts_per_step, 1)
+        at_least(p, "trainer.group_size", self.group_size, 2, " (group advantages need a group)")
         if self.mode not in ("sync", "async"):
             p.append(f"trainer.mode must be sync|async, got {self.mode!r}")
-        if self.max_staleness < 0:
-            p.append(f"trainer.max_staleness must be >= 0, got {self.max_staleness}")
+        at_least(p, "trainer.max_staleness", self.max_staleness, 0)
         if self.actor_timeout_s <= 0:
             p.append(f"trainer.actor_timeout_s must be > 0, got {self.actor_timeout_s}")
         return p
@@ -188,8 +175,7 @@ class RayConfig:
 
     def problems(self) -> list[str]:
         p = []
-        if self.num_cpus < 0:
-            p.append(f"ray.num_cpus must be >= 0 (0: the machine's), got {self.num_cpus}")
+        at_least(p, "ray.num_cpus", self.num_cpus, 0, " (0: the machine's)")
         if self.placement not in ("separate", "colocate"):
             p.append(f"ray.placement must be separate|colocate, got {self.placement!r}")
         if self.strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from actors.config import at_least
 from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
 
 # vLLM 0.32 accepts only these max_lora_rank values (vllm/config/lora.py); an engine is started
@@ -35,8 +36,7 @@ class AlgoConfig:
                 p.append(f"algo.{key} must be {'|'.join(allowed)}, got {value!r}")
         if not (0 <= self.clip_low < 1) or self.clip_high < 0:
             p.append(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got {self.clip_low} and {self.clip_high}")
-        if self.beta < 0:
-            p.append(f"algo.beta must be >= 0, got {self.beta}")
+        at_least(p, "algo.beta", self.beta, 0)
         if self.tis_cap is not None and self.tis_cap <= 0:
             p.append(f"algo.tis_cap must be > 0 or null, got {self.tis_cap}")
         return p
@@ -80,8 +80,7 @@ class LearnerConfig:
 
     def problems(self) -> list[str]:
         p = []
-        if self.num_ranks < 1:
-            p.append(f"learner.num_ranks must be >= 1, got {self.num_ranks}")
+        at_least(p, "learner.num_ranks", self.num_ranks, 1)
         if self.zero_stage not in (0, 1, 2, 3):
             p.append(f"learner.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.offload_params and self.zero_stage != 3:
@@ -90,27 +89,20 @@ class LearnerConfig:
             p.append(f"learner.lr must be > 0, got {self.lr}")
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             p.append(f"learner.lr_schedule must be constant|linear|cosine, got {self.lr_schedule!r}")
-        if self.micro_batch_size < 1:
-            p.append(f"learner.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.mu < 1:
-            p.append(f"learner.mu must be >= 1, got {self.mu}")
+        at_least(p, "learner.micro_batch_size", self.micro_batch_size, 1)
+        at_least(p, "learner.mu", self.mu, 1)
         if self.dtype not in ("auto", "float32", "bfloat16"):
             p.append(f"learner.dtype must be auto|float32|bfloat16, got {self.dtype!r}")
-        if self.grad_clip < 0:
-            p.append(f"learner.grad_clip must be >= 0 (0: no clipping), got {self.grad_clip}")
-        if self.weight_decay < 0:
-            p.append(f"learner.weight_decay must be >= 0, got {self.weight_decay}")
+        at_least(p, "learner.grad_clip", self.grad_clip, 0, " (0: no clipping)")
+        at_least(p, "learner.weight_decay", self.weight_decay, 0)
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 p.append(f"learner.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.adam_eps <= 0:
             p.append(f"learner.adam_eps must be > 0, got {self.adam_eps}")
-        if self.warmup_steps < 0:
-            p.append(f"learner.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.max_nonfinite_steps < 1:
-            p.append(f"learner.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
-        if self.threads < 0:
-            p.append(f"learner.threads must be >= 0 (0: the thread budget decides), got {self.threads}")
+        at_least(p, "learner.warmup_steps", self.warmup_steps, 0)
+        at_least(p, "learner.max_nonfinite_steps", self.max_nonfinite_steps, 1)
+        at_least(p, "learner.threads", self.threads, 0, " (0: the thread budget decides)")
         if self.num_cpus < 0 or self.num_gpus < 0:
             p.append(f"learner.num_cpus and learner.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
         p += self._lora_problems()
@@ -129,8 +121,7 @@ class LearnerConfig:
 
     def _lora_problems(self) -> list[str]:
         p = []
-        if self.lora_rank < 0:
-            p.append(f"learner.lora_rank must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        at_least(p, "learner.lora_rank", self.lora_rank, 0, " (0 = full fine-tuning)")
         if self.lora_sync not in ("adapter", "merged"):
             p.append(f"learner.lora_sync must be adapter|merged, got {self.lora_sync!r}")
         if self.lora_rank > VLLM_LORA_RANKS[-1] and self.lora_sync == "adapter":
@@ -155,10 +146,8 @@ class CheckpointConfig:
 
     def problems(self) -> list[str]:
         p = []
-        if self.every < 0:
-            p.append(f"checkpoint.every must be >= 0, got {self.every}")
-        if self.keep < 1:
-            p.append(f"checkpoint.keep must be >= 1, got {self.keep}")
+        at_least(p, "checkpoint.every", self.every, 0)
+        at_least(p, "checkpoint.keep", self.keep, 1)
         if self.resume not in ("auto", "none"):
             from learner.checkpoint import verify  # a path: verified exactly as `auto` verifies what it picks
 
