@@ -182,7 +182,9 @@ class RolloutWorker:
         A prompt is its token ids, sent to the engine as they are (the driver renders and
         tokenizes every prompt once, at load time, with the model's chat template); a string
         (tools, benchmarks) is encoded with the engine's tokenizer. Generation stops at the
-        tokenizer's EOS and every `eos_token_id` of the model's generation_config.json.
+        tokenizer's EOS and every `eos_token_id` of the model's generation_config.json. A
+        completion's text is the decode of its ids (special tokens skipped); only with
+        `rollout.stop` strings is it vLLM's streaming text, cut at the stop string.
 
         One request per prompt with n=group_size, so the G samples share the prompt's KV cache.
         `seeds[i]` seeds prompt i's request (reproducible across restarts and resumes);
@@ -206,6 +208,10 @@ class RolloutWorker:
         if limit < 1:
             raise ValueError(f"max_new_tokens {max_new} leaves no room for a prompt (max_model_len {cfg.max_model_len})")
 
+        # vLLM detokenizes every sequence at every step, and decodes each log-prob token against its
+        # context: about a fifth of a short-completion call on CPU. Without stop strings (which need
+        # the text as it grows) one batch decode of the final ids gives the text for far less.
+        detokenize = bool(cfg.stop)
         rollouts, requests, params, slots = [], [], [], []
         for i, prompt in enumerate(prompts):
             ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -232,14 +238,18 @@ class RolloutWorker:
                     stop_token_ids=self.stop_token_ids,
                     skip_special_tokens=True,
                     logprobs=0,  # just the sampled token's log-prob
+                    flat_logprobs=True,  # flat arrays, not a dict per token: less to build and collect
+                    detokenize=detokenize,
                     seed=None if seeds is None else int(seeds[i]),
                 ))
                 slots.append(i)
         if requests:
             outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
+            texts = None if detokenize else iter(self.tokenizer.batch_decode(
+                [c.token_ids for out in outputs for c in out.outputs], skip_special_tokens=True))
             for i, out in zip(slots, outputs):
                 rollouts[i].prompt_ids = list(out.prompt_token_ids)  # what the engine itself saw (== the ids sent)
-                completions = [self._completion(c) for c in out.outputs]
+                completions = [self._completion(c, None if texts is None else next(texts)) for c in out.outputs]
                 if greedy:  # G identical samples: copies of the one greedy completion
                     completions = [copy.deepcopy(completions[0]) for _ in range(group_size)]
                 rollouts[i].completions = completions
@@ -295,7 +305,8 @@ class RolloutWorker:
                                "finish_weight_update): generation must wait for finish_weight_update")
 
     @staticmethod
-    def _completion(c) -> Completion:
+    def _completion(c, text: str | None = None) -> Completion:
+        """A vLLM CompletionOutput as a Completion; `text` replaces c.text (a request with detokenize=False)."""
         token_ids = list(c.token_ids)
         # logprobs=0 returns, per position, a dict holding (at least) the sampled token.
         logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, c.logprobs or [])]
@@ -303,7 +314,7 @@ class RolloutWorker:
             raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens")
         if c.finish_reason not in FINISH_REASONS:  # e.g. "abort": never a sample to train on
             raise RuntimeError(f"vLLM ended a request with finish_reason {c.finish_reason!r}")
-        return Completion(token_ids, logprobs, c.text, c.finish_reason)
+        return Completion(token_ids, logprobs, c.text if text is None else text, c.finish_reason)
 
     def prompt_logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
         """vLLM's log-prob of each token given the ones before it (positions 1..L-1), computed

@@ -175,3 +175,36 @@ def test_min_new_tokens_keeps_sampling_past_eos(workers, tiny_model_dir):
         assert [r.completions[0].token_ids for r in greedy[0]] == [r.completions[0].token_ids for r in greedy[1]]
     finally:
         ray.kill(w)
+
+
+@pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_chat_model_dir"])
+def test_text_without_stop_strings_is_vllms_own(ray_cluster, model, request):
+    """Without stop strings the engine skips its per-step detokenizing and the worker decodes the
+    final ids once (actors/rollout.py): the text must be what vLLM's detokenizer gives, except that a
+    completion ending inside a UTF-8 character shows it as U+FFFD (as TRL's and verl's batch decode
+    do) where vLLM's streaming detokenizer leaves it out. A stop string that never occurs turns
+    vLLM's detokenizing back on, for the same seeds and so the same tokens. The chat model is
+    byte-level BPE at random weights: split UTF-8 sequences and special tokens."""
+    import ray
+
+    from actors.rollout import RolloutWorker
+
+    model_dir = str(request.getfixturevalue(model))
+    make = lambda stop, i: ray.remote(num_cpus=0.5)(RolloutWorker).remote(  # noqa: E731
+        model_dir, RolloutConfig(max_model_len=128, max_new_tokens=48, cpu_kv_cache_mb=64, stop=stop), worker_index=i)
+    fast, vllm_text = make([], 3), make(["\x07never\x07"], 4)
+    try:
+        prompts = ["1+2=", "hello", "10+20=", "what is 7*8?"]
+        a, b = ray.get([w.generate.remote(prompts, 6, seeds=[11, 12, 13, 14]) for w in (fast, vllm_text)])
+        pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra.completions, rb.completions)]
+        assert all(x.token_ids == y.token_ids and x.logprobs == y.logprobs for x, y in pairs)
+        for x, y in pairs:
+            assert x.text == y.text or (x.text.startswith(y.text) and set(x.text[len(y.text):]) == {"\ufffd"}), \
+                (x.text, y.text)
+        assert sum(x.text == y.text for x, y in pairs) >= len(pairs) // 2
+        if model == "tiny_model_dir":  # char-level: no character spans two tokens, so always the same
+            assert [x.text for x, _ in pairs] == [y.text for _, y in pairs]
+        assert sum(len(x.text) for x, _ in pairs) > 100  # real text was compared, not empty strings
+    finally:
+        for w in (fast, vllm_text):
+            ray.kill(w)
