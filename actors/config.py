@@ -144,9 +144,10 @@ class ReferenceConfig:
     micro_batch_size: int = 16
     dtype: str = "auto"
     # Who computes the reference log-probs: "actor" (this separate process, its own device: large
-    # models), "learner" (a frozen copy on every learner rank, in the rank's training loop: no extra
-    # hop; with LoRA the base model, adapters off, no copy), "auto" (learner on CPU or with LoRA,
-    # else actor; measured in docs/benchmarks.md).
+    # models; it scores each batch as it is collected, so in the async schedule it overlaps
+    # training), "learner" (a frozen copy on every learner rank, in the rank's training loop: no
+    # extra hop; with LoRA the base model, adapters off, no copy), "auto" (learner with LoRA and in
+    # the sync schedule on CPU, else actor; measured in docs/benchmarks.md).
     placement: str = "auto"
     num_cpus: float = 0.25
     num_gpus: float = 0.0

@@ -77,10 +77,12 @@ def role_of(placement_role: str) -> str:
 def _share(mode: str, role: str, count: Counter, cores: int) -> int:
     """One actor's threads on a node with `cores` cores holding `count` actors per role."""
     engines, ranks = count["rollout"], count["learner"]
-    learner_side = ranks or count["reference"]  # the reference runs before train, on the same side
-    if mode == "async" and engines and learner_side:
-        gen = min(cores - 1, max(1, round(cores * engines / (engines + learner_side)))) if cores > 1 else 1
-        cores = gen if role == "rollout" else max(1, cores - gen)
+    # In async, collecting and training run at once. The reference actor runs right after generation,
+    # on the collecting side (cluster/trainer.py _collect), so it shares the generation cores.
+    collecting = engines or count["reference"]
+    if mode == "async" and collecting and ranks:
+        gen = min(cores - 1, max(1, round(cores * collecting / (collecting + ranks)))) if cores > 1 else 1
+        cores = max(1, cores - gen) if role == "learner" else gen
     if role == "rollout":
         return max(1, cores // engines)
     if role == "learner":

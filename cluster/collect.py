@@ -33,6 +33,7 @@ class CollectStats:
     gen_tokens: int = 0
     gen_s: float = 0.0
     reward_s: float = 0.0
+    ref_s: float = 0.0  # the reference actor's log-probs of the kept completions
     reward_errors: int = 0  # reward calls that raised / timed out (their completions got the fallback)
     error_samples: list[str] = field(default_factory=list)  # the first round's messages that had any
     groups: int = 0  # groups scored
@@ -109,6 +110,9 @@ class Batch:
     stats: CollectStats = field(default_factory=CollectStats)
     # per completion token: 1 = sampled by the model, 0 = environment (multi-turn); None: all the model's
     loss_mask: list[list[int]] | None = None
+    # per completion token: the reference model's log-prob, when the reference actor computed it
+    # while the batch was collected (None: no reference actor, or beta = 0)
+    ref_logp: list[list[float]] | None = None
 
     @classmethod
     def from_groups(cls, groups: list[ScoredGroup], stream_state: dict, stats: CollectStats,

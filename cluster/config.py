@@ -242,16 +242,17 @@ class RunConfig:
 
     def reference_on_learner(self) -> bool:
         """Whether the learner ranks compute the reference log-probs (and no reference actor starts):
-        reference.placement, where "auto" means the learner on CPU (each rank runs the frozen copy on
-        its own shard with the whole node's cores in the sync schedule, and the step loses a process
-        hop; docs/benchmarks.md) or with LoRA (the base model is already there), else the actor (a
-        large model's copy on its own GPU)."""
+        reference.placement, where "auto" means the learner with LoRA (the base model is already
+        there) and in the sync schedule on CPU (each rank runs the frozen copy on its own shard with
+        the whole node's cores, and the step loses a process hop), else the actor: on GPU (a large
+        model's copy on its own device) and in the async schedule, where the actor's pass is part of
+        collecting and so overlaps training (docs/benchmarks.md has the measurements)."""
         lrn = self.learner
         if self.algo.beta <= 0 or (lrn.lora and lrn.lora_reference_actor):
             return False
         if self.reference.placement != "auto":
             return self.reference.placement == "learner"
-        return lrn.lora or lrn.num_gpus == 0
+        return lrn.lora or (lrn.num_gpus == 0 and self.trainer.mode == "sync")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

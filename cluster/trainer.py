@@ -1,9 +1,10 @@
-"""The driver loop: one GRPO step is generate -> score -> advantages -> reference -> train -> sync.
+"""The driver loop: one GRPO step is generate -> score -> reference -> advantages -> train -> sync.
 
-Sync and async schedules share this code. A batch is collected by `_collect` (generation +
-rewards) in a background thread; the sync schedule waits for it right away, the async one
-starts collecting step k+1 before training step k, so generation overlaps training and each
-batch is one weight version old (`max_staleness` bounds how old it may be).
+Sync and async schedules share this code. A batch is collected by `_collect` (generation,
+rewards and, with a reference actor, its log-probs) in a background thread; the sync schedule
+waits for it right away, the async one starts collecting step k+1 before training step k, so
+collecting overlaps training and each batch is one weight version old (`max_staleness` bounds
+how old it may be).
 """
 from __future__ import annotations
 
@@ -165,21 +166,18 @@ class Trainer:
             raise TrainingHalted(f"{verdict.halt} Checkpoint {path} was saved; metrics are in {self.run_dir}.")
 
     def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
-        """Steps 4-7: advantages, reference log-probs, the DeepSpeed update, the weight broadcast."""
+        """Steps 4-6: advantages, the DeepSpeed update (with reference.placement=learner the ranks
+        compute the reference log-probs in it), the weight broadcast."""
         algo, G = self.cfg.algo, self.cfg.trainer.group_size
         if not batch.examples:  # dynamic sampling found no group with a learning signal: nothing to train on
             return {"skipped": True}
         advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float64), G, algo.advantage_estimator)
-        ref_logp = None
-        if self.actors.reference is not None:
-            with sw("ref"):
-                ref_logp = launch.wait_for(
-                    self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
-                    "reference actor", "computing reference log-probs", self.cfg.trainer.actor_timeout_s)
+        if batch.ref_logp is not None:  # the reference actor ran while the batch was collected
+            sw.t["ref_s"] = batch.stats.ref_s
         with sw("train"):
             m = self.learners.train(TrainBatch(
                 prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=advantages.tolist(),
-                behavior_logp=batch.behavior_logp, ref_logp=ref_logp, pad_id=self.pad_id,
+                behavior_logp=batch.behavior_logp, ref_logp=batch.ref_logp, pad_id=self.pad_id,
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
         if m.get("ref_seconds"):  # computed on the learner ranks, inside the train call
             sw.t["ref_s"], sw.t["train_s"] = m["ref_seconds"], sw.t["train_s"] - m["ref_seconds"]
@@ -205,14 +203,24 @@ class Trainer:
         return self._collector.submit(self._collect, step)
 
     def _collect(self, step: int) -> Batch:
-        """Steps 1-3: prompts -> G completions each -> rewards, refilled and trimmed for the learner."""
+        """Steps 1-3: prompts -> G completions each -> rewards, refilled and trimmed for the learner;
+        then the reference actor's log-probs of what is kept."""
         t = self.cfg.trainer
         state, stats = self.stream.state(), CollectStats()
         groups = self._collect_round(step, 0, t.prompts_per_step, stats)
         if t.dynamic_sampling:
             groups += self._refill(step, t.prompts_per_step - len(groups), stats)
         groups = trim_to_ranks(groups, t.group_size, self.cfg.learner.num_ranks)
-        return Batch.from_groups(groups, state, stats, version_if_empty=self.version)
+        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.version)
+        if self.actors.reference is not None and batch.examples:
+            # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
+            # async schedule it then runs while the learner trains on the previous batch.
+            t0 = time.perf_counter()
+            batch.ref_logp = launch.wait_for(
+                self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
+                "reference actor", "computing reference log-probs", t.actor_timeout_s)
+            stats.ref_s = time.perf_counter() - t0
+        return batch
 
     def _refill(self, step: int, missing: int, stats: CollectStats) -> list[ScoredGroup]:
         """DAPO dynamic sampling: groups whose rewards are all equal carry no signal and were dropped;

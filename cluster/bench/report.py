@@ -137,21 +137,27 @@ def _num(r: dict, k: str) -> float:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else 0.0
 
 
-def schedule_summary(rows: list[dict], skip: int = 1) -> dict:
+def schedule_summary(rows: list[dict], skip: int = 1, ref_collecting: bool = False) -> dict:
     """Means over the steady steps of a run's metrics.jsonl rows.
 
-    gen side = generation + rewards (the collector thread); learner side = reference + train + sync
-    (the main loop, under the learner lock). In the async schedule a step ideally takes
-    max(gen side, learner side); `overlap_efficiency` = that ideal / the measured step time.
+    gen side = generation + rewards (the collector thread), + the reference when a reference actor
+    computes it (`ref_collecting`: it runs while the batch is collected); learner side = train + sync
+    (the main loop), + the reference when the learner ranks compute it. In the async schedule a step
+    ideally takes max(gen side, learner side); `overlap_efficiency` = that ideal / the measured step time.
     """
     rs = steady(rows, skip)
     if not rs:
         return {}
     out = {k: mean(_num(r, k) for r in rs) for k in ("step_s", "gen_s", "reward_s", "ref_s", "train_s", "sync_s")}
-    out["gen_side_s"] = mean(_num(r, "gen_s") + _num(r, "reward_s") for r in rs)
-    out["learner_side_s"] = mean(_num(r, "ref_s") + _num(r, "train_s") + _num(r, "sync_s") for r in rs)
-    out["ideal_overlap_s"] = mean(max(_num(r, "gen_s") + _num(r, "reward_s"),
-                                      _num(r, "ref_s") + _num(r, "train_s") + _num(r, "sync_s")) for r in rs)
+
+    def sides(r: dict) -> tuple[float, float]:
+        ref = _num(r, "ref_s")
+        gen, learn = _num(r, "gen_s") + _num(r, "reward_s"), _num(r, "train_s") + _num(r, "sync_s")
+        return (gen + ref, learn) if ref_collecting else (gen, learn + ref)
+
+    out["gen_side_s"] = mean(sides(r)[0] for r in rs)
+    out["learner_side_s"] = mean(sides(r)[1] for r in rs)
+    out["ideal_overlap_s"] = mean(max(sides(r)) for r in rs)
     out["max_gen_train_s"] = mean(max(_num(r, "gen_s"), _num(r, "train_s")) for r in rs)
     out["overlap_efficiency"] = ratio(out["ideal_overlap_s"], out["step_s"])
     out["sync_share"] = ratio(out["sync_s"], out["step_s"])

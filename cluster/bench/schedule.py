@@ -51,7 +51,7 @@ def bench_schedule(config_overrides: list[str], mode: str, run_dir: Path) -> tup
     total = time.perf_counter() - t
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r.get("kind", "train") == "train"]
-    summary = schedule_summary(rows, skip=1)
+    summary = schedule_summary(rows, skip=1, ref_collecting=cfg.algo.beta > 0 and not cfg.reference_on_learner())
     summary["run_wall_s"] = total
     summary["trainer_eval"] = {"before": out.get("before"), "after": out.get("after")}  # vLLM greedy, pass@k
     summary["hf_model"] = out.get("hf_model")

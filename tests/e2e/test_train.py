@@ -138,9 +138,13 @@ def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluste
 
 def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster, tmp_path):
     """SIGKILL an engine's process while step 3's generation is in flight (async: it overlaps
-    step 2's training): Ray restarts it, the driver re-syncs it and re-sends its prompts."""
+    step 2's training): Ray restarts it, the driver re-syncs it and re-sends its prompts. With a KL
+    term: in async, reference.placement auto is the actor, which scores each batch as it is collected."""
+    from actors.threads import node_cores
+
     run_dir = tmp_path / "async"
-    cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2")
+    cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2",
+                 "algo.beta=0.05")
     trainer = Trainer(cfg)
     killed = kill_while_learning(trainer, at_step=1, role="rollout-1")  # training step 2, generating step 3
     sockets = listeners_while_learning(trainer, at_step=1, role="learner-0")
@@ -159,6 +163,10 @@ def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster,
     # no prompt lost: every step trained on full groups, and the weights kept advancing
     assert all(r["trained_groups"] == 4 for r in rows)
     assert [r["weight_version"] for r in rows] == [1, 2, 3, 4, 5]
+    assert all(r["kl"] is not None and r["ref_s"] > 0 for r in rows)
+    threads = {p["role"]: p["threads"] for p in json.loads((run_dir / "placement.json").read_text())}
+    # the reference collects with the engines while the learner trains: they split the cores
+    assert threads["reference"] + threads["learner-0"] <= max(2, node_cores())
 
 
 def run_cli(*args, cwd=ROOT, timeout=600):

@@ -48,6 +48,15 @@ def test_schedule_summary_skips_warmup_and_computes_overlap():
     assert s["reward_first"] == 0.1 and s["reward_last"] == 0.4 and s["reward_mean"] == pytest.approx(0.7 / 3)
 
 
+def test_schedule_summary_puts_the_reference_on_the_side_that_ran_it():
+    rows = [_row(1, 9.0, 0.0, 9.0, 9.0, 30.0), _row(2, 1.0, 0.0, 2.0, 0.0, 3.0, ref=1.5)]
+    on_learner = report.schedule_summary(rows, skip=1)
+    assert (on_learner["gen_side_s"], on_learner["learner_side_s"]) == (1.0, 3.5)
+    actor = report.schedule_summary(rows, skip=1, ref_collecting=True)  # the reference actor runs while collecting
+    assert (actor["gen_side_s"], actor["learner_side_s"]) == (2.5, 2.0)
+    assert actor["ideal_overlap_s"] == 2.5
+
+
 def test_schedule_summary_single_step_and_eval_rows():
     rows = [{"kind": "eval", "step": 0, "accuracy": 0.5}, _row(1, 1.0, 0.0, 1.0, 0.1, 2.5)]
     s = report.schedule_summary(rows, skip=1)

@@ -4,6 +4,7 @@ The driver's neighbours (the rollout pool, the prompt stream, the reward scorer)
 collecting logic is the real `Trainer._collect`."""
 import math
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,6 +70,7 @@ def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, ski
     t.cfg, t.run_dir, t.version, t.engine_version, t.step = cfg, "/tmp/run", 5, 5, 0
     t.stream, t.pool, t.scorer = FakeStream(rewards_per_prompt), FakePool(skip), FakeScorer()
     t._engines_lock = threading.RLock()
+    t.actors = SimpleNamespace(reference=None)
     return t
 
 
@@ -80,6 +82,30 @@ def test_without_dynamic_sampling_every_group_is_kept_and_counted():
     assert b.stream_state == {"pos": 0} and t.pool.calls == [3]
     s = b.stats
     assert (s.groups, s.zero_var_groups, s.extra_prompts, s.gen_tokens) == (3, 1, 0, 9)
+
+
+def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatch):
+    """With a reference actor, its log-probs are part of the collected batch (in the async schedule
+    they are then computed while the learner trains), for exactly the rows the learner gets."""
+    import cluster.trainer as trainer_module
+
+    calls = []
+
+    class FakeReference:
+        class logprobs:  # noqa: N801 - stands in for an actor method (.remote)
+            @staticmethod
+            def remote(prompt_ids, completion_ids):
+                calls.append(len(completion_ids))
+                return [[-0.5] * len(c) for c in completion_ids]
+
+    monkeypatch.setattr(trainer_module.launch, "wait_for", lambda refs, *what: refs)
+    t = trainer([[1, 0], [1, 1], [0, 1], [0, 0]], dynamic=True)
+    t.actors = SimpleNamespace(reference=FakeReference())
+    b = t._collect(step=0)
+    assert [e.prompt for e in b.examples] == ["p0", "p2"]
+    assert calls == [len(b.completion_ids)] == [2 * G]  # one call, after the flat groups were dropped
+    assert b.ref_logp == [[-0.5] * len(c) for c in b.completion_ids] and b.stats.ref_s >= 0.0
+    assert trainer([[1, 0]], want=1)._collect(step=0).ref_logp is None  # no reference actor, none
 
 
 def test_dynamic_sampling_drops_flat_groups_and_refills_within_the_budget():

@@ -8,7 +8,7 @@ import torch
 
 from actors.config import ReferenceConfig
 from actors.threads import node_cores, thread_budget, use_threads
-from cluster.config import ConfigError, RunConfig, load_config
+from cluster.config import ConfigError, RunConfig, TrainerConfig, load_config
 from learner.config import AlgoConfig, LearnerConfig
 
 
@@ -36,8 +36,10 @@ def test_async_schedule_splits_cores_between_generation_and_learning():
 
 def test_budget_is_per_node_and_overrides_win():
     placement = actors(4, node="gen", engines=2, ranks=0) + actors(6, node="train", engines=0, ranks=2, reference=True)
-    assert thread_budget("async", placement) == {"rollout-0": 2, "rollout-1": 2, "learner-0": 3, "learner-1": 3,
-                                                 "reference": 6}
+    # in async the reference actor collects (after generation) while the ranks train: they split the node
+    assert thread_budget("async", placement) == {"rollout-0": 2, "rollout-1": 2, "learner-0": 2, "learner-1": 2,
+                                                 "reference": 2}
+    assert thread_budget("sync", placement)["reference"] == 6  # sync: one phase at a time
     assert thread_budget("sync", actors(2, reference=True), {"rollout": 1, "learner": 0, "reference": 3}) == {
         "rollout-0": 1, "learner-0": 2, "reference": 3}
     with pytest.raises(ValueError, match="unknown actor role"):
@@ -67,13 +69,14 @@ def test_thread_and_placement_keys_are_validated():
         assert key in text
 
 
-def on_learner(beta: float = 0.01, placement: str = "auto", **learner) -> bool:
+def on_learner(beta: float = 0.01, placement: str = "auto", mode: str = "sync", **learner) -> bool:
     return RunConfig(algo=AlgoConfig(beta=beta), reference=ReferenceConfig(placement=placement),
-                     learner=LearnerConfig(**learner)).reference_on_learner()
+                     trainer=TrainerConfig(mode=mode), learner=LearnerConfig(**learner)).reference_on_learner()
 
 
 def test_reference_placement_auto_is_learner_on_cpu_and_actor_on_gpu():
-    assert on_learner()  # CPU learner: the frozen copy on the ranks
+    assert on_learner()  # CPU learner, sync schedule: the frozen copy on the ranks
+    assert not on_learner(mode="async")  # async: the actor's pass overlaps training
     assert not on_learner(num_gpus=1)  # a GPU learner: keep its memory for training
     assert on_learner(placement="learner", num_gpus=1)
     assert not on_learner(placement="actor")
@@ -82,6 +85,7 @@ def test_reference_placement_auto_is_learner_on_cpu_and_actor_on_gpu():
 
 def test_reference_placement_with_lora():
     assert on_learner(lora_rank=4, num_gpus=1)  # the base model is already there: adapters off
+    assert on_learner(lora_rank=4, mode="async")
     assert not on_learner(beta=0, lora_rank=4)
     assert not on_learner(lora_rank=4, lora_reference_actor=True)
     assert not on_learner(placement="actor", lora_rank=4)
