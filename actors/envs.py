@@ -31,7 +31,7 @@ import time
 from collections import deque
 from multiprocessing.connection import wait as wait_connections
 
-from actors.rewards import STARTUP_TIMEOUT_S, WorkerProcess, close_workers, load_file_function
+from actors.reward_pool import STARTUP_TIMEOUT_S, WorkerProcess, close_workers, load_file_function
 
 ROLES = ("system", "user", "assistant", "tool")
 ENVS: dict[str, type] = {}

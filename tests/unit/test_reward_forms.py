@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from actors.config import RewardConfig
-from actors.rewards import RewardScorer, gsm8k, is_batched, math_verify
+from actors.reward_pool import is_batched
+from actors.rewards import RewardScorer, gsm8k, math_verify
 from actors.rollout import Completion
 
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from actors.config import RewardConfig
-from actors.rewards import REWARDS, STARTUP_TIMEOUT_S, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty, register
+from actors.reward_pool import STARTUP_TIMEOUT_S
+from actors.rewards import REWARDS, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty, register
 from actors.rollout import Completion
 
 
