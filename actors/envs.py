@@ -31,7 +31,7 @@ import time
 from collections import deque
 from multiprocessing.connection import wait as wait_connections
 
-from actors.reward_pool import STARTUP_TIMEOUT_S, WorkerProcess, close_workers, load_file_function
+from actors.reward_pool import STARTUP_TIMEOUT_S, WorkerProcess, close_workers, load_file_function, serve
 
 ROLES = ("system", "user", "assistant", "tool")
 ENVS: dict[str, type] = {}
@@ -167,13 +167,8 @@ def _env_main(conn, specs: list[str]) -> None:
         cls, error = None, f"{type(e).__name__}: {e}"
     conn.send(("ready", {spec: error} if error else {}))
     envs: dict = {}
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
+
+    def answer(msg: tuple) -> tuple:
         key, method, payload = msg
         try:
             if method == "open":
@@ -184,10 +179,11 @@ def _env_main(conn, specs: list[str]) -> None:
             else:  # close
                 envs.pop(key, None)
                 value = None
-            reply = ("result", key, True, value)
+            return ("result", key, True, value)
         except BaseException as e:  # noqa: BLE001 - environment code may raise anything
-            reply = ("result", key, False, f"{type(e).__name__}: {e}"[:500])
-        conn.send(reply)
+            return ("result", key, False, f"{type(e).__name__}: {e}"[:500])
+
+    serve(conn, answer)
 
 
 class EnvPool:

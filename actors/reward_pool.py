@@ -111,6 +111,20 @@ def _worker_main(conn, specs: list[str]) -> None:
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             errors[spec] = f"{type(e).__name__}: {e}"
     conn.send(("ready", errors, batched))
+
+    def answer(msg: tuple) -> tuple:
+        idx, spec, call = msg
+        try:
+            return ("result", idx, True, _run_call(functions[spec], call))
+        except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
+            return ("result", idx, False, f"{type(e).__name__}: {e}")
+
+    serve(conn, answer)
+
+
+def serve(conn, answer: Callable[[tuple], tuple]) -> None:
+    """A worker process's loop: send `answer(msg)` for every message until None arrives or the
+    parent is gone (also the loop of actors/envs.py's environment processes)."""
     while True:
         try:
             msg = conn.recv()
@@ -118,12 +132,7 @@ def _worker_main(conn, specs: list[str]) -> None:
             return
         if msg is None:
             return
-        idx, spec, call = msg
-        try:
-            reply = ("result", idx, True, _run_call(functions[spec], call))
-        except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
-            reply = ("result", idx, False, f"{type(e).__name__}: {e}")
-        conn.send(reply)
+        conn.send(answer(msg))
 
 
 class WorkerProcess:
