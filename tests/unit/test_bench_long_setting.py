@@ -100,4 +100,7 @@ def test_table_shows_async_against_trl():
     rows = {m: v for _, m, v, _ in report.table_rows(res)}
     assert rows["raygrpo / TRL step time"] == 0.5 and rows["raygrpo async / TRL (1 thread)"] == 0.3
     assert rows["raygrpo async / TRL (2 threads)"] == 0.5 and rows["raygrpo sync / TRL (2 threads)"] == 10 / 12
+    assert rows["best raygrpo / best TRL"] == 0.5  # async 6.0 vs TRL with 2 threads 12.0
+    res["schedules"]["async"]["step_s_median"] = 30.0  # now sync is the faster schedule, TRL 2 threads still
+    assert {m: v for _, m, v, _ in report.table_rows(res)}["best raygrpo / best TRL"] == 10 / 12
     assert "random weights" in report.table_rows(res)[0][3]
