@@ -41,7 +41,7 @@ class RolloutConfig:
     long_prompt: str = "skip"  # a prompt longer than max_model_len - max_new_tokens: "skip" (counted) or "error"
     weight_transfer_backend: str = "auto"  # auto: "nccl" (vLLM's) when num_gpus > 0, else "gloo" (ours)
     bucket_mb: int = 64  # size of the packed buffers the weights travel in
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPU (actors/devices.py)
     num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything
     num_gpus: float = 0.0
     threads: int = 0  # torch threads per engine; 0: the thread budget (actors/threads.py) decides

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from actors.config import RolloutConfig
-from actors.devices import on_gpu, resolve_dtype, transfer_backend
+from actors.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
 from actors.threads import node_cores, use_threads
 
 FINISH_REASONS = ("stop", "length")
@@ -141,7 +141,7 @@ class RolloutWorker:
             max_model_len=cfg.max_model_len,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             seed=cfg.seed,
-            enforce_eager=cfg.enforce_eager,
+            enforce_eager=resolve_enforce_eager(cfg.enforce_eager, gpu),
             tensor_parallel_size=cfg.tensor_parallel_size,
             logprobs_mode=cfg.logprobs_mode,
             weight_transfer_config={"backend": transfer_backend(cfg.weight_transfer_backend, cfg.num_gpus)},

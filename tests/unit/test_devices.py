@@ -1,12 +1,26 @@
 """What "auto" means per device: one rule each, shared by engines, reference, learner ranks and driver."""
 import torch
 
-from actors.devices import on_gpu, resolve_dtype, transfer_backend
+from actors.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
 
 
 def test_auto_dtype_is_bfloat16_on_gpu_float32_on_cpu_and_an_explicit_one_stands():
     assert resolve_dtype("auto", gpu=True) == "bfloat16" and resolve_dtype("auto", gpu=False) == "float32"
     assert resolve_dtype("bfloat16", gpu=False) == "bfloat16" and resolve_dtype("float16", gpu=True) == "float16"
+
+
+def test_default_enforce_eager_is_eager_on_cpu_and_cuda_graphs_on_gpu():
+    assert resolve_enforce_eager(None, gpu=False) is True and resolve_enforce_eager(None, gpu=True) is False
+    assert resolve_enforce_eager(True, gpu=True) is True and resolve_enforce_eager(False, gpu=False) is False
+
+
+def test_enforce_eager_reads_from_yaml_and_overrides():
+    from cluster.config import load_config
+
+    assert load_config(None, ["model.path=/x"], validate_paths=False).rollout.enforce_eager is None
+    for text, want in (("false", False), ("true", True), ("null", None)):
+        cfg = load_config(None, ["model.path=/x", f"rollout.enforce_eager={text}"], validate_paths=False)
+        assert cfg.rollout.enforce_eager is want
 
 
 def test_auto_transfer_backend_follows_the_engines_gpus_not_this_process():
