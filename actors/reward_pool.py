@@ -2,8 +2,8 @@
 
 User reward functions (and `math_verify`) run here, not in the driver: a call that raises,
 returns a non-number / NaN, exceeds its timeout (its process is killed and replaced) or kills its
-process comes back as an error for that one call, and nothing can hang the run. `WorkerProcess`
-and `close_workers` are also the shell of actors/envs.py's environment processes. The scoring
+process comes back as an error for that one call, and nothing can hang the run. `WorkerProcess`,
+`serve` and `close_workers` are also the shell of actors/envs.py's environment processes. The scoring
 itself (forms, weights, fallbacks) is actors/rewards.py.
 
 Deliberately light: no torch import, so the worker processes start fast.
