@@ -41,7 +41,6 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import socket
 import threading
 import time
 import uuid
@@ -60,6 +59,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
+
+from actors.sockets import listening_store, local_ip_towards
 
 BACKEND = "gloo"
 # The engine-side class, named (not imported: it imports this module) for vLLM to load lazily in its
@@ -108,19 +109,6 @@ def unpack_bucket(buffer: torch.Tensor, names: list[str], shapes: list[list[int]
     return out
 
 
-def local_ip_towards(address: str) -> str:
-    """This machine's IP on the route to `address` (no packet is sent: UDP connect only picks
-    the interface). Gloo advertises it to its peers, so it must be reachable from them."""
-    if address in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((address, 1))
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
-
-
 def default_master_address() -> str:
     """The address a trainer should advertise: Ray's node IP inside Ray, else loopback."""
     try:
@@ -131,26 +119,6 @@ def default_master_address() -> str:
     except Exception:  # noqa: BLE001 - Ray is optional here
         pass
     return "127.0.0.1"
-
-
-def listening_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
-    """A TCPStore server listening on `host` only (the address its peers were told), port 0: a free one.
-
-    TCPStore alone binds every interface whatever host it is given, so the listening socket is
-    made here and handed over (`master_listen_fd`; the store owns it from then on).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(512)
-        port = sock.getsockname()[1]
-    except OSError:
-        sock.close()
-        raise
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
-                         master_listen_fd=sock.detach())
 
 
 def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeout_s: float):
