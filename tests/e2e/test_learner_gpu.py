@@ -1,0 +1,74 @@
+"""LearnerWorker on a GPU: DeepSpeed ZeRO-2 over NCCL, one rank in this process (no Ray).
+
+Skipped where no GPU is visible (CI has none). Run by hand on a GPU box: it needs torch,
+transformers, deepspeed and peft, but not Ray or vLLM, so a bare GPU image with those carried as
+wheels will do (docs/STATUS.md says when it last ran and where).
+
+- float32: one step equals a plain-torch step of the same batch (torch AdamW + clipping) to 1e-4;
+- bfloat16 (dtype auto on a GPU) with the reference on the learner (a frozen copy on the GPU):
+  the first pass's KL is 0 (policy == reference), and two steps change the weights.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_learner_helpers import free_port, make_batch, max_weight_diff, reference_step
+
+from learner.config import AlgoConfig, LearnerConfig
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def _rank(model_dir, cfg: LearnerConfig, algo: AlgoConfig, reference_on_learner=False):
+    from learner.worker import LearnerWorker
+
+    return LearnerWorker(str(model_dir), cfg, algo, rank=0, world_size=1, master_addr="127.0.0.1",
+                         master_port=free_port(), total_steps=10, seed=0, reference_on_learner=reference_on_learner)
+
+
+def _weights(rank) -> dict[str, torch.Tensor]:
+    """The rank's whole weights as float32 on CPU: ZeRO-2 keeps them whole on one rank. (Not
+    full_state_dict: it goes through learner/weight_sync.py, which needs vLLM.)"""
+    return {k: v.detach().float().cpu() for k, v in rank.engine.module.named_parameters()}
+
+
+def _teardown():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir):
+    cfg = LearnerConfig(num_gpus=1, dtype="float32", zero_stage=2, lr=1e-3, adam_eps=1e-4, weight_decay=0.01,
+                        grad_clip=0.5, micro_batch_size=2)
+    algo, batch = AlgoConfig(), make_batch()
+    rank = _rank(tiny_model_dir, cfg, algo)
+    try:
+        assert rank.info()["device"].startswith("cuda")
+        metrics = rank.train_step(batch)
+        losses, model, _ = reference_step(tiny_model_dir, batch, cfg, algo)
+        assert not metrics["skipped"]
+        assert metrics["loss"] == pytest.approx(losses[0], abs=1e-4)
+        assert max_weight_diff(_weights(rank), model) <= 1e-4
+    finally:
+        _teardown()
+
+
+def test_bfloat16_with_the_reference_on_the_learner(tiny_model_dir):
+    cfg = LearnerConfig(num_gpus=1, zero_stage=2, lr=1e-3, micro_batch_size=2)  # dtype auto: bf16 on a GPU
+    algo = AlgoConfig(beta=0.05)
+    rank = _rank(tiny_model_dir, cfg, algo, reference_on_learner=True)
+    try:
+        assert next(rank.engine.module.parameters()).dtype == torch.bfloat16
+        before = _weights(rank)
+        first = rank.train_step(make_batch(seed=1))
+        assert abs(first["kl"]) <= 1e-6 and first["ref_seconds"] > 0  # the frozen copy equals the policy
+        second = rank.train_step(make_batch(seed=2))
+        assert math.isfinite(second["loss"]) and not second["skipped"] and second["kl"] > 0
+        after = _weights(rank)
+        assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4
+    finally:
+        _teardown()
