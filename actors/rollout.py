@@ -193,7 +193,6 @@ class RolloutWorker:
         `max_new_tokens` is skipped and reported (`cfg.long_prompt="skip"`) or raises
         ValueError (`"error"`); it is never sent to the engine.
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         cfg = self.cfg
@@ -208,10 +207,7 @@ class RolloutWorker:
         if limit < 1:
             raise ValueError(f"max_new_tokens {max_new} leaves no room for a prompt (max_model_len {cfg.max_model_len})")
 
-        # vLLM detokenizes every sequence at every step, and decodes each log-prob token against its
-        # context: about a fifth of a short-completion call on CPU. Without stop strings (which need
-        # the text as it grows) one batch decode of the final ids gives the text for far less.
-        detokenize = bool(cfg.stop)
+        detokenize = bool(cfg.stop)  # else the text is decoded here, once (sampling_params)
         rollouts, requests, params, slots = [], [], [], []
         for i, prompt in enumerate(prompts):
             ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -226,22 +222,7 @@ class RolloutWorker:
             rollouts.append(PromptRollout(prompt, ids, [], self._version, skipped=problem))
             if problem is None:
                 requests.append(TokensPrompt(prompt_token_ids=ids))
-                params.append(SamplingParams(
-                    n=1 if greedy else group_size,  # vLLM refuses n > 1 at temperature 0
-                    temperature=0.0 if greedy else cfg.temperature,
-                    top_p=cfg.top_p,
-                    top_k=cfg.top_k if cfg.top_k > 0 else 0,
-                    max_tokens=max_new,
-                    # no EOS / stop token before min_tokens (sampling only; a shorter max_new caps it)
-                    min_tokens=0 if greedy else min(cfg.min_new_tokens, max_new),
-                    stop=list(cfg.stop) or None,
-                    stop_token_ids=self.stop_token_ids,
-                    skip_special_tokens=True,
-                    logprobs=0,  # just the sampled token's log-prob
-                    flat_logprobs=True,  # flat arrays, not a dict per token: less to build and collect
-                    detokenize=detokenize,
-                    seed=None if seeds is None else int(seeds[i]),
-                ))
+                params.append(self.sampling_params(group_size, max_new, None if seeds is None else seeds[i], greedy))
                 slots.append(i)
         if requests:
             outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
@@ -298,6 +279,31 @@ class RolloutWorker:
             c = self._completion(o.outputs[0])  # checks log-probs and finish reason
             out.append((c.token_ids, c.logprobs, c.finish_reason))
         return out
+
+    def sampling_params(self, group_size: int, max_new: int, seed: int | None, greedy: bool = False):
+        """One prompt's request of `generate` (also what the bench's direct-vLLM baseline sends)."""
+        from vllm import SamplingParams
+
+        cfg = self.cfg
+        return SamplingParams(
+            n=1 if greedy else group_size,  # vLLM refuses n > 1 at temperature 0
+            temperature=0.0 if greedy else cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k if cfg.top_k > 0 else 0,
+            max_tokens=max_new,
+            # no EOS / stop token before min_tokens (sampling only; a shorter max_new caps it)
+            min_tokens=0 if greedy else min(cfg.min_new_tokens, max_new),
+            stop=list(cfg.stop) or None,
+            stop_token_ids=self.stop_token_ids,
+            skip_special_tokens=True,
+            logprobs=0,  # just the sampled token's log-prob
+            flat_logprobs=True,  # flat arrays, not a dict per token: less to build and collect
+            # vLLM detokenizes every sequence at every step, and decodes each log-prob token against
+            # its context: about a fifth of a short-completion call on CPU. Without stop strings
+            # (which need the text as it grows) `generate` decodes the final ids once instead.
+            detokenize=bool(cfg.stop),
+            seed=None if seed is None else int(seed),
+        )
 
     def _check_not_updating(self) -> None:
         if self._updating:

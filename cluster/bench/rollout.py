@@ -14,19 +14,6 @@ from cluster.bench.report import PROTO, SUBPROCESS_MODULE, per_second, progress,
 from cluster.paths import PROJECT_ROOT
 
 
-def _sampling_requests(tokenizer, prompts: list[str], group_size: int, seeds: list[int], max_new: int, cfg):
-    """Exactly the requests RolloutWorker.generate builds (one per prompt, n=G, behaviour log-probs)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    reqs = [TokensPrompt(prompt_token_ids=list(tokenizer.encode(p))) for p in prompts]
-    params = [SamplingParams(n=group_size, temperature=cfg.temperature, top_p=cfg.top_p,
-                             top_k=cfg.top_k if cfg.top_k > 0 else 0, max_tokens=max_new,
-                             min_tokens=min(cfg.min_new_tokens, max_new),
-                             stop=list(cfg.stop) or None, logprobs=0, seed=int(s)) for s in seeds]
-    return reqs, params
-
-
 def direct_vllm_main(spec_path: str) -> int:
     """Subprocess: one vLLM engine built by the RolloutWorker class (same settings as the actor),
     answering commands on stdin: `direct` (llm.generate on the same requests), `wrapper`
@@ -50,7 +37,11 @@ def direct_vllm_main(spec_path: str) -> int:
     proto.write(PROTO + json.dumps({"ready": True, "start_s": time.perf_counter() - t0,
                                     "torch_threads": torch.get_num_threads()}) + "\n")
     prompts, G, seeds, max_new = spec["prompts"], spec["group_size"], spec["seeds"], spec["max_new_tokens"]
-    reqs, params = _sampling_requests(worker.tokenizer, prompts, G, seeds, max_new, cfg)
+    from vllm.inputs import TokensPrompt
+
+    # exactly the requests RolloutWorker.generate builds (one per prompt, n=G, behaviour log-probs)
+    reqs = [TokensPrompt(prompt_token_ids=list(worker.tokenizer.encode(p))) for p in prompts]
+    params = [worker.sampling_params(G, max_new, s) for s in seeds]
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "quit":
