@@ -16,15 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import tempfile
 import time
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch(n: int, prompt: int, completion: int, vocab: int):
@@ -41,12 +34,13 @@ def measure(model_dir: str, stage: int, steps: int, peak_tflops: float, micro_ba
     import torch
     import torch.distributed as dist
 
+    from cluster.launch import free_port
     from learner.config import AlgoConfig, LearnerConfig
     from learner.worker import LearnerWorker
 
     cfg = LearnerConfig(num_gpus=1, zero_stage=stage, micro_batch_size=micro_batch, lr=1e-6)
     rank = LearnerWorker(model_dir, cfg, AlgoConfig(), rank=0, world_size=1, master_addr="127.0.0.1",
-                         master_port=_free_port(), total_steps=steps + 1, seed=0)
+                         master_port=free_port(), total_steps=steps + 1, seed=0)
     n_params = rank.param_counts["total_params"]
     batch = _batch(64, 64, 192, 100)
     processed = sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
