@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from actors.config import RolloutConfig
 from actors.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
 from actors.threads import node_cores, use_threads
+from actors.vllm_ext import PACK_ABOVE_ENV
 
 FINISH_REASONS = ("stop", "length")
 CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
@@ -116,6 +117,7 @@ class RolloutWorker:
             # Before vLLM is imported: envs are read lazily, but keep it obviously first.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads or max(1, int(cfg.num_cpus))))
+            os.environ[PACK_ABOVE_ENV] = str(cfg.cpu_pack_above_elements)  # read by actors/vllm_ext.py
         # Until the driver's thread budget arrives (set_threads); vLLM's CPU worker turns
         # torch.set_num_threads into a no-op once it starts, use_threads goes around that.
         self._threads = cfg.threads or (0 if gpu else int(os.environ["OMP_NUM_THREADS"]))

@@ -36,3 +36,21 @@ def test_a_process_without_gpus_asked_runs_on_cpu_even_where_gpus_are_visible(mo
     assert not on_gpu(0) and on_gpu(1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not on_gpu(1)
+
+
+def test_small_float32_cpu_layers_compute_from_the_live_weight(monkeypatch):
+    """actors/vllm_ext.py: which vLLM-CPU layers skip the oneDNN-packed copy (and its re-pack at
+    every weight update), per rollout.cpu_pack_above_elements."""
+    import torch
+
+    from actors.config import RolloutConfig
+    from actors.vllm_ext import PACK_ABOVE_ENV, _computes_live
+
+    default = RolloutConfig.cpu_pack_above_elements
+    monkeypatch.delenv(PACK_ABOVE_ENV, raising=False)
+    assert _computes_live(torch.empty(default // 128, 128))
+    assert not _computes_live(torch.empty(default // 128 + 1, 128))
+    assert not _computes_live(torch.empty(16, 16, dtype=torch.bfloat16))  # measured for float32 only
+    assert not _computes_live(torch.empty(16, 16, 4))  # not a linear weight
+    monkeypatch.setenv(PACK_ABOVE_ENV, "0")  # pack every layer, as vLLM does
+    assert not _computes_live(torch.empty(2, 2))
