@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
+from actors.direct_load import DirectLoader, signature_of
 from actors.gloo_transfer import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
@@ -39,7 +40,8 @@ LAST_UPDATE_PARTS: dict[str, float] = {}
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
-    """Receives packed buckets by gloo broadcast and loads them with `model.load_weights`."""
+    """Receives packed buckets by gloo broadcast and loads them with `model.load_weights`, or by
+    direct copies once the first update showed that to be the same (actors/direct_load.py)."""
 
     init_info_cls = GlooWeightTransferInitInfo
     update_info_cls = GlooWeightTransferUpdateInfo
@@ -53,6 +55,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.rank: int | None = None
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
         self.timeout_s = DEFAULT_TIMEOUT_S
+        self.loader = DirectLoader(model)
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         # A trainer that restarted (or re-initialised after a rollout worker restarted) opens a
@@ -93,6 +96,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
 
         dtypes = update_info.dtypes()
         sizes = [nbytes(s, d) for s, d in zip(update_info.shapes, dtypes)]
+        signature = signature_of(update_info.names, update_info.shapes, dtypes)
+        direct = self.loader.begin(signature)
         receive = load = 0.0
         with disable_mtp_completeness_check():
             for bucket in plan_buckets(sizes, self.bucket_bytes):
@@ -101,15 +106,16 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 wait_work(self.group.broadcast(buffer, 0), self.timeout_s)
                 t1 = time.perf_counter()
                 receive += t1 - t0
-                self.model.load_weights(unpack_bucket(
+                self.loader.load(unpack_bucket(
                     buffer,
                     [update_info.names[i] for i in bucket],
                     [update_info.shapes[i] for i in bucket],
                     [dtypes[i] for i in bucket],
                     [sizes[i] for i in bucket],
-                ))
+                ), direct)
                 load += time.perf_counter() - t1
-        LAST_UPDATE_PARTS.update(receive_s=receive, load_weights_s=load)
+        self.loader.end(signature)
+        LAST_UPDATE_PARTS.update({"receive_s": receive, ("direct_copy_s" if direct else "load_weights_s"): load})
 
     def finish_weight_update(self) -> None:
         # vLLM's CPU linear layers compute from a packed copy made at load time: rebuild it

