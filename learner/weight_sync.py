@@ -143,14 +143,41 @@ class OneTripRayClient(RayVLLMWeightSyncClient):
         pass
 
     def update_weights(self, update_info) -> None:
-        import ray
+        self.submit_update_weights(update_info).join(None)
+
+    def submit_update_weights(self, update_info) -> PendingUpdate:
+        """Issue the update on every engine without waiting (the gloo sender calls this, then
+        broadcasts on the same thread)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         request = WeightTransferUpdateRequest(update_info=update_info)
-        self.last_parts = ray.get([h.apply_weight_update.remote(request, self.next_version) for h in self.handles])[0]
+        return PendingUpdate(self, [h.apply_weight_update.remote(request, self.next_version) for h in self.handles])
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         pass
+
+
+class PendingUpdate:
+    """The engines' update calls in flight: what the gloo sender polls while it broadcasts."""
+
+    def __init__(self, client: OneTripRayClient, refs: list):
+        self.client, self.refs = client, refs
+
+    def raise_if_failed(self) -> None:
+        """Raise an engine's error as soon as its call failed (a finished call is checked)."""
+        import ray
+
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        if done:
+            ray.get(done)
+
+    def join(self, timeout_s: float | None) -> None:
+        import ray
+
+        try:
+            self.client.last_parts = ray.get(self.refs, timeout=timeout_s)[0]
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"weight-transfer RPC did not return in {timeout_s:.0f}s") from None
 
 
 def trainer_init_info(init_info: dict, rank: int):
