@@ -78,7 +78,7 @@ def _computes_live(weight: torch.Tensor) -> bool:
     (oneDNN builds a primitive descriptor per handle), paid again at every weight update, and
     for small float32 weights the packed GEMM is no faster: on a 2-core AMD EPYC the 1.0M bench
     model's shapes (up to 1024 x 128) at M = 32, 256 and 2560 rows took the same time either way
-    (within 10%), and whole generate calls at 1.0M and 7.9M 0-4% (docs/benchmarks.md)."""
+    (within 10%), and whole generate calls at 1.0M and 7.9M -1% to +5% (docs/benchmarks.md)."""
     from actors.config import RolloutConfig
 
     above = int(os.environ.get(PACK_ABOVE_ENV, RolloutConfig.cpu_pack_above_elements))

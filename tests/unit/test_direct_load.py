@@ -31,7 +31,7 @@ class VllmLike(torch.nn.Module):
         if extra:  # a parameter no incoming tensor writes (e.g. a separate, untied lm_head)
             shapes["lm_head.weight"] = (5, 4)
         self._names = list(shapes)
-        for i, (name, shape) in enumerate(shapes.items()):
+        for i, shape in enumerate(shapes.values()):
             self.register_parameter(f"p{i}", torch.nn.Parameter(torch.zeros(shape), requires_grad=False))
         self.transform, self.load_calls = transform, 0
 
