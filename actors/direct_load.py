@@ -29,7 +29,7 @@ Range = tuple[str, int, int]  # (vLLM parameter name, first row, rows)
 class DirectLoader:
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.params = dict(model.named_parameters())
+        self.params: dict[str, torch.nn.Parameter] = {}  # read at each proposal (the model's current ones)
         self.packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", None) or {})
         self.verified: dict[Signature, dict[str, torch.Tensor]] = {}  # name -> its rows in a parameter
         self._ranges: dict[str, torch.Tensor] = {}  # of the update under way, when it is copied directly
@@ -70,6 +70,7 @@ class DirectLoader:
     def propose(self, signature: Signature) -> dict[str, Range] | None:
         """Each incoming name's range in vLLM's parameters, or None where they do not tile the
         model's parameters exactly."""
+        self.params = dict(self.model.named_parameters())
         shapes = {name: shape for name, shape, _ in signature}
         ranges: dict[str, Range] = {}
         for name, shape in shapes.items():
