@@ -324,7 +324,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         rpc = submit(asdict(info)) if submit is not None else _Background(self.client.update_weights, asdict(info))
         t1 = time.perf_counter()
         try:
-            self._broadcast(source, meta, rpc.raise_if_failed)
+            pack_s = self._broadcast(source, meta, rpc.raise_if_failed)
         except BaseException:
             # The engines wait for buckets that will never come; closing the group makes their
             # receive fail now rather than at the timeout. The caller must trainer_init again.
@@ -337,12 +337,13 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             self.client.finish_weight_update()
         else:
             self.client.finish_weight_update(str(weight_version))
-        self.last_parts.update({"start_s": t1 - t0, "gather_pack_broadcast_s": t2 - t1, "wait_engines_s": t3 - t2,
-                                "finish_call_s": time.perf_counter() - t3})
+        self.last_parts = {"start_s": t1 - t0, "gather_pack_s": pack_s, "gather_pack_broadcast_s": t2 - t1,
+                           "wait_engines_s": t3 - t2, "finish_call_s": time.perf_counter() - t3}
 
-    def _broadcast(self, source: WeightSource, meta: list[ParamMeta], peer_failed: Callable[[], None]) -> None:
+    def _broadcast(self, source: WeightSource, meta: list[ParamMeta], peer_failed: Callable[[], None]) -> float:
         """Pack the source's tensors into the planned buckets and broadcast them. Packing the
-        next bucket overlaps the previous bucket's send (gloo works on its own thread)."""
+        next bucket overlaps the previous bucket's send (gloo works on its own thread).
+        Returns the seconds spent gathering and packing."""
         sizes = [nbytes(m.shape, m.dtype) for m in meta]
         pairs = _checked(iter(source), meta)
         in_flight = None  # (work, buffer): the buffer must live until its send completes
@@ -358,9 +359,9 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             in_flight = (self.group.broadcast(buffer, 0), buffer)
         if in_flight is not None:
             wait_work(in_flight[0], self.timeout_s, peer_failed)
-        self.last_parts["gather_pack_s"] = pack
         for name, _ in pairs:  # exhausts the source; raises if it yields more than declared
             raise ValueError(f"WeightSource yielded more parameters than metadata() declared; first extra {name!r}")
+        return pack
 
     def shutdown(self) -> None:
         if self.group is not None:
