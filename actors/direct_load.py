@@ -32,7 +32,7 @@ class DirectLoader:
         self.params: dict[str, torch.nn.Parameter] = {}  # read at each proposal (the model's current ones)
         self.packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", None) or {})
         self.verified: dict[Signature, dict[str, torch.Tensor]] = {}  # name -> its rows in a parameter
-        self._ranges: dict[str, torch.Tensor] = {}  # of the update under way, when it is copied directly
+        self._ranges: dict[str, torch.Tensor] | None = None  # of the update under way, when it is copied directly
         self._checking: dict[str, Range] | None = None  # the proposal being checked, otherwise
         self._check_ok = False
 
@@ -42,14 +42,14 @@ class DirectLoader:
         if signature in self.verified:
             self._ranges, self._checking = self.verified[signature], None
             return True
-        self._checking = self.propose(signature)
+        self._ranges, self._checking = None, self.propose(signature)
         self._check_ok = self._checking is not None
         return False
 
-    def load(self, weights: list[tuple[str, torch.Tensor]], direct: bool) -> None:
-        """Load one bucket: by direct copies (a verified list) or by `load_weights`, checking the
-        proposal against what it wrote."""
-        if direct:  # one call for the bucket: a Python copy_ per tensor cost as much as the bytes
+    def load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Load one bucket of the update `begin` started: by direct copies (a verified list) or by
+        `load_weights`, checking the proposal against what it wrote."""
+        if self._ranges is not None:  # one call for the bucket: a copy_ per tensor cost as much as the bytes
             torch._foreach_copy_([self._ranges[name] for name, _ in weights], [t for _, t in weights])
             return
         self.model.load_weights(weights)

@@ -112,7 +112,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     [update_info.shapes[i] for i in bucket],
                     [dtypes[i] for i in bucket],
                     [sizes[i] for i in bucket],
-                ), direct)
+                ))
                 load += time.perf_counter() - t1
         self.loader.end(signature)
         LAST_UPDATE_PARTS.update({"receive_s": receive, ("direct_copy_s" if direct else "load_weights_s"): load})

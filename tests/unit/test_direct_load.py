@@ -65,7 +65,7 @@ def run(loader: DirectLoader, weights, bucket: int = 4) -> bool:
     sig = signature_of([n for n, _ in weights], [t.shape for _, t in weights], [t.dtype for _, t in weights])
     direct = loader.begin(sig)
     for i in range(0, len(weights), bucket):
-        loader.load(weights[i:i + bucket], direct)
+        loader.load(weights[i:i + bucket])
     loader.end(sig)
     return direct
 
