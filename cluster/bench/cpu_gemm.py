@@ -52,7 +52,7 @@ def gemm_table(threads: int) -> None:
 
 
 def generate_ab(model_dir: str, threads: int, tokens: int, rounds: int) -> None:
-    from vllm import _custom_ops as ops
+    import vllm.model_executor.layers.utils as layer_utils
 
     import actors.vllm_ext as ext
     from actors.config import RolloutConfig
@@ -62,10 +62,11 @@ def generate_ab(model_dir: str, threads: int, tokens: int, rounds: int) -> None:
     worker = RolloutWorker(model_dir, cfg)
     model = worker.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
     live = {m: m.cpu_linear for m in model.modules() if getattr(m, ext._LIVE, False)}
+    vllm_dispatch = layer_utils.dispatch_cpu_unquantized_gemm.__wrapped__  # vLLM's own, kept by ext
     packed = {}
-    for m in live:
-        handle = ops.create_onednn_mm(m.weight.t(), 32)
-        packed[m] = (lambda h: lambda x, weight, bias: ops.onednn_mm(h, x, bias))(handle)
+    for m, fn in live.items():  # the packed path vLLM itself would have built for this layer
+        vllm_dispatch(m, remove_weight=False)
+        packed[m], m.cpu_linear = m.cpu_linear, fn
     prompts = [f"{i % 10}+{(i * 7) % 10}=" for i in range(32)]
     times = {"packed": [], "live": []}
     for r in range(rounds + 1):
