@@ -139,7 +139,7 @@ class TrainerConfig:
     halt_on_zero_variance: bool = True  # every group's rewards are all equal: no learning signal
     entropy_floor: float = 1e-3  # mean token entropy (nats) below this: the policy collapsed
     kl_ceiling: float = 5.0  # KL to the reference (per token) above this: the policy ran away
-    logprob_diff_warn: float = 0.05  # mean |learner - vLLM| log-prob of the sampled tokens: warn above
+    logprob_diff_warn: float = 0.05  # mean |learner - vLLM| log-prob of the sampled tokens (fresh batches): warn above
     logprob_diff_ceiling: float = 1.0  # ... and count as unhealthy above this
 
     def problems(self) -> list[str]:

@@ -36,6 +36,11 @@ def test_entropy_kl_and_mismatch_guards():
     assert "dtype" in HealthMonitor(t, beta=0.1, mismatch_expected=False).check(row(1, logprob_diff_mean=2.0), 4).halt
     # processed log-probs (temperature != 1) differ from the learner's by design: not a symptom
     assert not HealthMonitor(t, beta=0.1, mismatch_expected=True).check(row(1, logprob_diff_mean=2.0), 4).warnings
+    # a batch sampled by an older version (async) differs by the updates since: not a mismatch
+    stale = HealthMonitor(t, beta=0.1, mismatch_expected=False).check(row(1, logprob_diff_mean=2.0, staleness=1), 4)
+    assert not stale.warnings and stale.halt is None
+    assert "dtype" in HealthMonitor(t, beta=0.1, mismatch_expected=False).check(
+        row(1, logprob_diff_mean=2.0, staleness=0), 4).halt
 
 
 def test_every_guard_can_be_turned_off():
