@@ -27,21 +27,24 @@ def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]],
     """
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
-    n = len(prompt_ids)
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     width = max(lengths, default=0)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, width), dtype=torch.long)
-    position_ids = torch.zeros((n, width), dtype=torch.long)
-    completion_mask = torch.zeros((n, width), dtype=torch.bool)
+    # Padded Python lists, one tensor each at the end (a tensor per row costs more than the
+    # forward pass of a small model).
+    ids, attn, pos, comp = [], [], [], []
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
         if not p:
             raise ValueError(f"sequence {i} has an empty prompt: the first completion token needs a context")
-        length = lengths[i]
-        input_ids[i, :length] = torch.tensor(list(p) + list(c), dtype=torch.long)
-        attention_mask[i, :length] = 1
-        position_ids[i, :length] = torch.arange(length)
-        completion_mask[i, len(p):length] = True
+        length, pad = lengths[i], width - lengths[i]
+        ids.append(list(p) + list(c) + [pad_id] * pad)
+        attn.append([1] * length + [0] * pad)
+        pos.append(list(range(length)) + [0] * pad)
+        comp.append([False] * len(p) + [True] * len(c) + [False] * pad)
+    shape = (len(ids), width)
+    input_ids = torch.tensor(ids, dtype=torch.long).reshape(shape)
+    attention_mask = torch.tensor(attn, dtype=torch.long).reshape(shape)
+    position_ids = torch.tensor(pos, dtype=torch.long).reshape(shape)
+    completion_mask = torch.tensor(comp, dtype=torch.bool).reshape(shape)
     return input_ids, attention_mask, position_ids, completion_mask
 
 
@@ -52,14 +55,16 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     device = next(model.parameters()).device
-    out: list[list[float]] = []
+    out: list[torch.Tensor] = []
     with torch.no_grad():
         for start in range(0, len(prompt_ids), micro_batch_size):
             ids, mask, pos, comp = pack_sequences(prompt_ids[start:start + micro_batch_size],
                                                   completion_ids[start:start + micro_batch_size], pad_id)
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
                            position_ids=pos.to(device)).logits
-            lp = token_logprobs(logits[:, :-1], ids[:, 1:].to(device)).cpu()
-            keep = comp[:, 1:]
-            out.extend(row[m].tolist() for row, m in zip(lp, keep))
-    return out
+            # Only the completion positions go through the log-softmax (row t scores token t+1).
+            keep = comp[:, 1:].to(device)
+            # [K, 1, V]: the chunks of token_logprobs then bound the float32 copy (a row per token).
+            lp = token_logprobs(logits[:, :-1][keep].unsqueeze(1), ids[:, 1:].to(device)[keep].unsqueeze(1))[:, 0]
+            out.extend(lp.cpu().split(keep.sum(1).tolist()))
+    return [row.tolist() for row in out]

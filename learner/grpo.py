@@ -39,29 +39,42 @@ def _check_choice(name, value, allowed):
 # --------------------------------------------------------------------------- #
 # 1. Log-probs of the sampled tokens
 # --------------------------------------------------------------------------- #
+# Rows of logits turned to float32 at a time: 2**24 elements is 64 MiB, a few rows of a 150k
+# vocabulary. A small vocabulary fits the whole micro-batch in one chunk (one op, not one per row).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _row_chunks(logits):
+    """Consecutive row slices of [N, T, V] logits holding at most CHUNK_ELEMENTS elements (>= 1 row)."""
+    per_row = max(1, logits.shape[1] * logits.shape[2])
+    step = max(1, CHUNK_ELEMENTS // per_row)
+    return [logits[i:i + step] for i in range(0, logits.shape[0], step)]
+
+
 def token_logprobs(logits, ids):
     """log pi(y_t | y_<t) = logits[y_t] - logsumexp(logits), float32.  [N,T,V],[N,T] -> [N,T]
 
-    Computed one sequence at a time so the float32 copy of a bf16 logits tensor
+    Computed a chunk of rows at a time so the float32 copy of a bf16 logits tensor
     (N*T*V*4 bytes, the largest tensor of the step) never exists all at once.
     """
     if logits.dim() != ids.dim() + 1 or logits.shape[:-1] != ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and ids {tuple(ids.shape)} do not match")
-    rows = []
-    for row_logits, row_ids in zip(logits, ids):
-        row = row_logits.float()
-        picked = row.gather(-1, row_ids.long().unsqueeze(-1)).squeeze(-1)
-        rows.append(picked - torch.logsumexp(row, dim=-1))
-    return torch.stack(rows)
+    rows, start = [], 0
+    for chunk in _row_chunks(logits):
+        z = chunk.float()
+        picked = z.gather(-1, ids[start:start + len(chunk)].long().unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(z, dim=-1))
+        start += len(chunk)
+    return torch.cat(rows) if rows else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
 
 
 def entropy_from_logits(logits):
     """H_t = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v, float32.  [N,T,V] -> [N,T]"""
     rows = []
-    for row_logits in logits:
-        row = row_logits.float()
-        rows.append(torch.logsumexp(row, dim=-1) - (torch.softmax(row, dim=-1) * row).sum(-1))
-    return torch.stack(rows)
+    for chunk in _row_chunks(logits):
+        z = chunk.float()
+        rows.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1))
+    return torch.cat(rows) if rows else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
 
 
 def masked_mean(x, mask, dim=None):

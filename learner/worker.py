@@ -144,12 +144,13 @@ class LearnerWorker:
                                      position_ids=mb.position_ids.to(self.device), use_cache=False)
         logits = out.logits[:, :-1]  # row t scores token t+1
         index = mb.comp_index.to(self.device)
-        logp = grpo.token_logprobs(logits, mb.input_ids[:, 1:].to(self.device)).gather(1, index)
+        # The completion positions first: the log-softmax then runs over [n, C, V], not the prompts too.
+        picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        logp = grpo.token_logprobs(picked, mb.input_ids[:, 1:].to(self.device).gather(1, index))
         entropy = None
         if with_entropy:
             with torch.no_grad():
-                picked = logits.detach().gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-                entropy = grpo.entropy_from_logits(picked)
+                entropy = grpo.entropy_from_logits(picked.detach())
         return logp, entropy
 
     # ------------------------------------------------------------------ #

@@ -31,6 +31,12 @@ def test_token_logprobs_and_entropy_hand_values():
     assert close(entropy_from_logits(logits), [[0.562335, 0.693147]])
 
 
+def test_token_logprobs_of_no_rows():
+    empty = torch.zeros(0, 1, 5)
+    assert token_logprobs(empty, torch.zeros(0, 1, dtype=torch.long)).shape == (0, 1)
+    assert entropy_from_logits(empty).shape == (0, 1)
+
+
 def test_token_logprobs_bf16_returns_float32():
     logits = torch.randn(2, 3, 7).to(torch.bfloat16)
     ids = torch.randint(0, 7, (2, 3))
@@ -331,8 +337,20 @@ def test_micro_batches_sum_to_full_batch(seed, n, tlen, data, agg, level, tis):
 
 @FAST
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 3), tlen=st.integers(1, 5), v=st.integers(2, 11),
-       scale=st.floats(0.1, 30.0), bf16=st.booleans())
-def test_token_logprobs_matches_naive(seed, n, tlen, v, scale, bf16):
+       scale=st.floats(0.1, 30.0), bf16=st.booleans(), chunk=st.sampled_from([None, 1, 7]))
+def test_token_logprobs_matches_naive(seed, n, tlen, v, scale, bf16, chunk):
+    """chunk: CHUNK_ELEMENTS small enough that the rows go in several chunks (1: one row each)."""
+    import learner.grpo as grpo
+    if chunk is not None:
+        old, grpo.CHUNK_ELEMENTS = grpo.CHUNK_ELEMENTS, chunk
+    try:
+        _check_token_logprobs(seed, n, tlen, v, scale, bf16)
+    finally:
+        if chunk is not None:
+            grpo.CHUNK_ELEMENTS = old
+
+
+def _check_token_logprobs(seed, n, tlen, v, scale, bf16):
     g = torch.Generator().manual_seed(seed)
     logits = scale * torch.randn(n, tlen, v, generator=g)
     ids = torch.randint(0, v, (n, tlen), generator=g)
