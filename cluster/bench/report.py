@@ -25,7 +25,8 @@ BENCH_SETTINGS = [
     "rollout.gpu_memory_utilization=0.05",
     "reward.functions=[exact_match]",
     "learner.num_ranks=1", "learner.zero_stage=2", "learner.lr=1e-4", "learner.grad_clip=10.0", "learner.mu=1",
-    "learner.micro_batch_size=64",
+    # TRL scores the reference in chunks of per_device_train_batch_size (= our micro-batch): the same here.
+    "learner.micro_batch_size=64", "reference.micro_batch_size=64",
     "algo.advantage_estimator=grpo", "algo.beta=0.001", "algo.clip_high=0.28",
     "checkpoint.every=0", "checkpoint.resume=none", "metrics.tensorboard=false",
 ]
@@ -40,7 +41,7 @@ BENCH_SETTINGS = [
 LONG_SETTINGS = [
     "rollout.max_new_tokens=128", "rollout.min_new_tokens=128", "rollout.max_model_len=160",
     "trainer.prompts_per_step=4", "trainer.group_size=8", "learner.micro_batch_size=16",
-    "data.num_eval=0", "trainer.halt_on_zero_variance=false",
+    "reference.micro_batch_size=16", "data.num_eval=0", "trainer.halt_on_zero_variance=false",
 ]
 LONG_MODEL = {"hidden_size": 512, "num_layers": 8}  # tiny Qwen2, ~31.5M parameters
 ALL_PARTS = ("rollout", "learner", "sync", "schedule", "trl", "lora")
