@@ -21,6 +21,7 @@ from actors.gloo_transfer import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
     RANK_COUNTER,
+    BucketBuffers,
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,
     nbytes,
@@ -56,6 +57,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
         self.timeout_s = DEFAULT_TIMEOUT_S
         self.loader = DirectLoader(model)
+        self._buffers = BucketBuffers(1)
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         # A trainer that restarted (or re-initialised after a rollout worker restarted) opens a
@@ -102,7 +104,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         with disable_mtp_completeness_check():
             for bucket in plan_buckets(sizes, self.bucket_bytes):
                 t0 = time.perf_counter()
-                buffer = torch.empty(sum(sizes[i] for i in bucket), dtype=torch.uint8)
+                size = sum(sizes[i] for i in bucket)
+                # Direct copies are done with the buffer when load() returns, so it is kept for the
+                # next bucket; vLLM's load_weights gets a new one (a weight loader may keep a view).
+                buffer = self._buffers.take(size) if direct else torch.empty(size, dtype=torch.uint8)
                 wait_work(self.group.broadcast(buffer, 0), self.timeout_s)
                 t1 = time.perf_counter()
                 receive += t1 - t0

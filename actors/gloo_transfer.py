@@ -109,6 +109,25 @@ def unpack_bucket(buffer: torch.Tensor, names: list[str], shapes: list[list[int]
     return out
 
 
+class BucketBuffers:
+    """uint8 buffers for packed buckets, kept from one update to the next and used in rotation.
+
+    A new buffer per bucket and update costs its page faults every time: packing the 1.0M bench
+    model (3.8 MiB) took 1.25 ms into a fresh buffer and 0.34 ms into a kept one. With `count`
+    buffers, the one handed out was last handed out `count` calls ago: the sender uses 2 (it packs
+    bucket k+1 while bucket k is on the wire, and waits for k before it packs k+2)."""
+
+    def __init__(self, count: int):
+        self._buffers: list[torch.Tensor | None] = [None] * count
+        self._next = 0
+
+    def take(self, size: int) -> torch.Tensor:
+        i, self._next = self._next, (self._next + 1) % len(self._buffers)
+        if self._buffers[i] is None or self._buffers[i].numel() < size:
+            self._buffers[i] = torch.empty(size, dtype=torch.uint8)
+        return self._buffers[i][:size]
+
+
 def default_master_address() -> str:
     """The address a trainer should advertise: Ray's node IP inside Ray, else loopback."""
     try:
@@ -258,6 +277,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.store = None
         self.group = None
         self.last_parts: dict[str, float] = {}  # seconds of the last send's parts (the bench reports them)
+        self._buffers = BucketBuffers(2)
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
@@ -352,7 +372,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             t = time.perf_counter()
             # .cpu(): gloo sends host memory; a GPU trainer may feed CPU engines this way too.
             parts = [next(pairs)[1].detach().cpu().contiguous().view(-1).view(torch.uint8) for _ in bucket]
-            buffer = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+            buffer = torch.cat(parts, out=self._buffers.take(sum(sizes[i] for i in bucket)))
             pack += time.perf_counter() - t
             if in_flight is not None:
                 wait_work(in_flight[0], self.timeout_s, peer_failed)

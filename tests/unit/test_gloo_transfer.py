@@ -16,7 +16,7 @@ from vllm.distributed.weight_transfer.base import ModuleSource, WeightTransferIn
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
 from actors.gloo_engine import GlooWeightTransferEngine
-from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, plan_buckets
+from actors.gloo_transfer import BucketBuffers, GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, plan_buckets
 
 
 class RecordingModel(torch.nn.Module):
@@ -120,6 +120,32 @@ def test_weights_arrive_identical(num_engines, bucket_bytes):
     trainer.shutdown()
     for engine in engines:
         engine.shutdown()
+
+
+def test_bucket_buffers_rotate_and_are_kept():
+    buffers = BucketBuffers(2)
+    a, b, c = buffers.take(10), buffers.take(4), buffers.take(8)
+    assert (a.numel(), b.numel(), c.numel()) == (10, 4, 8)
+    assert c.data_ptr() == a.data_ptr() and b.data_ptr() != a.data_ptr()  # the third call gets the first buffer
+    assert buffers.take(100).numel() == 100  # a larger bucket grows the buffer
+
+
+def test_every_round_sends_every_bucket_new():
+    """Three rounds, several buckets, all values changed each round: the kept buffers never mix rounds."""
+    engine = make_engine()
+    net = TinyNet()
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2,
+                               bucket_bytes=700, timeout_s=60, rank=0)
+    trainer = WeightTransferTrainerFactory.trainer_init(init, client=FanOutClient([engine]), source=ModuleSource(net))
+    for round_ in range(3):
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(round_ + 1)
+        trainer.send_weights()
+        for name, param in net.named_parameters():
+            assert torch.equal(engine.model.received[name], param.detach()), (round_, name)
+    trainer.shutdown()
+    engine.shutdown()
 
 
 def test_reinit_replaces_previous_group():
