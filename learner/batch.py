@@ -89,9 +89,16 @@ class TrainBatch:
             ref_logp=None if self.ref_logp is None else self.ref_logp[sl], pad_id=self.pad_id,
             max_new_tokens=self.max_new_tokens, loss_mask=None if self.loss_mask is None else self.loss_mask[sl])
 
-    def micro_batches(self, size: int) -> list[MicroBatch]:
-        """Consecutive chunks of at most `size` sequences, each padded to its own longest sequence."""
-        return [MicroBatch.build(self, range(s, min(s + size, len(self)))) for s in range(0, len(self), size)]
+    def micro_batches(self, size: int, by_length: bool = False) -> list[MicroBatch]:
+        """Chunks of at most `size` sequences, each padded to its own longest sequence: consecutive
+        ones, or with `by_length` the sequences in order of length, so that each chunk holds
+        sequences of about one length and pads little. The loss of a batch is a sum over its
+        micro-batches, so which sequences share one changes only the order of float additions."""
+        order = sorted(range(len(self)), key=self.sequence_length) if by_length else list(range(len(self)))
+        return [MicroBatch.build(self, order[s:s + size]) for s in range(0, len(self), size)]
+
+    def sequence_length(self, i: int) -> int:
+        return len(self.prompt_ids[i]) + len(self.completion_ids[i])
 
 
 @dataclass

@@ -27,6 +27,21 @@ def test_micro_batch_layout_right_pads_and_indexes_completion_tokens():
     assert empty.mask.tolist() == [[0, 0], [1, 1]]
 
 
+def test_micro_batches_by_length_group_similar_lengths_and_keep_every_sequence():
+    b = _batch()  # lengths 5, 2, 3, 3
+    mbs = b.micro_batches(2, by_length=True)
+    assert [mb.input_ids.shape[1] for mb in mbs] == [3, 5]  # 2 and 3 together, then 3 and 5
+    assert mbs[0].input_ids.tolist() == [[7, 4, 0], [8, 9, 10]]
+    assert mbs[1].input_ids.tolist() == [[11, 12, 13, 0, 0], [5, 6, 1, 2, 3]]
+    # every sequence once, with its own advantage and log-probs
+    assert sorted(a for mb in mbs for a in mb.advantages.tolist()) == sorted(b.advantages)
+    assert mbs[1].behavior_logp.tolist() == [[-5, -6, 0], [-1, -2, -3]]
+    alternating = TrainBatch(prompt_ids=[[1, 2], [3], [4, 5], [6]], completion_ids=[[7, 8, 9], [1], [2, 3, 4], [5]],
+                             advantages=[1.0, 0.0, -1.0, 0.5], behavior_logp=[[-1.0] * 3, [-1.0], [-1.0] * 3, [-1.0]])
+    cells = [sum(mb.input_ids.numel() for mb in alternating.micro_batches(2, by_length=flag)) for flag in (False, True)]
+    assert cells == [20, 14]  # lengths 5, 2, 5, 2: (5, 2) (5, 2) pads to 2 x 5 twice; (2, 2) (5, 5) does not
+
+
 def test_shards_are_contiguous_and_must_divide():
     b = _batch()
     assert b.shard(1, 2).prompt_ids == [[8, 9, 10], [11]]
