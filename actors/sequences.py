@@ -55,16 +55,19 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     device = next(model.parameters()).device
-    out: list[torch.Tensor] = []
+    # Sequences of about one length share a forward (less padding); the results go back in order.
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
+    out: list[list[float]] = [[] for _ in order]
     with torch.no_grad():
-        for start in range(0, len(prompt_ids), micro_batch_size):
-            ids, mask, pos, comp = pack_sequences(prompt_ids[start:start + micro_batch_size],
-                                                  completion_ids[start:start + micro_batch_size], pad_id)
+        for start in range(0, len(order), micro_batch_size):
+            rows = order[start:start + micro_batch_size]
+            ids, mask, pos, comp = pack_sequences([prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], pad_id)
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
                            position_ids=pos.to(device)).logits
             # Only the completion positions go through the log-softmax (row t scores token t+1).
             keep = comp[:, 1:].to(device)
             # [K, 1, V]: the chunks of token_logprobs then bound the float32 copy (a row per token).
             lp = token_logprobs(logits[:, :-1][keep].unsqueeze(1), ids[:, 1:].to(device)[keep].unsqueeze(1))[:, 0]
-            out.extend(lp.cpu().split(keep.sum(1).tolist()))
-    return [row.tolist() for row in out]
+            for i, row in zip(rows, lp.cpu().split(keep.sum(1).tolist())):
+                out[i] = row.tolist()
+    return out
