@@ -11,6 +11,11 @@ each actor applies it at the start of every coarse call (`use_threads`):
   async schedule  generation overlaps the learner side (reference, then train), so a node that
                   holds both splits its cores between them in proportion to their actor counts.
 
+In async, a batch is often collected before the learner's step ends: from then until the step
+ends the collecting side's cores are idle, and the learner ranks on that node take them
+(`idle_collect_threads`; the driver tells the ranks, they apply it at the next micro-batch and
+give the cores back when the step returns).
+
 An idle actor holds no core: OpenMP's worker threads spin for about a millisecond after a
 parallel region, then sleep. `rollout.threads`, `learner.threads` and `reference.threads`
 (> 0) override the budget per role.
@@ -65,6 +70,17 @@ def thread_budget(mode: str, placement: list[dict], overrides: dict[str, int] | 
         role, count, cores = role_of(p["role"]), per_node[p["node_id"]], max(1, int(p["cores"]))
         out[p["role"]] = overrides.get(role, 0) or _share(mode, role, count, cores)
     return out
+
+
+def idle_collect_threads(mode: str, placement: list[dict], overrides: dict[str, int] | None = None) -> dict[str, int]:
+    """Threads for each learner rank while its node's collecting side (engines, reference) is idle:
+    its sync-schedule share. Only ranks that get more than their async share are listed; none in
+    the sync schedule (every phase already has every core) or with a learner.threads override."""
+    overrides = overrides or {}
+    if mode != "async" or overrides.get("learner", 0):
+        return {}
+    base, idle = thread_budget(mode, placement, overrides), thread_budget("sync", placement, overrides)
+    return {role: idle[role] for role in base if role_of(role) == "learner" and idle[role] > base[role]}
 
 
 def role_of(placement_role: str) -> str:

@@ -157,9 +157,13 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
             .remote(cfg.model.path, r, worker_index=i, max_lora_rank=lrn.vllm_max_lora_rank(),
                     chat_template_kwargs=dict(cfg.data.chat_template_kwargs))
         )
+    # In async on CPU a rank may be lent the collecting side's idle cores while it trains
+    # (actors/threads.py): the offer arrives during train_step, so it needs a concurrency group.
+    lendable = cfg.trainer.mode == "async" and lrn.num_gpus == 0 and not lrn.threads
+    learner_cls = ray.remote(concurrency_groups={"lend": 1})(LearnerWorker) if lendable else ray.remote(LearnerWorker)
     for rank in range(lrn.num_ranks):
         out.learners.append(
-            ray.remote(LearnerWorker)
+            learner_cls
             .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0,
                      scheduling_strategy=at(learner_bundle[rank]))
             .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
@@ -201,7 +205,7 @@ def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str,
     """Give every actor its torch thread count (actors/threads.py: all of a node's cores to each phase
     of the sync schedule, split between generation and learning in the async one; rollout.threads,
     learner.threads, reference.threads override). Recorded in `placement` (placement.json)."""
-    from actors.threads import thread_budget
+    from actors.threads import idle_collect_threads, thread_budget
 
     budget = thread_budget(cfg.trainer.mode, placement, {"rollout": cfg.rollout.threads,
                                                         "learner": cfg.learner.threads,
@@ -212,8 +216,11 @@ def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str,
     refs = {role: h.set_threads.remote(budget[role]) for role, h in handles.items()}
     for role, ref in refs.items():
         wait_for(ref, role, "setting its threads", cfg.trainer.actor_timeout_s)
+    idle = idle_collect_threads(cfg.trainer.mode, placement, {"learner": cfg.learner.threads})
     for p in placement:
         p["threads"] = budget[p["role"]]
+        if p["role"] in idle:
+            p["threads_when_collecting_idles"] = idle[p["role"]]
     return budget
 
 

@@ -83,6 +83,7 @@ class Trainer:
             check_multiturn(cfg)
         self.step = self.version = 0
         self.engine_version = 0  # the version every engine is known to hold (set after each sync)
+        self.lend: dict[int, int] = {}  # {learner rank: threads} while collecting idles (async, CPU; _setup)
         self.learner_restarts = 0
         # An engine must not serve a generate between the calls of a weight update (vLLM holds mixed
         # weights then): the collector holds this lock around each generate, the sync around itself.
@@ -220,6 +221,8 @@ class Trainer:
                 self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
                 "reference actor", "computing reference log-probs", t.actor_timeout_s)
             stats.ref_s = time.perf_counter() - t0
+        if self.lend:  # async: collecting is done before the learner's step (step - 1) is; lend it the cores
+            self.learners.lend_threads(step - 1, self.lend)
         return batch
 
     def _refill(self, step: int, missing: int, stats: CollectStats) -> list[ScoredGroup]:
@@ -341,6 +344,8 @@ class Trainer:
             cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner())
         self.placement = launch.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
         self.threads = launch.apply_thread_budget(self.actors, self.placement, cfg)
+        self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
+                     for p in self.placement if "threads_when_collecting_idles" in p}
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,

@@ -28,6 +28,12 @@ class LearnerGroup:
         ref = ray.put(batch)  # one copy in the object store, read by every rank
         return self._all("train_step", "training a step", ref)[0]
 
+    def lend_threads(self, step: int, threads: dict[int, int]) -> None:
+        """Offer ranks {rank: threads} for the rest of train step `step`, while it runs. Not waited
+        for: a rank that died surfaces in that step's train call."""
+        for rank, n in threads.items():
+            self.handles[rank].lend_threads.options(concurrency_group="lend").remote(step, n)
+
     def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int, tensor_parallel: int) -> None:
         """(Re)build the transfer group: the sender (learner rank 0) + every vLLM worker of every engine."""
 

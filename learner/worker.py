@@ -48,6 +48,8 @@ class LearnerWorker:
         t0 = time.perf_counter()
         self.threads = cfg.threads  # until the driver's thread budget arrives (set_threads)
         use_threads(self.threads)
+        self._lent = (-1, 0)  # (step, threads): lend_threads' offer for that train step
+        self._threads_max = 0  # the most threads the current train step used
         self.cfg, self.algo, self.model_path = cfg, algo, str(model_path)
         self.rank, self.world_size, self.total_steps, self.seed = rank, world_size, total_steps, seed
         self.master_addr = master_addr
@@ -97,6 +99,8 @@ class LearnerWorker:
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay),
                                                config=self.ds_config, lr_scheduler=make_scheduler)
         self.step = 0  # train_step calls completed (the driver's step on resume)
+        if not self.on_gpu:
+            self._take_lent_threads_per_layer(model)
         self.nonfinite_streak = 0
         self.last_checkpoint: str | None = None
         self._transfer = None  # trainer-side weight-transfer engine (learner/weight_sync.py)
@@ -129,6 +133,32 @@ class LearnerWorker:
         """The torch threads this rank computes with from now on (the driver's thread budget)."""
         self.threads = n
         use_threads(n)
+
+    def lend_threads(self, step: int, n: int) -> None:
+        """The collecting side of this node is idle until train step `step` ends: use n threads for
+        the rest of it (actors/threads.py idle_collect_threads). Called while train_step runs, in a
+        concurrency group of its own; train_step applies it at its next micro-batch and returns
+        to its own count when it ends. An offer for a step that is over is never used."""
+        self._lent = (step, n)
+
+    def _step_threads(self) -> None:
+        """Set the threads for the next piece of the current train step: the lent ones if offered for it."""
+        step, n = self._lent
+        use_threads(n if step == self.step and n > self.threads else self.threads)
+        self._threads_max = max(self._threads_max, torch.get_num_threads())
+
+    def _take_lent_threads_per_layer(self, model: torch.nn.Module) -> None:
+        """Check for lent threads at every decoder layer, forward and backward, not only between
+        micro-batches: a micro-batch of a mid-size model takes a good part of a second on CPU."""
+        def after_forward(module, args, output):
+            self._step_threads()
+            hidden = output[0] if isinstance(output, tuple) else output
+            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+                hidden.register_hook(lambda grad: self._step_threads())  # CPU backward runs on this thread
+
+        for module in model.modules():
+            if type(module).__name__.endswith("DecoderLayer"):  # transformers' name for a block
+                module.register_forward_hook(after_forward)
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         import deepspeed.comm as dist
@@ -181,9 +211,11 @@ class LearnerWorker:
         sums = {k: 0.0 for k in ("loss", "pg_loss", *_TOKEN_MEAN_METRICS, "entropy", "logprob_diff_mean")}
         grad_norm, lr, passes, skipped = 0.0, self.engine.get_lr()[0], 0, False
         diff_max = 0.0  # largest |learner - vLLM| log-prob of a sampled token, before any update
+        self._threads_max = 0
         for k in range(cfg.mu):
             lr = self.engine.get_lr()[0]
             for j, mb in enumerate(mbs):
+                self._step_threads()
                 self.engine.set_gradient_accumulation_boundary(j == len(mbs) - 1)
                 logp, entropy = self._forward(mb, with_entropy=(k == 0))
                 old = logp.detach() if old_logps is None else old_logps[j]
@@ -212,6 +244,7 @@ class LearnerWorker:
                     diff = (logp.detach() - to(mb.behavior_logp)).abs() * mask
                     sums["logprob_diff_mean"] += float(diff.sum())
                     diff_max = max(diff_max, float(diff.max()) if diff.numel() else 0.0)
+            self._step_threads()
             grad_norm, applied = self._optimizer_step()
             passes += 1
             if not applied:  # the same on every rank (the overflow check is all-reduced)
@@ -219,12 +252,13 @@ class LearnerWorker:
                 break  # a batch that gave NaN/inf once will again: no further passes on it
 
         self.step += 1
+        use_threads(self.threads)  # lent threads go back with the step
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
         metrics = self._reduce_metrics(sums, passes, batch.num_completion_tokens())
-        metrics["logprob_diff_max"] = self._all_reduce([diff_max], op="max")[0]
+        metrics["logprob_diff_max"], threads_max = self._all_reduce([diff_max, self._threads_max], op="max")
         metrics.update(grad_norm=grad_norm, lr=lr, tokens=batch.num_completion_tokens(), skipped=skipped,
                        nonfinite_count=self.nonfinite_streak, seconds=time.perf_counter() - t0, step=self.step,
-                       ref_seconds=ref_seconds)
+                       ref_seconds=ref_seconds, train_threads_max=int(threads_max))
         if self.nonfinite_streak >= cfg.max_nonfinite_steps:
             raise RuntimeError(
                 f"loss was NaN/inf for {self.nonfinite_streak} consecutive steps at step {self.step}; "

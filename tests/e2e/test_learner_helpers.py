@@ -18,11 +18,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(ray, model_dir, cfg: LearnerConfig, algo: AlgoConfig, *, total_steps=10, seed=0):
-    """cfg.num_ranks LearnerWorker actors that form one DeepSpeed group (constructor finished)."""
+def start_ranks(ray, model_dir, cfg: LearnerConfig, algo: AlgoConfig, *, total_steps=10, seed=0, lendable=False):
+    """cfg.num_ranks LearnerWorker actors that form one DeepSpeed group (constructor finished).
+    `lendable`: with the "lend" concurrency group, as cluster/launch.py starts them in async on CPU."""
     from learner.worker import LearnerWorker
 
-    actor = ray.remote(num_cpus=0.5)(LearnerWorker)
+    actor = ray.remote(num_cpus=0.5, **({"concurrency_groups": {"lend": 1}} if lendable else {}))(LearnerWorker)
     port = free_port()
     ranks = [actor.remote(str(model_dir), cfg, algo, rank=r, world_size=cfg.num_ranks, master_addr="127.0.0.1",
                           master_port=port, total_steps=total_steps, seed=seed) for r in range(cfg.num_ranks)]

@@ -71,6 +71,7 @@ def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, ski
     t.stream, t.pool, t.scorer = FakeStream(rewards_per_prompt), FakePool(skip), FakeScorer()
     t._engines_lock = threading.RLock()
     t.actors = SimpleNamespace(reference=None)
+    t.lend = {}
     return t
 
 
@@ -155,7 +156,7 @@ def test_collect_stats_metrics():
 @pytest.mark.parametrize("learner_metrics", [
     {"loss": 0.1, "pg_loss": 0.1, "kl": 0.0, "clip_frac": 0.0, "entropy": 1.0, "grad_norm": 1.0, "lr": 1e-6,
      "ratio_mean": 1.0, "tis_weight_mean": 1.0, "logprob_diff_mean": 1e-5, "logprob_diff_max": 1e-4, "tokens": 9,
-     "seconds": 0.1, "sync": {"bytes": 10}},
+     "seconds": 0.1, "sync": {"bytes": 10}, "train_threads_max": 1},
     {"skipped": True},  # nothing to train on
 ])
 def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
@@ -170,6 +171,18 @@ def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
         assert set(row) == set(STEP_KEYS) - set(MULTITURN_KEYS) and row["sync_bytes"] == 10
     else:
         assert row["update_skipped"] is True and "kl" not in row  # the logger writes it as NaN
+
+
+def test_a_collected_batch_lends_its_cores_to_the_step_in_training():
+    """Async on CPU: once batch k+1 is collected, the ranks training step k may take the idle cores."""
+    t = trainer([[1, 0], [0, 1], [1, 0]])
+    offers = []
+    t.learners = SimpleNamespace(lend_threads=lambda step, threads: offers.append((step, threads)))
+    t._collect(step=4)
+    assert offers == []  # nothing to lend (sync schedule, GPU, or learner.threads set)
+    t.lend = {0: 2}
+    t._collect(step=4)
+    assert offers == [(3, {0: 2})]
 
 
 def test_batch_from_no_groups_carries_the_current_version():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from actors.config import ReferenceConfig
-from actors.threads import node_cores, thread_budget, use_threads
+from actors.threads import idle_collect_threads, node_cores, thread_budget, use_threads
 from cluster.config import ConfigError, RunConfig, TrainerConfig, load_config
 from learner.config import AlgoConfig, LearnerConfig
 
@@ -44,6 +44,16 @@ def test_budget_is_per_node_and_overrides_win():
         "rollout-0": 1, "learner-0": 2, "reference": 3}
     with pytest.raises(ValueError, match="unknown actor role"):
         thread_budget("sync", [{"role": "critic-0", "node_id": "a", "cores": 2}])
+
+
+def test_idle_collecting_cores_go_to_the_learner_ranks_of_that_node():
+    assert idle_collect_threads("async", actors(2, reference=True)) == {"learner-0": 2}
+    assert idle_collect_threads("async", actors(8, engines=2, ranks=2)) == {"learner-0": 4, "learner-1": 4}
+    assert idle_collect_threads("sync", actors(2, reference=True)) == {}  # every phase has every core already
+    assert idle_collect_threads("async", actors(2), {"learner": 1}) == {}  # the user's count stands
+    # ranks on a node of their own have all its cores already; nothing to lend across nodes
+    placement = actors(4, node="gen", engines=2, ranks=0) + actors(6, node="train", engines=0, ranks=2)
+    assert idle_collect_threads("async", placement) == {}
 
 
 def test_use_threads_goes_around_a_patched_set_num_threads(monkeypatch):
