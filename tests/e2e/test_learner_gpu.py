@@ -35,10 +35,20 @@ def _weights(rank) -> dict[str, torch.Tensor]:
 
 
 def _teardown():
+    """The product runs one rank per process; these tests start two ranks in turn in one process, so
+    DeepSpeed's cached groups of the first (deepspeed.utils.groups) must go with its process group,
+    or the second's deepspeed.initialize asks a destroyed group for its rank."""
     import torch.distributed as dist
+    from deepspeed.utils import groups
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    for name in ("_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP",
+                 "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP"):
+        setattr(groups, name, None)
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_ALL_TO_ALL_GROUP"):
+        setattr(groups, name, {})
 
 
 def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir):
