@@ -39,8 +39,12 @@ def _check_choice(name, value, allowed):
 # --------------------------------------------------------------------------- #
 # 1. Log-probs of the sampled tokens
 # --------------------------------------------------------------------------- #
-# Rows of logits turned to float32 at a time: 2**24 elements is 64 MiB, a few rows of a 150k
-# vocabulary. A small vocabulary fits the whole micro-batch in one chunk (one op, not one per row).
+# Rows of logits turned to float32 at a time: up to 2**24 elements (64 MiB), and at least one row.
+# A small vocabulary fits a whole micro-batch in one chunk (one op, not one per row); callers with
+# a big one pass a row per token ([K, 1, V], actors/sequences.py), which keeps a no-grad pass at
+# ~2 chunks of extra memory (measured on an H100: 127 MiB for 8192 positions x 151,936 bf16 logits).
+# Under autograd each chunk's float32 copy is kept for the backward pass, so training holds the
+# float32 logits of the micro-batch either way; only a recomputing kernel would avoid that.
 CHUNK_ELEMENTS = 1 << 24
 
 
@@ -54,8 +58,8 @@ def _row_chunks(logits):
 def token_logprobs(logits, ids):
     """log pi(y_t | y_<t) = logits[y_t] - logsumexp(logits), float32.  [N,T,V],[N,T] -> [N,T]
 
-    Computed a chunk of rows at a time so the float32 copy of a bf16 logits tensor
-    (N*T*V*4 bytes, the largest tensor of the step) never exists all at once.
+    Computed a chunk of rows at a time, so without autograd the float32 copy of a bf16 logits
+    tensor (N*T*V*4 bytes, the largest tensor of the step) never exists all at once.
     """
     if logits.dim() != ids.dim() + 1 or logits.shape[:-1] != ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and ids {tuple(ids.shape)} do not match")
