@@ -13,8 +13,8 @@ each actor applies it at the start of every coarse call (`use_threads`):
 
 In async, a batch is often collected before the learner's step ends: from then until the step
 ends the collecting side's cores are idle, and the learner ranks on that node take them
-(`idle_collect_threads`; the driver tells the ranks, they apply it at the next micro-batch and
-give the cores back when the step returns).
+(`idle_collect_threads`; the driver tells the ranks, they apply it at their next decoder layer
+and give the cores back when the step returns).
 
 An idle actor holds no core: OpenMP's worker threads spin for about a millisecond after a
 parallel region, then sleep. `rollout.threads`, `learner.threads` and `reference.threads`

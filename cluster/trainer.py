@@ -137,7 +137,9 @@ class Trainer:
             if self.version - batch.weight_version > t.max_staleness:  # too old to train on: regenerate
                 batch = self._collect_async(self.step).result()
             if t.mode == "async" and self.step + 1 < t.steps:
-                pending = self._collect_async(self.step + 1)  # overlaps the training below
+                # Overlaps the training below, which is the learners' next train call: once this
+                # batch is collected, that call may take the collecting side's cores.
+                pending = self._collect_async(self.step + 1, lend_to=self.learners.train_calls)
             m = self._learn(batch, sw)
             self.step += 1
             sw.t["step_s"] = time.perf_counter() - t0
@@ -200,12 +202,13 @@ class Trainer:
             return out
 
     # ------------------------------------------------------------------ collecting a batch
-    def _collect_async(self, step: int) -> Future:
-        return self._collector.submit(self._collect, step)
+    def _collect_async(self, step: int, lend_to: int | None = None) -> Future:
+        return self._collector.submit(self._collect, step, lend_to)
 
-    def _collect(self, step: int) -> Batch:
+    def _collect(self, step: int, lend_to: int | None = None) -> Batch:
         """Steps 1-3: prompts -> G completions each -> rewards, refilled and trimmed for the learner;
-        then the reference actor's log-probs of what is kept."""
+        then the reference actor's log-probs of what is kept. `lend_to`: the learners' train call
+        this collection overlaps (async), which then gets the collecting side's idle cores."""
         t = self.cfg.trainer
         state, stats = self.stream.state(), CollectStats()
         groups = self._collect_round(step, 0, t.prompts_per_step, stats)
@@ -221,8 +224,8 @@ class Trainer:
                 self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
                 "reference actor", "computing reference log-probs", t.actor_timeout_s)
             stats.ref_s = time.perf_counter() - t0
-        if self.lend:  # async: collecting is done before the learner's step (step - 1) is; lend it the cores
-            self.learners.lend_threads(step - 1, self.lend)
+        if self.lend and lend_to is not None:  # collected before that train call ended: lend it the cores
+            self.learners.lend_threads(lend_to, self.lend)
         return batch
 
     def _refill(self, step: int, missing: int, stats: CollectStats) -> list[ScoredGroup]:

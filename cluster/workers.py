@@ -17,6 +17,7 @@ from learner.batch import TrainBatch
 class LearnerGroup:
     def __init__(self, handles: list, timeout_s: float):
         self.handles, self.timeout_s = handles, timeout_s
+        self.train_calls = 0  # train_step calls made to these actors (lend_threads names one)
 
     def _all(self, method: str, what: str, *args, timeout_s: float | None = None, **kwargs) -> list:
         refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
@@ -26,13 +27,14 @@ class LearnerGroup:
         import ray
 
         ref = ray.put(batch)  # one copy in the object store, read by every rank
+        self.train_calls += 1
         return self._all("train_step", "training a step", ref)[0]
 
-    def lend_threads(self, step: int, threads: dict[int, int]) -> None:
-        """Offer ranks {rank: threads} for the rest of train step `step`, while it runs. Not waited
-        for: a rank that died surfaces in that step's train call."""
+    def lend_threads(self, call: int, threads: dict[int, int]) -> None:
+        """Offer ranks {rank: threads} for the rest of train call number `call` (0-based), while it
+        runs. Not waited for: a rank that died surfaces in that train call."""
         for rank, n in threads.items():
-            self.handles[rank].lend_threads.options(concurrency_group="lend").remote(step, n)
+            self.handles[rank].lend_threads.options(concurrency_group="lend").remote(call, n)
 
     def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int, tensor_parallel: int) -> None:
         """(Re)build the transfer group: the sender (learner rank 0) + every vLLM worker of every engine."""

@@ -48,7 +48,8 @@ class LearnerWorker:
         t0 = time.perf_counter()
         self.threads = cfg.threads  # until the driver's thread budget arrives (set_threads)
         use_threads(self.threads)
-        self._lent = (-1, 0)  # (step, threads): lend_threads' offer for that train step
+        self.train_calls = 0  # train_step calls on this actor (lend_threads names one; not checkpointed)
+        self._lent = (-1, 0)  # (train call, threads): lend_threads' offer for that call
         self._threads_max = 0  # the most threads the current train step used
         self.cfg, self.algo, self.model_path = cfg, algo, str(model_path)
         self.rank, self.world_size, self.total_steps, self.seed = rank, world_size, total_steps, seed
@@ -134,17 +135,18 @@ class LearnerWorker:
         self.threads = n
         use_threads(n)
 
-    def lend_threads(self, step: int, n: int) -> None:
-        """The collecting side of this node is idle until train step `step` ends: use n threads for
-        the rest of it (actors/threads.py idle_collect_threads). Called while train_step runs, in a
-        concurrency group of its own; train_step applies it at its next micro-batch and returns
-        to its own count when it ends. An offer for a step that is over is never used."""
-        self._lent = (step, n)
+    def lend_threads(self, call: int, n: int) -> None:
+        """The collecting side of this node is idle until train_step call number `call` (0-based,
+        this actor's) ends: use n threads for the rest of it (actors/threads.py
+        idle_collect_threads). Called while train_step runs, in a concurrency group of its own;
+        train_step applies it at its next decoder layer and returns to its own count when it
+        ends. An offer for a call that is over is never used."""
+        self._lent = (call, n)
 
     def _step_threads(self) -> None:
         """Set the threads for the next piece of the current train step: the lent ones if offered for it."""
-        step, n = self._lent
-        use_threads(n if step == self.step and n > self.threads else self.threads)
+        call, n = self._lent
+        use_threads(n if call == self.train_calls and n > self.threads else self.threads)
         self._threads_max = max(self._threads_max, torch.get_num_threads())
 
     def _take_lent_threads_per_layer(self, model: torch.nn.Module) -> None:
@@ -252,6 +254,7 @@ class LearnerWorker:
                 break  # a batch that gave NaN/inf once will again: no further passes on it
 
         self.step += 1
+        self.train_calls += 1
         use_threads(self.threads)  # lent threads go back with the step
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
         metrics = self._reduce_metrics(sums, passes, batch.num_completion_tokens())

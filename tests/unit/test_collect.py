@@ -178,10 +178,12 @@ def test_a_collected_batch_lends_its_cores_to_the_step_in_training():
     t = trainer([[1, 0], [0, 1], [1, 0]])
     offers = []
     t.learners = SimpleNamespace(lend_threads=lambda step, threads: offers.append((step, threads)))
-    t._collect(step=4)
+    t._collect(step=4, lend_to=3)
     assert offers == []  # nothing to lend (sync schedule, GPU, or learner.threads set)
     t.lend = {0: 2}
     t._collect(step=4)
+    assert offers == []  # no training overlaps this collection (the first batch, a regeneration)
+    t._collect(step=4, lend_to=3)
     assert offers == [(3, {0: 2})]
 
 
