@@ -157,10 +157,9 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
             .remote(cfg.model.path, r, worker_index=i, max_lora_rank=lrn.vllm_max_lora_rank(),
                     chat_template_kwargs=dict(cfg.data.chat_template_kwargs))
         )
-    # In async on CPU a rank may be lent the collecting side's idle cores while it trains
-    # (actors/threads.py): the offer arrives during train_step, so it needs a concurrency group.
-    lendable = cfg.trainer.mode == "async" and lrn.num_gpus == 0 and not lrn.threads
-    learner_cls = ray.remote(concurrency_groups={"lend": 1})(LearnerWorker) if lendable else ray.remote(LearnerWorker)
+    # A rank that may be lent cores gets the offer during train_step: it needs a concurrency group.
+    learner_cls = ray.remote(concurrency_groups={"lend": 1})(LearnerWorker) if lends_idle_cores(cfg) \
+        else ray.remote(LearnerWorker)
     for rank in range(lrn.num_ranks):
         out.learners.append(
             learner_cls
@@ -201,6 +200,13 @@ def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
     return infos
 
 
+def lends_idle_cores(cfg) -> bool:
+    """Whether the learner ranks may be lent the collecting side's idle cores (actors/threads.py
+    idle_collect_threads): async on CPU, without a learner.threads override. One rule for both
+    the actors it needs (a concurrency group) and the offers made to them."""
+    return cfg.trainer.mode == "async" and cfg.learner.num_gpus == 0 and not cfg.learner.threads
+
+
 def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str, int]:
     """Give every actor its torch thread count (actors/threads.py: all of a node's cores to each phase
     of the sync schedule, split between generation and learning in the async one; rollout.threads,
@@ -216,7 +222,8 @@ def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str,
     refs = {role: h.set_threads.remote(budget[role]) for role, h in handles.items()}
     for role, ref in refs.items():
         wait_for(ref, role, "setting its threads", cfg.trainer.actor_timeout_s)
-    idle = idle_collect_threads(cfg.trainer.mode, placement, {"learner": cfg.learner.threads})
+    idle = idle_collect_threads(cfg.trainer.mode, placement, {"learner": cfg.learner.threads}) \
+        if lends_idle_cores(cfg) else {}
     for p in placement:
         p["threads"] = budget[p["role"]]
         if p["role"] in idle:

@@ -56,6 +56,20 @@ def test_idle_collecting_cores_go_to_the_learner_ranks_of_that_node():
     assert idle_collect_threads("async", placement) == {}
 
 
+def test_only_cpu_async_learners_without_a_thread_override_are_lent_cores():
+    from cluster.launch import lends_idle_cores
+
+    cfg = RunConfig()
+    cfg.trainer.mode = "async"
+    assert lends_idle_cores(cfg)
+    cfg.learner.num_gpus = 1.0  # a GPU rank computes on its device, and has no "lend" group
+    assert not lends_idle_cores(cfg)
+    cfg.learner.num_gpus, cfg.learner.threads = 0.0, 1
+    assert not lends_idle_cores(cfg)
+    cfg.learner.threads, cfg.trainer.mode = 0, "sync"
+    assert not lends_idle_cores(cfg)
+
+
 def test_use_threads_goes_around_a_patched_set_num_threads(monkeypatch):
     """vLLM's CPU worker replaces torch.set_num_threads with a no-op; the budget must still apply."""
     before = torch.get_num_threads()
