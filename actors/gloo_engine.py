@@ -4,7 +4,8 @@ vLLM creates it (`WeightTransferEngineFactory`, backend "gloo", registered by ac
 next to the loaded model, and calls it from the worker's RL API: `init_transfer_engine` joins
 the trainer's group, `update_weights` receives the packed buckets into the model, and
 `finish_weight_update` re-packs vLLM's CPU linear layers. The protocol and the trainer side
-live in actors/gloo_transfer.py.
+live in actors/gloo_transfer.py; on the sender's machine the buckets come through a shared-memory
+segment instead of the broadcast (actors/shared_memory.py).
 """
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
+from actors import shared_memory
 from actors.direct_load import DirectLoader, signature_of
 from actors.gloo_transfer import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
     RANK_COUNTER,
+    SHARED_MEMORY_KEY,
     BucketBuffers,
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,
+    header,
     nbytes,
     new_gloo_group,
     plan_buckets,
@@ -58,6 +62,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.timeout_s = DEFAULT_TIMEOUT_S
         self.loader = DirectLoader(model)
         self._buffers = BucketBuffers(1)
+        self.segment: torch.Tensor | None = None  # the sender's shared-memory segment, when mapped
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         # A trainer that restarted (or re-initialised after a rollout worker restarted) opens a
@@ -79,6 +84,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 f"{init_info.world_size}; world_size must be 1 + the number of vLLM workers "
                 "(engines x tensor_parallel_size)"
             )
+        if init_info.shared_memory_path:  # answer before joining: the sender reads it once all joined
+            self.segment, why_not = shared_memory.attach_segment(
+                init_info.shared_memory_path, init_info.shared_memory_bytes, init_info.shared_memory_nonce)
+            prefixed.set(SHARED_MEMORY_KEY.format(rank=rank), "ok" if self.segment is not None else why_not)
         self.group = new_gloo_group(prefixed, rank, init_info.world_size, init_info.master_address,
                                     init_info.timeout_s)
         self.store, self.rank = store, rank
@@ -89,7 +98,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class also calls torch.accelerator.synchronize(); gloo is synchronous here.
-        self.receive_weights(self.parse_update_info(update_info))
+        try:
+            self.receive_weights(self.parse_update_info(update_info))
+        except BaseException:
+            # The sender waits on a bucket (or barrier) this side will never join: closing the
+            # group fails its wait now (otherwise it, and dropping its group, would sit out the
+            # gloo timeout). The trainer must init the transfer again.
+            self.shutdown()
+            raise
 
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
         if self.group is None:
@@ -100,15 +116,23 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         sizes = [nbytes(s, d) for s, d in zip(update_info.shapes, dtypes)]
         signature = signature_of(update_info.names, update_info.shapes, dtypes)
         direct = self.loader.begin(signature)
+        shared = update_info.shared_memory
+        if shared and self.segment is None:
+            raise RuntimeError("the sender sends through shared memory but this engine did not map its segment; "
+                               "re-initialise the weight transfer")
+        buckets = plan_buckets(sizes, self.bucket_bytes)
         receive = load = 0.0
         with disable_mtp_completeness_check():
-            for bucket in plan_buckets(sizes, self.bucket_bytes):
+            for index, bucket in enumerate(buckets):
                 t0 = time.perf_counter()
                 size = sum(sizes[i] for i in bucket)
-                # Direct copies are done with the buffer when load() returns, so it is kept for the
-                # next bucket; vLLM's load_weights gets a new one (a weight loader may keep a view).
-                buffer = self._buffers.take(size) if direct else torch.empty(size, dtype=torch.uint8)
-                wait_work(self.group.broadcast(buffer, 0), self.timeout_s)
+                if shared:
+                    buffer = self._receive_shared(index, size, keep=direct)
+                else:
+                    # Direct copies are done with the buffer when load() returns, so it is kept for the
+                    # next bucket; vLLM's load_weights gets a new one (a weight loader may keep a view).
+                    buffer = self._buffers.take(size) if direct else torch.empty(size, dtype=torch.uint8)
+                    wait_work(self.group.broadcast(buffer, 0), self.timeout_s)
                 t1 = time.perf_counter()
                 receive += t1 - t0
                 self.loader.load(unpack_bucket(
@@ -119,8 +143,20 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     [sizes[i] for i in bucket],
                 ))
                 load += time.perf_counter() - t1
+                if shared and index + 1 < len(buckets):  # let the sender pack the next bucket into the segment
+                    wait_work(self.group.barrier(), self.timeout_s)
         self.loader.end(signature)
         LAST_UPDATE_PARTS.update({"receive_s": receive, ("direct_copy_s" if direct else "load_weights_s"): load})
+
+    def _receive_shared(self, index: int, size: int, keep: bool) -> torch.Tensor:
+        """Wait for bucket `index`'s header, then its bytes in the segment (a copy of them unless
+        `keep`: vLLM's load_weights may keep views, and the segment is overwritten next update)."""
+        got = torch.zeros(2, dtype=torch.int64)
+        wait_work(self.group.broadcast(got, 0), self.timeout_s)
+        if not torch.equal(got, header(index, size)):
+            raise RuntimeError(f"shared-memory weight transfer out of step: expected bucket {index} of {size} "
+                               f"bytes, the sender announced bucket {int(got[0])} of {int(got[1])} bytes")
+        return self.segment[:size] if keep else self.segment[:size].clone()
 
     def finish_weight_update(self) -> None:
         # vLLM's CPU linear layers compute from a packed copy made at load time: rebuild it
@@ -137,4 +173,4 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 self.group.abort()  # never blocks on a trainer that may be gone
             except Exception:  # noqa: BLE001 - a group whose peer died may refuse; drop it anyway
                 pass
-        self.group, self.store, self.rank = None, None, None
+        self.group, self.store, self.rank, self.segment = None, None, None, None

@@ -28,6 +28,11 @@ of engines by `RayVLLMWeightSyncClient`; a worker given an explicit `rank_offset
 One update (`send_weights`): the sender sends the parameter list (names, dtypes, shapes) with
 `update_weights`, then broadcasts the tensors packed into uint8 buckets of about `bucket_bytes`;
 both sides cut the buckets with the same rule (`plan_buckets`), so no sizes travel per bucket.
+
+Same machine: when every engine could map the sender's shared-memory segment at init
+(actors/shared_memory.py), the sender packs each bucket straight into it and the broadcast
+carries only a header (bucket index, bytes); a barrier between buckets tells the sender the
+engines are done reading. The update info says which transport an update uses.
 The engine side (`GlooWeightTransferEngine`, actors/gloo_engine.py) loads each bucket with
 `model.load_weights`; its `finish_weight_update` re-packs vLLM's CPU linear layers
 (actors/vllm_ext.py).
@@ -60,6 +65,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from actors import shared_memory
 from actors.sockets import listening_store, local_ip_towards
 
 BACKEND = "gloo"
@@ -69,6 +75,8 @@ ENGINE_MODULE, ENGINE_CLASS = "actors.gloo_engine", "GlooWeightTransferEngine"
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
 RANK_COUNTER = "next_rank"
+PEER_ERROR_GRACE_S = 5.0  # how long a failed broadcast waits for the peer's own error
+SHARED_MEMORY_KEY = "shared_memory/{rank}"  # each engine's answer: "ok" or why it cannot map the segment
 
 
 # --------------------------------------------------------------------------- #
@@ -92,6 +100,15 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
 
 def nbytes(shape, dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
+
+
+def max_bucket_bytes(sizes: list[int], bucket_bytes: int) -> int:
+    return max((sum(sizes[i] for i in b) for b in plan_buckets(sizes, bucket_bytes)), default=0)
+
+
+def header(index: int, size: int) -> torch.Tensor:
+    """What the shared-memory transport broadcasts per bucket: which bucket is ready, and its bytes."""
+    return torch.tensor([index, size], dtype=torch.int64)
 
 
 def unpack_bucket(buffer: torch.Tensor, names: list[str], shapes: list[list[int]],
@@ -153,17 +170,33 @@ def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeo
 
 def wait_work(work, timeout_s: float, peer_failed: Callable[[], None] | None = None) -> None:
     """Wait for an async gloo op, but surface a failed peer RPC at once instead of sitting out
-    the gloo timeout (`peer_failed` raises the RPC's error when it has one)."""
+    the gloo timeout (`peer_failed` raises the RPC's error when it has one). Without
+    `peer_failed` it blocks in gloo (without the GIL; the group's own timeout bounds it)."""
     deadline = time.monotonic() + timeout_s
-    pause = 5e-5  # short first: a bucket of a small model arrives in a few ms, and a fixed 1 ms
-    while not work.is_completed():  # poll added ~0.5 ms to each side of every bucket
-        if peer_failed is not None:
+    next_check = time.monotonic() + 1e-3
+    # Poll finely at first: a header or barrier completes in ~0.1 ms and a small model's bucket in
+    # a few; doubling from 50 us woke up to ~0.4 ms late. Ask the peer at most every ms (a Ray
+    # wait costs ~0.1 ms).
+    pause = 2e-5
+    while peer_failed is not None and not work.is_completed():
+        now = time.monotonic()
+        if now >= next_check:
             peer_failed()
-        if time.monotonic() > deadline:
+            next_check = now + 1e-3
+        if now > deadline:
             raise TimeoutError(f"gloo weight broadcast did not complete in {timeout_s:.0f}s")
         time.sleep(pause)
-        pause = min(2 * pause, 1e-3)
-    work.wait()  # re-raises a gloo error
+        pause = min(1.25 * pause, 1e-3)
+    try:
+        work.wait()  # re-raises a gloo error
+    except Exception:
+        # A peer whose side failed closes the group (actors/gloo_engine.py); its RPC's error
+        # says why, and arrives a moment later: prefer it to gloo's "connection closed".
+        deadline = time.monotonic() + PEER_ERROR_GRACE_S
+        while peer_failed is not None and time.monotonic() < deadline:
+            peer_failed()
+            time.sleep(0.01)
+        raise
 
 
 class _Background:
@@ -212,6 +245,9 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     rank_offset: int | None = None  # None: claim a rank from the store counter
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    shared_memory_path: str = ""  # the sender's segment ("" = none); the engine answers whether it maps it
+    shared_memory_bytes: int = 0
+    shared_memory_nonce: str = ""
 
 
 @dataclass
@@ -221,6 +257,7 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    shared_memory: bool = False  # the buckets come through the shared segment, the broadcast carries headers
 
     def __post_init__(self):
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
@@ -257,6 +294,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    shared_memory: bool = True  # offer the engines a shared-memory segment (used when all of them map it)
 
 
 # --------------------------------------------------------------------------- #
@@ -278,6 +316,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.group = None
         self.last_parts: dict[str, float] = {}  # seconds of the last send's parts (the bench reports them)
         self._buffers = BucketBuffers(2)
+        self.segment: torch.Tensor | None = None  # the shared-memory segment every engine mapped
+        self.refused: list[str] = []  # why engines could not map it (then every update goes by gloo)
 
     @classmethod
     def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
@@ -294,29 +334,31 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         timeout = datetime.timedelta(seconds=init_info.timeout_s)
         store = listening_store(init_info.master_address, init_info.master_port, timeout)
         generation = uuid.uuid4().hex
+        segment = None
+        if init_info.shared_memory:
+            sizes = [nbytes(m.shape, m.dtype) for m in source.metadata()]
+            segment = shared_memory.create_segment(max_bucket_bytes(sizes, init_info.bucket_bytes))
+        offer = {"shared_memory_path": segment[0], "shared_memory_bytes": segment[2].numel(),
+                 "shared_memory_nonce": segment[1]} if segment else {}
         payload = asdict(GlooWeightTransferInitInfo(
             master_address=init_info.master_address, master_port=store.port,
             world_size=init_info.world_size, generation=generation,
-            bucket_bytes=init_info.bucket_bytes, timeout_s=init_info.timeout_s,
+            bucket_bytes=init_info.bucket_bytes, timeout_s=init_info.timeout_s, **offer,
         ))
         prefixed = dist.PrefixStore(f"raygrpo/{generation}/", store)
-        # The engines block in init until the group forms, and so do we: run the RPC beside it.
-        rpc = _Background(client.init_weight_transfer_engine, payload)
-        join = _Background(new_gloo_group, prefixed, 0, init_info.world_size, init_info.master_address,
-                           init_info.timeout_s)
-        deadline = time.monotonic() + init_info.timeout_s
-        while not join.done:
-            rpc.raise_if_failed()  # an engine refused the init: fail now, not after the timeout
-            if time.monotonic() > deadline:
-                joined = prefixed.add(RANK_COUNTER, 0)
-                raise TimeoutError(
-                    f"gloo weight transfer: {joined} of {init_info.world_size - 1} vLLM workers joined "
-                    f"in {init_info.timeout_s:.0f}s; is world_size 1 + engines x tensor_parallel_size?"
-                )
-            time.sleep(0.01)
-        engine.group = join.join(0)
+        try:
+            engine.group = _join_engines(client, payload, prefixed, init_info)
+            if segment is not None:
+                # Every engine answered before it joined the group; the file can go now (the
+                # mappings stay), so no exit, crash or kill leaves it behind.
+                answers = [prefixed.get(SHARED_MEMORY_KEY.format(rank=r)).decode()
+                           for r in range(1, init_info.world_size)]
+                engine.segment = segment[2] if all(a == "ok" for a in answers) else None
+                engine.refused = sorted({a for a in answers if a != "ok"})
+        finally:
+            if segment is not None:
+                shared_memory.unlink(segment[0])
         engine.store = store
-        rpc.join(init_info.timeout_s)
         return engine
 
     def send_weights(self, weight_version: int | str | None = None) -> None:
@@ -333,6 +375,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             raise RuntimeError("send_weights after shutdown(); call trainer_init again")
 
         info = GlooWeightTransferUpdateInfo.from_metadata(meta)
+        sizes = [nbytes(m.shape, m.dtype) for m in meta]
+        info.shared_memory = self.segment is not None and max_bucket_bytes(sizes, self.bucket_bytes) <= self.segment.numel()
         t0 = time.perf_counter()
         self.client.start_weight_update()
         # The engines' update_weights blocks until the last bucket arrived: run it beside the
@@ -344,7 +388,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         rpc = submit(asdict(info)) if submit is not None else _Background(self.client.update_weights, asdict(info))
         t1 = time.perf_counter()
         try:
-            pack_s = self._broadcast(source, meta, rpc.raise_if_failed)
+            pack_s = self._send(source, meta, sizes, info.shared_memory, rpc.raise_if_failed)
         except BaseException:
             # The engines wait for buckets that will never come; closing the group makes their
             # receive fail now rather than at the timeout. The caller must trainer_init again.
@@ -360,23 +404,32 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.last_parts = {"start_s": t1 - t0, "gather_pack_s": pack_s, "gather_pack_broadcast_s": t2 - t1,
                            "wait_engines_s": t3 - t2, "finish_call_s": time.perf_counter() - t3}
 
-    def _broadcast(self, source: WeightSource, meta: list[ParamMeta], peer_failed: Callable[[], None]) -> float:
-        """Pack the source's tensors into the planned buckets and broadcast them. Packing the
-        next bucket overlaps the previous bucket's send (gloo works on its own thread).
+    def transport(self) -> str:
+        return "shared_memory" if self.segment is not None else "gloo"
+
+    def _send(self, source: WeightSource, meta: list[ParamMeta], sizes: list[int], shared: bool,
+              peer_failed: Callable[[], None]) -> float:
+        """Pack the source's tensors into the planned buckets and send them: broadcast each bucket,
+        or (`shared`) pack it into the shared segment and broadcast its header. Packing the next
+        bucket overlaps the previous bucket's broadcast (gloo works on its own thread).
         Returns the seconds spent gathering and packing."""
-        sizes = [nbytes(m.shape, m.dtype) for m in meta]
         pairs = _checked(iter(source), meta)
+        buckets = plan_buckets(sizes, self.bucket_bytes)
         in_flight = None  # (work, buffer): the buffer must live until its send completes
         pack = 0.0
-        for bucket in plan_buckets(sizes, self.bucket_bytes):
+        for index, bucket in enumerate(buckets):
+            size = sum(sizes[i] for i in bucket)
+            if shared and index > 0:  # the engines are done reading the previous bucket
+                wait_work(self.group.barrier(), self.timeout_s, peer_failed)
             t = time.perf_counter()
             # .cpu(): gloo sends host memory; a GPU trainer may feed CPU engines this way too.
             parts = [next(pairs)[1].detach().cpu().contiguous().view(-1).view(torch.uint8) for _ in bucket]
-            buffer = torch.cat(parts, out=self._buffers.take(sum(sizes[i] for i in bucket)))
+            buffer = torch.cat(parts, out=self.segment[:size] if shared else self._buffers.take(size))
             pack += time.perf_counter() - t
             if in_flight is not None:
                 wait_work(in_flight[0], self.timeout_s, peer_failed)
-            in_flight = (self.group.broadcast(buffer, 0), buffer)
+            message = header(index, size) if shared else buffer
+            in_flight = (self.group.broadcast(message, 0), message)
         if in_flight is not None:
             wait_work(in_flight[0], self.timeout_s, peer_failed)
         for name, _ in pairs:  # exhausts the source; raises if it yields more than declared
@@ -389,7 +442,28 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                 self.group.abort()  # abort, not shutdown: never wait on engines that may be gone
             except Exception:  # noqa: BLE001
                 pass
-        self.group, self.store = None, None
+        self.group, self.store, self.segment = None, None, None
+
+
+def _join_engines(client: VLLMWeightSyncClient, payload: dict, prefixed, init_info: GlooTrainerInitInfo):
+    """Send the engines their init payload and form the group with them (rank 0 here)."""
+    # The engines block in init until the group forms, and so do we: run the RPC beside it.
+    rpc = _Background(client.init_weight_transfer_engine, payload)
+    join = _Background(new_gloo_group, prefixed, 0, init_info.world_size, init_info.master_address,
+                       init_info.timeout_s)
+    deadline = time.monotonic() + init_info.timeout_s
+    while not join.done:
+        rpc.raise_if_failed()  # an engine refused the init: fail now, not after the timeout
+        if time.monotonic() > deadline:
+            joined = prefixed.add(RANK_COUNTER, 0)
+            raise TimeoutError(
+                f"gloo weight transfer: {joined} of {init_info.world_size - 1} vLLM workers joined "
+                f"in {init_info.timeout_s:.0f}s; is world_size 1 + engines x tensor_parallel_size?"
+            )
+        time.sleep(0.01)
+    group = join.join(0)
+    rpc.join(init_info.timeout_s)
+    return group
 
 
 def _checked(pairs: Iterator[tuple[str, torch.Tensor]], meta: list[ParamMeta]):

@@ -218,9 +218,18 @@ class WeightSync:
             self.source.drain()  # let the other ranks out of their gathers, then report
             raise
         return {"bytes": self.source.num_bytes() if self.rank == 0 else 0,
-                "seconds": time.perf_counter() - t0, "weight_version": version,
+                "seconds": time.perf_counter() - t0, "weight_version": version, "transport": self.transport(),
                 "parts": {**getattr(self.engine, "last_parts", {}), **(self.client.last_parts or {})}
                 if self.rank == 0 else {}}
+
+    def transport(self) -> str:
+        """How the bytes travel: vLLM's backend name, or for gloo "shared_memory" when every engine
+        is on this machine (actors/shared_memory.py)."""
+        from actors.gloo_transfer import GlooTrainerWeightTransferEngine
+
+        if isinstance(self.engine, GlooTrainerWeightTransferEngine):
+            return self.engine.transport()
+        return type(self.engine).__name__
 
     def shutdown(self) -> None:
         try:

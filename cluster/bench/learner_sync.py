@@ -79,7 +79,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
                     "seconds": statistics.median(o["seconds"] for o in outs), "wall_seconds": statistics.median(walls),
                     "mean_seconds": statistics.mean(o["seconds"] for o in outs),
                     "seconds_each": [round(o["seconds"], 4) for o in outs], "engine_version_after": version,
-                    "bucket_mb": base_cfg.rollout.bucket_mb, "backend": backend,
+                    "bucket_mb": base_cfg.rollout.bucket_mb, "backend": backend, "transport": outs[0].get("transport"),
                     # the update's parts, median over the repeats (learner/weight_sync.py WeightSync.send)
                     "parts": {k: statistics.median(o["parts"][k] for o in outs) for k in outs[0].get("parts", {})}}
         return learner, sync

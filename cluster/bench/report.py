@@ -251,7 +251,8 @@ def table_rows(res: dict) -> list[tuple]:
             continue
         rows += [
             ("2 sync", f"full update ({label}) seconds", sy["seconds"],
-             f"{sy['bytes'] / 2**20:.2f} MiB, learner -> vLLM, {sy.get('backend', 'gloo')}"),
+             f"{sy['bytes'] / 2**20:.2f} MiB, learner -> vLLM, {sy.get('backend', 'gloo')}"
+             + (f" ({sy['transport']})" if sy.get("transport") not in (None, sy.get("backend")) else "")),
             ("2 sync", f"full update ({label}) MB/s", ratio(sy["bytes"], sy["seconds"] * 1e6), "through vLLM's RL API"),
         ]
         if sy.get("parts"):

@@ -65,15 +65,18 @@ def noise_(model, seed: int, scale: float = 0.05):
             p.add_(scale * torch.randn(p.shape, generator=g))
 
 
-def sync(ray, workers, model, cfg, version: int):
+def sync(ray, workers, model, cfg, version: int, shared_memory: bool = True):
     from vllm.distributed.weight_transfer import ModuleSource, RayVLLMWeightSyncClient
 
     from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
 
     init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0,
-                               world_size=1 + len(workers), bucket_bytes=cfg.bucket_mb << 20, timeout_s=120, rank=0)
+                               world_size=1 + len(workers), bucket_bytes=cfg.bucket_mb << 20, timeout_s=120, rank=0,
+                               shared_memory=shared_memory)
     engine = GlooTrainerWeightTransferEngine.trainer_init(
         init, client=RayVLLMWeightSyncClient(workers), source=ModuleSource(model))
+    # On one machine the engines map the sender's segment whenever it is offered.
+    assert engine.transport() == ("shared_memory" if shared_memory else "gloo")
     engine.send_weights(weight_version=version)
     return engine
 
@@ -112,10 +115,11 @@ def test_sync_changes_vllm_to_match_hf(setup):
 
 
 def test_reinit_then_sync_again(setup):
-    """A second trainer_init (as after a learner or rollout restart) replaces the old group."""
+    """A second trainer_init (as after a learner or rollout restart) replaces the old group; this
+    one broadcasts the bytes (as to engines on other machines)."""
     ray, workers, model, seqs, cfg = setup
     noise_(model, seed=2)
-    engine = sync(ray, workers, model, cfg, version=2)
+    engine = sync(ray, workers, model, cfg, version=2, shared_memory=False)
     expected = hf_prompt_logprobs(model, seqs)
     for w in workers:
         assert max_diff(ray.get(w.prompt_logprobs.remote(seqs)), expected) <= TOL
@@ -143,6 +147,7 @@ def test_one_trip_updates_copy_directly_and_match_hf(setup):
                                world_size=1 + len(workers), bucket_bytes=cfg.bucket_mb << 20, timeout_s=120, rank=0)
     client = OneTripRayClient(workers)
     engine = GlooTrainerWeightTransferEngine.trainer_init(init, client=client, source=ModuleSource(model))
+    assert engine.transport() == "shared_memory"
     for version in (4, 5):
         noise_(model, seed=version)
         client.next_version = str(version)

@@ -6,6 +6,7 @@ like RayVLLMWeightSyncClient, fans each call out to every engine concurrently.
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -88,16 +89,19 @@ def test_plan_buckets_matches_pack_rule():
     assert plan_buckets([30, 1], 10) == [[0], [1]]  # a tensor larger than a bucket travels alone
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_memory", "broadcast"])
 @pytest.mark.parametrize("num_engines,bucket_bytes", [(1, 1 << 20), (2, 700)])
-def test_weights_arrive_identical(num_engines, bucket_bytes):
+def test_weights_arrive_identical(num_engines, bucket_bytes, shared):
     engines = [make_engine() for _ in range(num_engines)]
     client = FanOutClient(engines)
     net = TinyNet()
     init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=1 + num_engines,
-                               bucket_bytes=bucket_bytes, timeout_s=60, rank=0)
+                               bucket_bytes=bucket_bytes, timeout_s=60, rank=0, shared_memory=shared)
     # Through vLLM's factory, as the learner will call it.
     trainer = WeightTransferTrainerFactory.trainer_init(init, client=client, source=ModuleSource(net))
     assert isinstance(trainer, GlooTrainerWeightTransferEngine)
+    # One machine: every engine maps the segment, so it is used when offered.
+    assert trainer.transport() == ("shared_memory" if shared else "gloo") and trainer.refused == []
     assert sorted(e.rank for e in engines) == list(range(1, 1 + num_engines))
     trainer.send_weights(weight_version=3)
     expected = dict(net.named_parameters())
@@ -130,12 +134,14 @@ def test_bucket_buffers_rotate_and_are_kept():
     assert buffers.take(100).numel() == 100  # a larger bucket grows the buffer
 
 
-def test_every_round_sends_every_bucket_new():
-    """Three rounds, several buckets, all values changed each round: the kept buffers never mix rounds."""
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_memory", "broadcast"])
+def test_every_round_sends_every_bucket_new(shared):
+    """Three rounds, several buckets, all values changed each round: the kept buffers (or the one
+    shared segment) never mix buckets or rounds."""
     engine = make_engine()
     net = TinyNet()
     init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2,
-                               bucket_bytes=700, timeout_s=60, rank=0)
+                               bucket_bytes=700, timeout_s=60, rank=0, shared_memory=shared)
     trainer = WeightTransferTrainerFactory.trainer_init(init, client=FanOutClient([engine]), source=ModuleSource(net))
     for round_ in range(3):
         with torch.no_grad():
@@ -244,4 +250,123 @@ def test_explicit_rank_offset():
     for j in [t, *joiners]:
         j.join(60)
     assert engine.rank == 2 and engine.group is not None and set(groups) == {0, 1}
+    engine.shutdown()
+
+
+def test_shared_segment_is_unlinked_after_init_and_refusals_fall_back_to_gloo(monkeypatch):
+    """The segment's file is gone once the engines answered (nothing left in /dev/shm whatever
+    happens later); an engine that cannot map it (another machine) makes every update go by gloo,
+    and the sender says why."""
+    from actors import shared_memory
+
+    created = []
+    real_create = shared_memory.create_segment
+
+    def recording_create(nbytes):
+        segment = real_create(nbytes)
+        created.append(segment[0])
+        return segment
+
+    monkeypatch.setattr(shared_memory, "create_segment", recording_create)
+    monkeypatch.setattr(shared_memory, "attach_segment", lambda *a: (None, "test: on another machine"))
+    engine = make_engine()
+    net = TinyNet()
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2, bucket_bytes=700,
+                               timeout_s=60, rank=0)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(init, client=FanOutClient([engine]), source=ModuleSource(net))
+    assert len(created) == 1 and not os.path.exists(created[0])
+    assert trainer.transport() == "gloo" and trainer.refused == ["test: on another machine"]
+    trainer.send_weights()
+    for name, param in net.named_parameters():
+        assert torch.equal(engine.model.received[name], param.detach()), name
+    trainer.shutdown()
+    engine.shutdown()
+
+
+def test_attach_checks_the_nonce_and_size():
+    from actors import shared_memory
+
+    path, nonce, tensor = shared_memory.create_segment(1000)
+    try:
+        mapped, why = shared_memory.attach_segment(path, 1000, nonce)
+        assert why == "" and mapped is not None
+        tensor[100:104] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)  # one memory: the engine sees the write
+        assert mapped[100:104].tolist() == [1, 2, 3, 4]
+        assert shared_memory.attach_segment(path, 1000, "00" * 16)[1].endswith("(another machine)")
+        assert "another size" in shared_memory.attach_segment(path, 999, nonce)[1]
+    finally:
+        shared_memory.unlink(path)
+    assert shared_memory.attach_segment(path, 1000, nonce)[0] is None  # gone
+
+
+def test_no_segment_when_shm_is_too_small(monkeypatch):
+    from actors import shared_memory
+
+    monkeypatch.setattr(shared_memory, "MAX_SHARE_OF_FREE", 0.0)
+    assert shared_memory.create_segment(1 << 20) is None
+
+
+class OneCallClient(FanOutClient):
+    """Like learner/weight_sync.py OneTripRayClient: one call per engine runs the whole update
+    (start, receive, finish) and does not block the sender."""
+
+    def start_weight_update(self):
+        pass
+
+    def finish_weight_update(self, weight_version=None):
+        pass
+
+    def submit_update_weights(self, update_info):
+        def whole_update(engine):
+            engine.start_weight_update()
+            engine.update_weights(update_info)
+            engine.finish_weight_update()
+
+        return PendingCalls([self.pool.submit(whole_update, e) for e in self.engines])
+
+
+class PendingCalls:
+    def __init__(self, futures):
+        self.futures = futures
+
+    def raise_if_failed(self):
+        for f in self.futures:
+            if f.done():
+                f.result()
+
+    def join(self, timeout_s):
+        for f in self.futures:
+            f.result(timeout_s)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_memory", "broadcast"])
+def test_engine_failing_mid_update_fails_the_sender_at_once(shared):
+    """An engine whose load fails after the first bucket closes its group, so the sender, waiting
+    on the next bucket, raises the engine's own error at once (it used to sit out the gloo
+    timeout, 600 s by default), and a new init works again."""
+    class Failing(Exception):
+        pass
+
+    def refuse(weights):
+        raise Failing("load_weights refused")
+
+    engine = make_engine()
+    net = TinyNet()
+    real_load = engine.model.load_weights
+    engine.model.load_weights = refuse
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=2, bucket_bytes=700,
+                               timeout_s=60, rank=0, shared_memory=shared)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(init, client=OneCallClient([engine]), source=ModuleSource(net))
+    t0 = time.monotonic()
+    with pytest.raises(Failing, match="refused"):
+        trainer.send_weights()
+    assert time.monotonic() - t0 < 30  # not the gloo timeout
+    assert engine.group is None and trainer.group is None  # both sides closed; the caller inits again
+
+    engine.model.load_weights = real_load
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(init, client=OneCallClient([engine]), source=ModuleSource(net))
+    trainer.send_weights()
+    for name, param in net.named_parameters():
+        assert torch.equal(engine.model.received[name], param.detach()), name
+    trainer.shutdown()
     engine.shutdown()
