@@ -206,6 +206,13 @@ class WeightSync:
         info = trainer_init_info(init_info, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
+        if rank == 0:
+            from actors.gloo_transfer import GlooTrainerWeightTransferEngine
+
+            # gloo: why an engine could not map the shared-memory segment (then the bytes are broadcast)
+            refused = self.engine.refused if isinstance(self.engine, GlooTrainerWeightTransferEngine) else []
+            print(f"learner: weights go to {len(rollout_handles)} engine(s) via {self.transport()}"
+                  + (f" (no shared memory: {'; '.join(refused)})" if refused else ""), flush=True)
 
     def send(self, version: int) -> dict:
         """One full update: start, stream every parameter, finish + stamp `version`. Every rank."""
