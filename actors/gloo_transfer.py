@@ -28,14 +28,14 @@ of engines by `RayVLLMWeightSyncClient`; a worker given an explicit `rank_offset
 One update (`send_weights`): the sender sends the parameter list (names, dtypes, shapes) with
 `update_weights`, then broadcasts the tensors packed into uint8 buckets of about `bucket_bytes`;
 both sides cut the buckets with the same rule (`plan_buckets`), so no sizes travel per bucket.
+The engine side (`GlooWeightTransferEngine`, actors/gloo_engine.py) loads each bucket with
+`model.load_weights`; its `finish_weight_update` re-packs vLLM's CPU linear layers
+(actors/vllm_ext.py).
 
 Same machine: when every engine could map the sender's shared-memory segment at init
 (actors/shared_memory.py), the sender packs each bucket straight into it and the broadcast
 carries only a header (bucket index, bytes); a barrier between buckets tells the sender the
 engines are done reading. The update info says which transport an update uses.
-The engine side (`GlooWeightTransferEngine`, actors/gloo_engine.py) loads each bucket with
-`model.load_weights`; its `finish_weight_update` re-packs vLLM's CPU linear layers
-(actors/vllm_ext.py).
 
 Importing this module registers the trainer engine with vLLM's `WeightTransferTrainerFactory`,
 so the learner (which does not load vLLM plugins) can call `WeightTransferTrainerFactory.trainer_init(

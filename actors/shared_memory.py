@@ -39,16 +39,18 @@ def create_segment(nbytes: int) -> tuple[str, str, torch.Tensor] | None:
     if nbytes > MAX_SHARE_OF_FREE * free.f_bavail * free.f_frsize:
         return None
     path = os.path.join(SHM_DIR, f"raygrpo-weights-{uuid.uuid4().hex}")
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError:  # not writable here (a read-only or foreign /dev/shm)
+        return None
     try:
         os.ftruncate(fd, nbytes)
+        tensor = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    except (OSError, RuntimeError):
+        unlink(path)
+        return None
     finally:
         os.close(fd)
-    try:
-        tensor = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-    except BaseException:
-        unlink(path)
-        raise
     nonce = secrets.token_bytes(NONCE_BYTES)
     tensor[:NONCE_BYTES] = torch.frombuffer(bytearray(nonce), dtype=torch.uint8)
     return path, nonce.hex(), tensor
