@@ -50,7 +50,10 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            # Resuming: TensorBoard hides the earlier run's events of the steps redone now (the
+            # ones supersede_rows moved aside; step 0's evaluation is redone too).
+            purge = start_step + 1 if start_step > 0 else 0
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
         if wandb:
             try:
                 import wandb as wb

@@ -73,3 +73,29 @@ def test_an_undeclared_step_metric_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not in cluster/metrics.py STEP_KEYS"):
         log.log_step({"step": 1, "reward_meen": 0.1})
     log.close()
+
+
+@pytest.mark.parametrize("start_step", [0, 2])
+def test_tensorboard_shows_a_redone_step_once(tmp_path, start_step):
+    """A run that crashed after step 4 and resumes from the checkpoint of `start_step` (0: none):
+    TensorBoard shows every step once, the redone ones with their new values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = MetricsLogger(tmp_path, total_steps=4, tensorboard=True)
+    first.log_eval(0, {"accuracy": 0.1})
+    for step in (1, 2, 3, 4):
+        first.log_step({"step": step, "reward_mean": float(step)})
+    first.close()
+    resumed = MetricsLogger(tmp_path, total_steps=4, start_step=start_step, tensorboard=True)
+    if start_step == 0:
+        resumed.log_eval(0, {"accuracy": 0.2})
+    for step in range(start_step + 1, 5):
+        resumed.log_step({"step": step, "reward_mean": 10.0 * step})
+    resumed.close()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    reward = [(e.step, e.value) for e in events.Scalars("train/reward_mean")]
+    assert reward == [(s, float(s) if s <= start_step else 10.0 * s) for s in (1, 2, 3, 4)]
+    assert [(e.step, round(e.value, 3)) for e in events.Scalars("eval/accuracy")] == \
+        [(0, 0.2 if start_step == 0 else 0.1)]
