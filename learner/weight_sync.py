@@ -202,6 +202,7 @@ class WeightSync:
 
         self.rank = rank
         self.source = source
+        self.backend = init_info["backend"]
         self.client = OneTripRayClient(list(rollout_handles))
         info = trainer_init_info(init_info, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
@@ -236,7 +237,7 @@ class WeightSync:
 
         if isinstance(self.engine, GlooTrainerWeightTransferEngine):
             return self.engine.transport()
-        return type(self.engine).__name__
+        return self.backend
 
     def shutdown(self) -> None:
         try:
