@@ -2,7 +2,9 @@
 
 `claim(cfg, overwrite)` runs before any actor starts and refuses, with a message saying what to do:
 - a run dir another live `raygrpo train` holds (lock file `raygrpo.lock`: host + pid; a lock
-  left by a dead process on this host is taken over, with a message);
+  left by a dead process on this host is taken over, with a message; so is one from another host
+  (a shared filesystem) whose holder stopped touching it: a holder touches its lock every
+  `HEARTBEAT_S`, and a claimant watches the file's mtime, never its own clock, for `STALE_AFTER_S`);
 - a run dir whose saved config.yaml differs from this run's in anything but `trainer.steps` and
   `checkpoint.resume` (continuing a run with other settings would mix two runs in one record);
 - a run dir whose checkpoints all fail verification (resuming would restart from step 0 over
@@ -17,12 +19,15 @@ import os
 import shutil
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
 import yaml
 
 LOCK = "raygrpo.lock"
+HEARTBEAT_S = 10.0  # how often a holder touches its lock
+STALE_AFTER_S = 35.0  # a lock from another host untouched this long (watched, not compared with our clock) is stale
 # what may change between a run and its continuation in the same run dir
 CONTINUATION_KEYS = {"trainer.steps", "checkpoint.resume"}
 
@@ -38,7 +43,8 @@ class RunDirClaim:
         self.run_dir, self.lock = run_dir, run_dir / LOCK
         self.lock.parent.mkdir(parents=True, exist_ok=True)
         me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": " ".join(sys.argv)}
+              "command": " ".join(sys.argv), "heartbeat_s": HEARTBEAT_S}
+        self._stop = threading.Event()
         for _ in range(20):
             try:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -47,8 +53,19 @@ class RunDirClaim:
                 continue
             with os.fdopen(fd, "w") as fh:
                 json.dump(me, fh)
+            threading.Thread(target=self._heartbeat, args=(me,), daemon=True, name="run-dir-lock-heartbeat").start()
             return
         raise RunDirError(f"could not take the lock {self.lock}: it keeps changing hands")
+
+    def _heartbeat(self, me: dict) -> None:
+        """Touch the lock while it is ours: what another host's claimant watches (`_stale_elsewhere`)."""
+        while not self._stop.wait(HEARTBEAT_S):
+            if _read_lock(self.lock) != me:
+                return
+            try:
+                os.utime(self.lock)
+            except OSError:
+                return
 
     def _handle_held(self, me: dict) -> None:
         holder = _read_lock(self.lock)
@@ -66,12 +83,48 @@ class RunDirClaim:
             if _read_lock(self.lock) == holder:  # not already taken over by someone else
                 self.lock.unlink(missing_ok=True)
             return
+        if holder.get("host") != me["host"] and "heartbeat_s" in holder:
+            verdict = self._watch(holder)
+            if verdict == "changed":  # released or taken meanwhile: try again
+                return
+            if verdict == "stale":
+                print(f"taking over {self.lock}: its holder (pid {holder.get('pid')} on {holder.get('host')}, since "
+                      f"{holder.get('since')}) has not touched it for {STALE_AFTER_S:.0f}s", file=sys.stderr)
+                if _read_lock(self.lock) == holder:
+                    self.lock.unlink(missing_ok=True)
+                return
         raise RunDirError(
             f"run dir {self.run_dir} is in use by another run: pid {holder.get('pid')} on host {holder.get('host')} "
             f"since {holder.get('since')} ({holder.get('command', '?')}). Wait for it to finish or stop it, or use "
             f"another trainer.run_dir. If that process is really gone (another host), delete {self.lock}.")
 
+    def _watch(self, holder: dict) -> str:
+        """Whether another host's holder is alive: "alive" if it touches the lock within
+        STALE_AFTER_S, "stale" if the lock's mtime stays the same that long, "changed" if the lock
+        is released or replaced meanwhile. Only mtimes are compared, so clock skew between hosts
+        does not matter."""
+        print(f"{self.lock} is held by pid {holder.get('pid')} on {holder.get('host')}; watching it for "
+              f"{STALE_AFTER_S:.0f}s to see whether that run is alive (a live run touches it every "
+              f"{holder['heartbeat_s']}s)", file=sys.stderr)
+        try:
+            first = self.lock.stat().st_mtime_ns
+        except FileNotFoundError:
+            return "changed"
+        deadline = time.monotonic() + STALE_AFTER_S
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, STALE_AFTER_S / 10))
+            try:
+                mtime = self.lock.stat().st_mtime_ns
+            except FileNotFoundError:
+                return "changed"
+            if _read_lock(self.lock) != holder:
+                return "changed"
+            if mtime != first:
+                return "alive"
+        return "stale"
+
     def release(self) -> None:
+        self._stop.set()
         holder = _read_lock(self.lock)
         if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
             self.lock.unlink(missing_ok=True)

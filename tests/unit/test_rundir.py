@@ -74,3 +74,64 @@ def test_export_refuses_a_non_empty_target(tmp_path):
     with pytest.raises(FileExistsError, match="not empty.*--overwrite"):
         export_checkpoint(tmp_path / "any-checkpoint", out)
     assert (out / "model.safetensors").read_text() == "someone's model"
+
+
+def _foreign_lock(path, **extra):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    holder = {"host": "another-host.example", "pid": 4242, "since": "2026-11-22 10:00:00", "command": "raygrpo train",
+              **extra}
+    path.write_text(json.dumps(holder))
+    return holder
+
+
+def test_a_live_claim_touches_its_lock_until_released(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from cluster import rundir
+
+    monkeypatch.setattr(rundir, "HEARTBEAT_S", 0.05)
+    lock = claim(cfg_for(tmp_path))
+    path = tmp_path / "run" / LOCK
+    assert json.loads(path.read_text())["heartbeat_s"] == 0.05
+    os.utime(path, (1_000_000, 1_000_000))  # long ago
+    time.sleep(0.5)
+    assert path.stat().st_mtime > 1_000_000  # the heartbeat touched it
+    lock.release()
+    assert not path.exists()
+
+
+def test_a_lock_from_another_host_is_taken_over_only_when_its_heartbeat_stopped(tmp_path, monkeypatch, capsys):
+    import os
+    import threading
+
+    from cluster import rundir
+
+    monkeypatch.setattr(rundir, "STALE_AFTER_S", 0.6)
+    cfg = cfg_for(tmp_path)
+    path = tmp_path / "run" / LOCK
+    # Alive on another host: its heartbeat keeps touching the lock, so the claim is refused.
+    _foreign_lock(path, heartbeat_s=0.05)
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(0.05):
+            os.utime(path)
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        with pytest.raises(RunDirError, match="in use by another run: pid 4242 on host another-host.example"):
+            claim(cfg)
+    finally:
+        stop.set()
+        beater.join()
+    assert json.loads(path.read_text())["host"] == "another-host.example"  # left alone
+    # Its heartbeat stopped (the run died): taken over after watching it, with a message.
+    claim(cfg).release()
+    err = capsys.readouterr().err
+    assert "watching it for" in err and "has not touched it for" in err
+    # A holder that declares no heartbeat (an older raygrpo) is never judged by one: refused as before.
+    _foreign_lock(path)
+    with pytest.raises(RunDirError, match="delete"):
+        claim(cfg)
