@@ -42,6 +42,12 @@ def test_kuberay_job_and_slurm_script_run_the_cli():
     assert job["kind"] == "RayJob" and job["spec"]["entrypoint"].startswith("python -m cluster.cli train")
     config = job["spec"]["entrypoint"].split()[4]
     assert (ROOT / config).exists()
+    # every pod gets a memory-backed /dev/shm (a pod's own is 64 MiB)
+    cluster = job["spec"]["rayClusterSpec"]
+    for pod in [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]:
+        shm = [v["name"] for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+        mounts = {m["mountPath"]: m["name"] for c in pod["containers"] for m in c["volumeMounts"]}
+        assert mounts.get("/dev/shm") in shm
     slurm = (ROOT / "docker" / "slurm.sbatch").read_text()
     assert slurm.startswith("#!/bin/bash") and "#SBATCH --nodes" in slurm and "raygrpo train" in slurm
 
