@@ -58,7 +58,7 @@ class RunDirClaim:
         raise RunDirError(f"could not take the lock {self.lock}: it keeps changing hands")
 
     def _heartbeat(self, me: dict) -> None:
-        """Touch the lock while it is ours: what another host's claimant watches (`_stale_elsewhere`)."""
+        """Touch the lock while it is ours: what another host's claimant watches (`_watch`)."""
         while not self._stop.wait(HEARTBEAT_S):
             if _read_lock(self.lock) != me:
                 return
