@@ -3,9 +3,9 @@
 vLLM creates it (`WeightTransferEngineFactory`, backend "gloo", registered by actors/vllm_ext.py)
 next to the loaded model, and calls it from the worker's RL API: `init_transfer_engine` joins
 the trainer's group, `update_weights` receives the packed buckets into the model, and
-`finish_weight_update` re-packs vLLM's CPU linear layers. The protocol and the trainer side
-live in actors/gloo_transfer.py; on the sender's machine the buckets come through a shared-memory
-segment instead of the broadcast (actors/shared_memory.py).
+`finish_weight_update` re-packs vLLM's CPU linear layers. The protocol is in
+actors/gloo_protocol.py, the trainer side in actors/gloo_transfer.py; on the sender's machine the
+buckets come through a shared-memory segment instead of the broadcast (actors/shared_memory.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
 from actors import shared_memory
 from actors.direct_load import DirectLoader, signature_of
-from actors.gloo_transfer import (
+from actors.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
     RANK_COUNTER,

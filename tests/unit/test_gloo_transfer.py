@@ -17,7 +17,8 @@ from vllm.distributed.weight_transfer.base import ModuleSource, WeightTransferIn
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
 from actors.gloo_engine import GlooWeightTransferEngine
-from actors.gloo_transfer import BucketBuffers, GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, plan_buckets
+from actors.gloo_protocol import BucketBuffers, plan_buckets
+from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
 
 
 class RecordingModel(torch.nn.Module):
@@ -229,7 +230,7 @@ def test_explicit_rank_offset():
 
     import torch.distributed as dist
 
-    from actors.gloo_transfer import new_gloo_group
+    from actors.gloo_protocol import new_gloo_group
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))

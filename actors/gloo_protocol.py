@@ -1,0 +1,208 @@
+"""The wire protocol of the CPU `gloo` weight-transfer backend: what both sides share.
+
+The trainer side (actors/gloo_transfer.py) and the engine side (actors/gloo_engine.py) import
+this module; neither imports the other's.
+
+Group layout and handshake (what `GlooTrainerWeightTransferEngine.trainer_init` does):
+
+    trainer rank 0 (sender)                         every vLLM worker of every engine
+    -----------------------                         ---------------------------------
+    TCPStore on master only (port or 0 -> free port)
+    payload = {master_address, master_port,  --->   init_weight_transfer_engine(payload):
+               world_size, generation,                tear down a previous group (re-init works)
+               rank_offset=None, bucket_bytes,        join the store, keys under `generation/`
+               timeout_s, shared_memory_*}            rank = store.add("next_rank", 1)  (1, 2, ...)
+                                                      answer SHARED_MEMORY_KEY (maps the segment?)
+    ProcessGroupGloo(rank 0)                <--->     ProcessGroupGloo(rank)   (rendezvous)
+
+`world_size` = 1 + the number of vLLM workers (engines x tensor_parallel_size). Ranks are
+claimed from an atomic store counter, so one identical payload can be fanned out to any number
+of engines by `RayVLLMWeightSyncClient`; a worker given an explicit `rank_offset` instead takes
+`rank_offset + its rank inside the engine` (the NCCL convention).
+
+One update (`send_weights`): the sender sends the parameter list (names, dtypes, shapes) with
+`update_weights`, then broadcasts the tensors packed into uint8 buckets of about `bucket_bytes`;
+both sides cut the buckets with the same rule (`plan_buckets`), so no sizes travel per bucket.
+The engine side loads each bucket with `model.load_weights` (or direct copies); its
+`finish_weight_update` re-packs vLLM's CPU linear layers (actors/vllm_ext.py).
+
+Same machine: when every engine could map the sender's shared-memory segment at init
+(actors/shared_memory.py), the sender packs each bucket straight into it and the broadcast
+carries only a `header` (bucket index, bytes); a barrier between buckets tells the sender the
+engines are done reading. The update info says which transport an update uses.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightTransferInitInfo, WeightTransferUpdateInfo
+
+from actors.sockets import local_ip_towards
+
+DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 600.0
+RANK_COUNTER = "next_rank"
+PEER_ERROR_GRACE_S = 5.0  # how long a failed broadcast waits for the peer's own error
+SHARED_MEMORY_KEY = "shared_memory/{rank}"  # each engine's answer: "ok" or why it cannot map the segment
+
+
+# --------------------------------------------------------------------------- #
+# Wire helpers
+# --------------------------------------------------------------------------- #
+def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Indices of the tensors in each packed bucket: fill a bucket until it holds more than
+    `bucket_bytes` (the rule of vLLM's `pack_tensors`), so a tensor larger than a bucket
+    travels alone. Both sides call this on the same sizes, so they cut the stream alike."""
+    buckets, current, total = [], [], 0
+    for i, size in enumerate(sizes):
+        current.append(i)
+        total += size
+        if total > bucket_bytes:
+            buckets.append(current)
+            current, total = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def nbytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def max_bucket_bytes(sizes: list[int], bucket_bytes: int) -> int:
+    return max((sum(sizes[i] for i in b) for b in plan_buckets(sizes, bucket_bytes)), default=0)
+
+
+def header(index: int, size: int) -> torch.Tensor:
+    """What the shared-memory transport broadcasts per bucket: which bucket is ready, and its bytes."""
+    return torch.tensor([index, size], dtype=torch.int64)
+
+
+def unpack_bucket(buffer: torch.Tensor, names: list[str], shapes: list[list[int]],
+                  dtypes: list[torch.dtype], sizes: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """Split a received uint8 bucket back into named tensors: views where the byte offset suits
+    the dtype, copies where it does not (a float32 after an odd-length bf16 tensor cannot be a
+    view; vLLM's own `unpack_tensor` fails there)."""
+    out, offset = [], 0
+    for name, shape, dtype, size in zip(names, shapes, dtypes, sizes):
+        raw = buffer[offset:offset + size]
+        if offset % dtype.itemsize:
+            raw = raw.clone()
+        out.append((name, raw.view(dtype).view(shape)))
+        offset += size
+    return out
+
+
+class BucketBuffers:
+    """uint8 buffers for packed buckets, kept from one update to the next and used in rotation.
+
+    A new buffer per bucket and update costs its page faults every time: packing the 1.0M bench
+    model (3.8 MiB) took 1.25 ms into a fresh buffer and 0.34 ms into a kept one. With `count`
+    buffers, the one handed out was last handed out `count` calls ago: the sender uses 2 (it packs
+    bucket k+1 while bucket k is on the wire, and waits for k before it packs k+2)."""
+
+    def __init__(self, count: int):
+        self._buffers: list[torch.Tensor | None] = [None] * count
+        self._next = 0
+
+    def take(self, size: int) -> torch.Tensor:
+        i, self._next = self._next, (self._next + 1) % len(self._buffers)
+        if self._buffers[i] is None or self._buffers[i].numel() < size:
+            self._buffers[i] = torch.empty(size, dtype=torch.uint8)
+        return self._buffers[i][:size]
+
+
+def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeout_s: float):
+    """A ProcessGroupGloo over `store` (blocks until all `world_size` ranks joined)."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        opts._devices = [dist.ProcessGroupGloo.create_device(interface=os.environ["GLOO_SOCKET_IFNAME"])]
+    else:
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip_towards(master_address))]
+    return dist.ProcessGroupGloo(store, rank, world_size, opts)
+
+
+def wait_work(work, timeout_s: float, peer_failed: Callable[[], None] | None = None) -> None:
+    """Wait for an async gloo op, but surface a failed peer RPC at once instead of sitting out
+    the gloo timeout (`peer_failed` raises the RPC's error when it has one). Without
+    `peer_failed` it blocks in gloo (without the GIL; the group's own timeout bounds it)."""
+    deadline = time.monotonic() + timeout_s
+    next_check = time.monotonic() + 1e-3
+    # Poll finely at first: a header or barrier completes in ~0.1 ms and a small model's bucket in
+    # a few; doubling from 50 us woke up to ~0.4 ms late. Ask the peer at most every ms (a Ray
+    # wait costs ~0.1 ms).
+    pause = 2e-5
+    while peer_failed is not None and not work.is_completed():
+        now = time.monotonic()
+        if now >= next_check:
+            peer_failed()
+            next_check = now + 1e-3
+        if now > deadline:
+            raise TimeoutError(f"gloo weight broadcast did not complete in {timeout_s:.0f}s")
+        time.sleep(pause)
+        pause = min(1.25 * pause, 1e-3)
+    try:
+        work.wait()  # re-raises a gloo error
+    except Exception:
+        # A peer whose side failed closes the group (actors/gloo_engine.py); its RPC's error
+        # says why, and arrives a moment later: prefer it to gloo's "connection closed".
+        deadline = time.monotonic() + PEER_ERROR_GRACE_S
+        while peer_failed is not None and time.monotonic() < deadline:
+            peer_failed()
+            time.sleep(0.01)
+        raise
+
+
+# --------------------------------------------------------------------------- #
+# Init / update info
+# --------------------------------------------------------------------------- #
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+    """Engine-side init info (the payload the trainer fans out to every engine)."""
+
+    master_address: str
+    master_port: int
+    world_size: int
+    generation: str = ""  # store key prefix, fresh per trainer_init, so stale keys never collide
+    rank_offset: int | None = None  # None: claim a rank from the store counter
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    shared_memory_path: str = ""  # the sender's segment ("" = none); the engine answers whether it maps it
+    shared_memory_bytes: int = 0
+    shared_memory_nonce: str = ""
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    """Per-update info: the parameters, in broadcast order (the buckets follow from it)."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    shared_memory: bool = False  # the buckets come through the shared segment, the broadcast carries headers
+
+    def __post_init__(self):
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(
+                f"names/dtype_names/shapes differ in length: "
+                f"{len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
+            )
+
+    @classmethod
+    def from_metadata(cls, meta: list[ParamMeta]) -> GlooWeightTransferUpdateInfo:
+        return cls(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+            shapes=[list(m.shape) for m in meta],
+        )
+
+    def dtypes(self) -> list[torch.dtype]:
+        return [getattr(torch, d) for d in self.dtype_names]
