@@ -6,7 +6,11 @@ without engines.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -128,6 +132,56 @@ class Batch:
             weight_version=min((g.rollout.weight_version for g in groups), default=version_if_empty),
             stream_state=stream_state, stats=stats,
             loss_mask=[r[3] if r[3] is not None else [1] * len(r[1]) for r in rows] if masked else None)
+
+
+# The next step's batch beside a checkpoint (async: see Trainer.save_checkpoint): the per-token
+# values as flat safetensors (float64 holds vLLM's and the reference's float32 values exactly),
+# the rest as JSON. Nothing is unpickled (learner/checkpoint.py, "Safety").
+NEXT_BATCH_TENSORS, NEXT_BATCH_JSON = "next_batch.safetensors", "next_batch.json"
+_RAGGED = {"prompt_ids": torch.int64, "completion_ids": torch.int64, "behavior_logp": torch.float64,
+           "ref_logp": torch.float64, "loss_mask": torch.int64}
+
+
+def save_batch(batch: Batch, directory: str | Path) -> None:
+    """Write `batch` into `directory` so that load_batch gives it back value for value."""
+    from safetensors.torch import save_file
+
+    tensors = {"rewards": torch.tensor(batch.rewards, dtype=torch.float64)}
+    for name, dtype in _RAGGED.items():
+        rows = getattr(batch, name)
+        if rows is not None:
+            tensors[name] = torch.tensor([v for r in rows for v in r], dtype=dtype)
+            tensors[name + ".lengths"] = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+    save_file(tensors, str(Path(directory) / NEXT_BATCH_TENSORS))
+    # Examples are kept for what they are (the prompts the groups came from); their rewards are already
+    # in the batch. A dataset value JSON cannot hold is kept as its str().
+    meta = {"weight_version": batch.weight_version, "stream_state": batch.stream_state,
+            "stats": dataclasses.asdict(batch.stats), "examples": [dataclasses.asdict(e) for e in batch.examples]}
+    (Path(directory) / NEXT_BATCH_JSON).write_text(json.dumps(meta, allow_nan=True, default=str))
+
+
+def load_batch(directory: str | Path) -> Batch | None:
+    """The batch save_batch wrote into `directory`; None if there is none."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    if not (directory / NEXT_BATCH_JSON).is_file():
+        return None
+    meta = json.loads((directory / NEXT_BATCH_JSON).read_text())
+    tensors = load_file(str(directory / NEXT_BATCH_TENSORS))
+
+    def ragged(name: str) -> list[list] | None:
+        if name not in tensors:
+            return None
+        flat, lengths = tensors[name].tolist(), tensors[name + ".lengths"].tolist()
+        ends = list(itertools.accumulate(lengths))
+        return [flat[e - n:e] for e, n in zip(ends, lengths)]
+
+    return Batch(examples=[Example(**e) for e in meta["examples"]], prompt_ids=ragged("prompt_ids"),
+                 completion_ids=ragged("completion_ids"), behavior_logp=ragged("behavior_logp"),
+                 rewards=tensors["rewards"].tolist(), weight_version=meta["weight_version"],
+                 stream_state=meta["stream_state"], stats=CollectStats(**meta["stats"]),
+                 loss_mask=ragged("loss_mask"), ref_logp=ragged("ref_logp"))
 
 
 def model_tokens(rollout) -> int:

@@ -20,7 +20,7 @@ import torch
 from actors.devices import transfer_backend
 from actors.rewards import RewardScorer
 from cluster import launch
-from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens, trim_to_ranks
+from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, model_tokens, save_batch, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data import Example, PromptStream, load_run_data, load_tokenizer
 from cluster.health import HealthMonitor, TrainingHalted
@@ -83,6 +83,8 @@ class Trainer:
             check_multiturn(cfg)
         self.step = self.version = 0
         self.engine_version = 0  # the version every engine is known to hold (set after each sync)
+        self.resumed_batch: Batch | None = None  # the next step's batch, from an async run's checkpoint
+        self.position_before_pending: dict = {}  # the data position before the batch being collected
         self.lend: dict[int, int] = {}  # {learner rank: threads} while collecting idles (async, CPU; _setup)
         self.learner_restarts = 0
         # An engine must not serve a generate between the calls of a weight update (vLLM holds mixed
@@ -128,6 +130,10 @@ class Trainer:
                                  wandb=cfg.metrics.wandb, wandb_project=cfg.metrics.wandb_project, config=cfg.to_dict())
         before = self.evaluate() if self.step == 0 and self.heldout else None
         pending: Future | None = None
+        if self.resumed_batch is not None:  # generated before the checkpoint was taken: train on it first
+            pending, self.position_before_pending = Future(), self.resumed_batch.stream_state
+            pending.set_result(self.resumed_batch)
+            self.resumed_batch = None
         self.stop.armed = True  # from here a stop signal waits for the step boundary (and a checkpoint)
         while self.step < t.steps:
             sw, t0 = Stopwatch(), time.perf_counter()
@@ -203,6 +209,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ collecting a batch
     def _collect_async(self, step: int, lend_to: int | None = None) -> Future:
+        self.position_before_pending = self.stream.state()  # the collector is idle whenever this is called
         return self._collector.submit(self._collect, step, lend_to)
 
     def _collect(self, step: int, lend_to: int | None = None) -> Batch:
@@ -385,13 +392,33 @@ class Trainer:
         checkpoint.set_rng_state(state["rng"])
         self.learners.sync_weights(self.version)
         self.engine_version = self.version
-        print(f"resumed from {path} at step {self.step}", flush=True)
+        self.resumed_batch = load_batch(path)
+        G, ranks = self.cfg.trainer.group_size, self.cfg.learner.num_ranks
+        b = self.resumed_batch
+        if b is not None and (len(b.completion_ids) != G * len(b.examples) or len(b.completion_ids) % ranks):
+            print(f"the batch saved with {path} does not fit trainer.group_size={G} / learner.num_ranks={ranks}: "
+                  "it is collected anew", flush=True)
+            self.stream.load_state(b.stream_state)
+            self.resumed_batch = None
+        carried = " and the next step's batch saved with it" if self.resumed_batch is not None else ""
+        print(f"resumed from {path} at step {self.step}{carried}", flush=True)
 
     def save_checkpoint(self, pending: Future | None = None) -> Path:
-        """Learner state + everything the driver needs to continue exactly (data position, RNG, versions)."""
-        # async: the next batch's prompts are already taken; record the position before them
-        data_state = pending.result().stream_state if pending is not None else self.stream.state()
+        """Learner state + everything the driver needs to continue exactly (data position, RNG, versions).
+
+        async: `pending` is the next step's batch, generated with the weights one version older than
+        the ones saved here. It is saved too, so a resume trains on the batch that a run that never
+        stopped trains on, instead of generating it anew with newer weights."""
         tmp = checkpoint.begin(self.ckpt_root, self.step)
+        data_state = self.stream.state()
+        if pending is not None:
+            try:
+                save_batch(pending.result(), tmp)
+                data_state = self.stream.state()  # past its prompts (dynamic sampling's extra ones too)
+            except Exception as e:  # noqa: BLE001 (the training loop raises it again if the run goes on)
+                data_state = self.position_before_pending  # a resume collects that batch anew
+                print(f"the next step's batch failed ({type(e).__name__}: {e}); the checkpoint of step "
+                      f"{self.step} is saved without it", flush=True)
         self.learners.save(str(tmp), checkpoint.LEARNER_TAG)
         driver_state = {"step": self.step, "weight_version": self.version,
                         "data": data_state, "rng": checkpoint.rng_state(),

@@ -198,9 +198,12 @@ def test_reward_function_that_always_raises_stops_the_run_clearly(tiny_model_dir
 
 def test_dead_learner_rank_resumes_from_the_last_checkpoint(tiny_model_dir, ray_cluster, tmp_path):
     """SIGKILL the learner while it trains step 4 (checkpoint at step 2): the driver restarts every
-    actor, resumes at step 2, and the run still ends with exactly steps 1..4 logged once each."""
+    actor, resumes at step 2, and the run still ends with exactly steps 1..4 logged once each.
+    Async: checkpoint 2 carries step 3's batch (generated with the weights of step 1), so the redone
+    step 3 trains on the same batch with the same weights as the first time: an exact resume."""
     run_dir = tmp_path / "learner_dies"
-    trainer = Trainer(config(tiny_model_dir, run_dir, "checkpoint.every=2", "trainer.max_learner_restarts=1"))
+    trainer = Trainer(config(tiny_model_dir, run_dir, "trainer.mode=async", "checkpoint.every=2",
+                             "trainer.max_learner_restarts=1"))
     killed = kill_while_learning(trainer, at_step=3, role="learner-0")
     summary = trainer.run()
     assert killed and trainer.learner_restarts == 1
@@ -209,3 +212,12 @@ def test_dead_learner_rank_resumes_from_the_last_checkpoint(tiny_model_dir, ray_
     # its first row moved to metrics.jsonl.superseded, so each step is there once
     raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in raw if r["kind"] == "train"] == [1, 2, 3, 4]
+    first = [json.loads(line) for line in (run_dir / "metrics.jsonl.superseded").read_text().splitlines()]
+    first, again = next(r for r in first if r.get("step") == 3), next(r for r in raw if r["step"] == 3)
+    assert first["staleness"] == again["staleness"] == 1
+    for key in ("reward_mean", "gen_tokens", "trained_groups"):
+        assert first[key] == again[key], key
+    # (the loss is 0 here: beta=0, mu=1 and group-centred advantages) the same weights on the same batch:
+    for key in ("grad_norm", "entropy", "logprob_diff_mean"):
+        assert first[key] == pytest.approx(again[key], rel=1e-6), key  # equal bit for bit in the runs here
+    assert first["grad_norm"] > 0

@@ -4,13 +4,14 @@ The driver's neighbours (the rollout pool, the prompt stream, the reward scorer)
 collecting logic is the real `Trainer._collect`."""
 import math
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from actors.rewards import RewardResult
 from actors.rollout import Completion, PromptRollout
-from cluster.collect import Batch, CollectStats, ScoredGroup, trim_to_ranks
+from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data import Example
 from cluster.metrics import MULTITURN_KEYS, STEP_KEYS
@@ -190,3 +191,89 @@ def test_a_collected_batch_lends_its_cores_to_the_step_in_training():
 def test_batch_from_no_groups_carries_the_current_version():
     b = Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7)
     assert b.examples == [] and b.weight_version == 7 and b.stream_state == {"pos": 3}
+
+
+def test_a_saved_batch_loads_value_for_value(tmp_path):
+    """The async checkpoint's next batch: every field back, NaN environment log-probs, float32 log-probs,
+    messages prompts and the counters included; an empty batch too; none saved, None."""
+    import numpy as np
+
+    t = trainer([[1, 0], [0, 1], [1, 0]])
+    b = t._collect(step=0)
+    b.behavior_logp[0] = [float(np.float32(-0.123456789)), float("nan")]
+    b.completion_ids[0] = [3, 4]
+    b.loss_mask = [[1, 0]] + [[1] * len(c) for c in b.completion_ids[1:]]
+    b.ref_logp = [[float(np.float32(-1 / 3))] * len(c) for c in b.completion_ids]
+    b.examples[1] = Example([{"role": "user", "content": "2+2?"}], {"answer": "4", "n": 3, "odd": {1, 2}},
+                            prompt_ids=[5], prompt_text="2+2?", where="data.jsonl:2")
+    b.stats.reward_errors, b.stats.error_samples, b.stats.gen_s = 2, ["boom"], 0.25
+    save_batch(b, tmp_path)
+    got = load_batch(tmp_path)
+    for name in ("prompt_ids", "completion_ids", "rewards", "loss_mask", "ref_logp", "weight_version", "stream_state"):
+        assert getattr(got, name) == getattr(b, name), name
+    assert got.behavior_logp[1:] == b.behavior_logp[1:] and got.behavior_logp[0][0] == b.behavior_logp[0][0]
+    assert math.isnan(got.behavior_logp[0][1])
+    assert got.stats == b.stats and got.stats.metrics()["reward_mean"] == b.stats.metrics()["reward_mean"]
+    assert got.examples[0] == b.examples[0] and got.examples[1].prompt == b.examples[1].prompt
+    assert got.examples[1].fields == {"answer": "4", "n": 3, "odd": "{1, 2}"}  # what JSON cannot hold: its str()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    save_batch(Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7), empty)
+    got = load_batch(empty)
+    assert got.examples == [] and got.completion_ids == [] and got.ref_logp is None and got.weight_version == 7
+    assert load_batch(tmp_path / "nothing-here") is None
+
+
+def checkpointing_trainer(tmp_path, rewards_per_prompt):
+    """A trainer whose learners write a marker file: enough for save_checkpoint and _resume's driver side."""
+    from learner import checkpoint
+
+    t = trainer(rewards_per_prompt)
+    t.ckpt_root = tmp_path / "checkpoints"
+    t.learners = SimpleNamespace(save=lambda d, tag: (Path(d) / "learner.bin").write_text("w"),
+                                 load=lambda d, tag: None, sync_weights=lambda v: None)
+    t.cfg.checkpoint.resume = "auto"
+    return t, checkpoint
+
+
+def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tmp_path):
+    """The batch collected for step k+1 (generated with weights k-1) is saved with checkpoint k, and the
+    data position is past its prompts; _resume hands that very batch to the training loop."""
+    from concurrent.futures import Future
+
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
+    t.step, t.position_before_pending = 2, t.stream.state()
+    batch = t._collect(step=2)  # what the collector thread does for the pending future
+    done = Future()
+    done.set_result(batch)
+    path = t.save_checkpoint(pending=done)
+    assert checkpoint.load_driver_state(path)["data"] == {"pos": 3}  # after the saved batch's prompts
+
+    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
+    r.stream.load_state = lambda state: setattr(r.stream, "pos", state["pos"])
+    r._resume()
+    assert r.step == 2 and r.stream.pos == 3
+    assert r.resumed_batch.completion_ids == batch.completion_ids and r.resumed_batch.rewards == batch.rewards
+
+    # resumed with another group size: the batch does not fit, so it is collected anew from its prompts
+    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
+    r.stream.load_state = lambda state: setattr(r.stream, "pos", state["pos"])
+    r.cfg.trainer.group_size = 4
+    r._resume()
+    assert r.resumed_batch is None and r.stream.pos == 0
+
+
+def test_a_failed_next_batch_still_saves_the_checkpoint_before_it(tmp_path, capsys):
+    """Nothing done is lost: if the batch being collected fails, checkpoint k is saved without it, at
+    the data position before its prompts, and says so."""
+    from concurrent.futures import Future
+
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
+    t.step, t.position_before_pending = 2, {"pos": 0}
+    t.stream.take(3)  # the failed collection had taken its prompts
+    failed = Future()
+    failed.set_exception(RuntimeError("every reward call failed"))
+    path = t.save_checkpoint(pending=failed)
+    assert checkpoint.load_driver_state(path)["data"] == {"pos": 0} and load_batch(path) is None
+    assert "every reward call failed" in capsys.readouterr().out
