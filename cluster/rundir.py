@@ -1,8 +1,10 @@
 """A run dir belongs to one run: claimed with a lock, checked against what is already there.
 
 `claim(cfg, overwrite)` runs before any actor starts and refuses, with a message saying what to do:
-- a run dir another live `raygrpo train` holds (lock file `raygrpo.lock`: host + pid; a lock
-  left by a dead process on this host is taken over, with a message; so is one from another host
+- a run dir another live `raygrpo train` holds (lock file `raygrpo.lock`: host, pid and the process's
+  start time; a lock left by a dead process on this host is taken over, with a message, also when
+  its pid now belongs to another process (a restarted container gives the new run the same pid
+  and hostname); so is one from another host
   (a shared filesystem) whose holder stopped touching it: a holder touches its lock every
   `HEARTBEAT_S`, and a claimant watches the file's mtime, never its own clock, for `STALE_AFTER_S`);
 - a run dir whose saved config.yaml differs from this run's in anything but `trainer.steps` and
@@ -42,8 +44,8 @@ class RunDirClaim:
     def __init__(self, run_dir: Path):
         self.run_dir, self.lock = run_dir, run_dir / LOCK
         self.lock.parent.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": " ".join(sys.argv), "heartbeat_s": HEARTBEAT_S}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid()),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv), "heartbeat_s": HEARTBEAT_S}
         self._stop = threading.Event()
         for _ in range(20):
             try:
@@ -77,7 +79,7 @@ class RunDirClaim:
                     print(f"taking over {self.lock}: unreadable lock file left by a crashed run", file=sys.stderr)
                     self.lock.unlink(missing_ok=True)
                 return
-        if holder.get("host") == me["host"] and not _alive(holder.get("pid", -1)):
+        if holder.get("host") == me["host"] and not _alive(holder.get("pid", -1), holder.get("started")):
             print(f"taking over {self.lock}: its holder (pid {holder.get('pid')} on {holder.get('host')}, "
                   f"since {holder.get('since')}) is gone", file=sys.stderr)
             if _read_lock(self.lock) == holder:  # not already taken over by someone else
@@ -138,7 +140,19 @@ def _read_lock(path: Path) -> dict | None:
         return None
 
 
-def _alive(pid) -> bool:
+def _start_time(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch, 10 ms ticks); None if it cannot be read."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(pid, started: float | None = None) -> bool:
+    """Whether the process that wrote a lock on this host still runs: `pid` exists and, when the
+    lock recorded it (`started`; older locks did not), started at that time, so a reused pid does not count."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -146,7 +160,10 @@ def _alive(pid) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
+        pass
+    if isinstance(started, (int, float)):
+        now = _start_time(pid)
+        return now is None or abs(now - started) < 0.05  # unreadable: assume it is the holder
     return True
 
 

@@ -36,6 +36,40 @@ def test_a_live_holder_refuses_a_second_run_and_a_dead_one_is_taken_over(tmp_pat
     assert f"its holder (pid {int(dead.stdout)}" in capsys.readouterr().err
 
 
+def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path, capsys):
+    """A restarted container runs the new `raygrpo train` with the old one's hostname and, often, pid:
+    the lock records the holder's start time, so a pid now held by another process is not the holder."""
+    import os
+
+    import psutil
+
+    cfg = cfg_for(tmp_path)
+    lock = tmp_path / "run" / LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    me = psutil.Process().create_time()
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": me - 120.0}))
+    claim(cfg).release()  # our own pid, but we started later: the holder was a previous incarnation
+    assert f"its holder (pid {os.getpid()}" in capsys.readouterr().err
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = psutil.Process(other.pid).create_time()
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": started}))
+        with pytest.raises(RunDirError, match=f"in use by another run: pid {other.pid}"):
+            claim(cfg)  # that process is the holder
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": started - 3600}))
+        claim(cfg).release()  # that pid, but another process
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid}))
+        with pytest.raises(RunDirError, match="in use by another run"):
+            claim(cfg)  # a lock of an older raygrpo (no start time): a live pid is the holder, as before
+    finally:
+        other.kill()
+        other.wait()
+    held = claim(cfg)  # and the lock a claim writes carries its start time
+    assert json.loads(lock.read_text())["started"] == me
+    held.release()
+
+
 def test_a_different_config_is_refused_unless_overwrite_which_moves_the_old_run_aside(tmp_path, capsys):
     cfg = cfg_for(tmp_path, "learner.lr=1e-4")
     claim(cfg).release()
