@@ -1,6 +1,7 @@
 """Ray resources: start or join a cluster, place the actors, create them, and wait on them safely.
 
-Every wait on an actor goes through `wait_for`, which has a timeout and, when it runs out or
+Every wait on an actor goes through `wait_for` (or `wait_all` for a group, such as the learner
+ranks, which fails on the first actor that fails), which has a timeout and, when it runs out or
 the actor dies, raises an error that names the actor and what it was doing. Nothing here
 blocks forever.
 """
@@ -37,6 +38,11 @@ class ActorFailed(RuntimeError):
         super().__init__(f"{actor} {reason} while {what}" + (f": {detail}" if detail else ""))
 
 
+# After one actor of a group fails with an error, how long the others may take to show that one of
+# them died: a rank whose collective lost its peer raises too, and the dead peer is the cause.
+PEER_DEATH_GRACE_S = 10.0
+
+
 def wait_for(refs, actor: str, what: str, timeout_s: float):
     """ray.get with a timeout; a dead or silent actor becomes ActorFailed naming it."""
     import ray
@@ -45,10 +51,44 @@ def wait_for(refs, actor: str, what: str, timeout_s: float):
     try:
         return ray.get(refs, timeout=timeout_s)
     except GetTimeoutError:
-        raise ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s "
-                          "(raise trainer.actor_timeout_s if this machine is just slow)") from None
+        raise _no_answer(actor, what, timeout_s) from None
     except RayActorError as e:
         raise ActorFailed(actor, what, died=True, detail=str(e).splitlines()[0]) from e
+
+
+def _no_answer(actor: str, what: str, timeout_s: float) -> ActorFailed:
+    return ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s "
+                       "(raise trainer.actor_timeout_s if this machine is just slow)")
+
+
+def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list:
+    """The results of one call per actor (`actors` names them), failing on the first actor that
+    dies or raises, not in list order: ranks that sit in a collective with a dead peer would
+    otherwise hold the wait until the timeout, and their timeout would hide the death."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    deadline, pending = time.monotonic() + timeout_s, list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise _no_answer(actors[refs.index(pending[0])], what, timeout_s)
+        try:
+            ray.get(ready[0])
+        except RayActorError as e:
+            raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=str(e).splitlines()[0]) from e
+        except Exception:
+            # An error of its own, or its collective lost a peer: if a peer died, that is the cause.
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S) if pending else ([], [])
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except RayActorError as e:
+                    raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=str(e).splitlines()[0]) from e
+                except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
+                    pass
+            raise
+    return ray.get(refs)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

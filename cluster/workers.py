@@ -10,7 +10,7 @@ import contextlib
 import time
 
 from actors.rollout import PromptRollout, split_evenly
-from cluster.launch import ActorFailed, free_port, wait_for, wait_restarted
+from cluster.launch import ActorFailed, free_port, wait_all, wait_for, wait_restarted
 from learner.batch import TrainBatch
 
 
@@ -21,7 +21,7 @@ class LearnerGroup:
 
     def _all(self, method: str, what: str, *args, timeout_s: float | None = None, **kwargs) -> list:
         refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
-        return [wait_for(ref, f"learner rank {rank}", what, timeout_s or self.timeout_s) for rank, ref in enumerate(refs)]
+        return wait_all(refs, [f"learner rank {rank}" for rank in range(len(refs))], what, timeout_s or self.timeout_s)
 
     def train(self, batch: TrainBatch) -> dict:
         import ray

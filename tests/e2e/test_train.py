@@ -221,3 +221,20 @@ def test_dead_learner_rank_resumes_from_the_last_checkpoint(tiny_model_dir, ray_
     for key in ("grad_norm", "entropy", "logprob_diff_mean"):
         assert first[key] == pytest.approx(again[key], rel=1e-6), key  # equal bit for bit in the runs here
     assert first["grad_norm"] > 0
+
+
+def test_a_dead_rank_of_two_restarts_the_run_without_waiting_out_the_timeout(tiny_model_dir, ray_cluster, tmp_path):
+    """SIGKILL learner rank 1 of 2 while it trains step 4: rank 0 is left in a collective with a dead
+    peer, yet the driver sees the death at once (not after trainer.actor_timeout_s, which here would
+    fail the test), restarts every actor and resumes from step 2."""
+    import time
+
+    run_dir = tmp_path / "rank_dies"
+    trainer = Trainer(config(tiny_model_dir, run_dir, "learner.num_ranks=2", "checkpoint.every=2",
+                             "trainer.max_learner_restarts=1", "trainer.actor_timeout_s=240"))
+    killed = kill_while_learning(trainer, at_step=3, role="learner-1")
+    t0 = time.monotonic()
+    summary = trainer.run()
+    assert killed and trainer.learner_restarts == 1 and time.monotonic() - t0 < 200
+    assert summary["checkpoint"].endswith("step-00000004")
+    assert [r["step"] for r in train_rows(run_dir)] == [1, 2, 3, 4]
