@@ -34,6 +34,15 @@ from learner.rank_setup import build_ds_config, init_process_group, lr_factor, p
 _TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "tis_weight_mean")
 
 
+def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated transformer blocks: the classes transformers lists in `_no_split_modules`
+    (what must stay on one device: Qwen2DecoderLayer, GPT2Block, GPTNeoXLayer, ...), found on the
+    model or any module inside it (a peft wrapper); failing that, classes named *DecoderLayer."""
+    names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
+    return [m for m in model.modules() if type(m).__name__ in names] or \
+        [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+
+
 class LearnerWorker:
     """One DeepSpeed rank (a Ray actor). See the module docstring for the calling contract."""
 
@@ -158,9 +167,8 @@ class LearnerWorker:
             if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
                 hidden.register_hook(lambda grad: self._step_threads())  # CPU backward runs on this thread
 
-        for module in model.modules():
-            if type(module).__name__.endswith("DecoderLayer"):  # transformers' name for a block
-                module.register_forward_hook(after_forward)
+        for block in model_blocks(model):
+            block.register_forward_hook(after_forward)
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         import deepspeed.comm as dist

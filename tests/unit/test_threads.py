@@ -113,3 +113,24 @@ def test_reference_placement_with_lora():
     assert not on_learner(beta=0, lora_rank=4)
     assert not on_learner(lora_rank=4, lora_reference_actor=True)
     assert not on_learner(placement="actor", lora_rank=4)
+
+
+def test_lent_threads_are_taken_at_every_block_of_any_architecture():
+    """The per-block check for lent threads finds the blocks by what transformers says they are
+    (`_no_split_modules`), so GPT-2's and GPT-NeoX's blocks count too, not only *DecoderLayer classes;
+    inside a peft wrapper as well."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from learner.worker import model_blocks
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=32))
+    neox = GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                            intermediate_size=64, vocab_size=64))
+    qwen = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
+                                        num_key_value_heads=1, intermediate_size=128, vocab_size=64))
+    assert [type(b).__name__ for b in model_blocks(gpt2)] == ["GPT2Block"] * 3
+    assert [type(b).__name__ for b in model_blocks(neox)] == ["GPTNeoXLayer"] * 2
+    assert [type(b).__name__ for b in model_blocks(qwen)] == ["Qwen2DecoderLayer"] * 2
+    lora = get_peft_model(qwen, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert [type(b).__name__ for b in model_blocks(lora)] == ["Qwen2DecoderLayer"] * 2
