@@ -159,6 +159,7 @@ class ReferenceConfig:
     num_gpus: float = 0.0
     threads: int = 0  # torch threads of the reference actor; 0: the thread budget decides
     max_restarts: int = 3
+    prompt_sharing: bool = True  # the completions of a prompt share its forward pass (actors/sequences.py)
 
     def problems(self) -> list[str]:
         p = []

@@ -40,7 +40,8 @@ class ReferenceActor:
     def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """log pi_ref(completion token t | prompt, completion[:t]) per completion token."""
         use_threads(self.threads)
-        return completion_logprobs(self.model, prompt_ids, completion_ids, self.cfg.micro_batch_size, self.pad_id)
+        return completion_logprobs(self.model, prompt_ids, completion_ids, self.cfg.micro_batch_size, self.pad_id,
+                                   share_prompts=self.cfg.prompt_sharing)
 
     def set_threads(self, n: int) -> None:
         """The torch threads this actor computes with from now on (the driver's thread budget)."""

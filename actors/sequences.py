@@ -8,8 +8,17 @@ mask, away from the pads: a sequence's log-probs do not depend on what it is bat
 Alignment: logits at position t predict token t+1, so with
 `lp = token_logprobs(logits[:, :-1], input_ids[:, 1:])` the completion's log-probs are
 `lp[completion_mask[:, 1:]]`.
+
+Prompt sharing: the G completions of a GRPO group continue one prompt, so a micro-batch goes
+through the model in two passes: its distinct prompts once (`pack_shared`), then every
+completion attending to its prompt's keys and values, copied from that pass into a KV cache
+(`shared_prompt_logits`). The same attention over the same tokens at the same positions, so the
+log-probs and gradients are those of one pass per sequence (to float rounding; tested), and the
+prompt tokens cost 1/G of the compute. Short completions after long prompts gain the most.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -48,19 +57,106 @@ def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]],
     return input_ids, attention_mask, position_ids, completion_mask
 
 
+class PromptSharingUnsupported(RuntimeError):
+    """The model's KV cache is not one plain key/value tensor pair per layer (e.g. sliding-window
+    layers): its prompts cannot be shared this way; use one pass per sequence."""
+
+
+@dataclass
+class SharedPrompts:
+    """A micro-batch of n (prompt, completion) rows laid out for prompt sharing: its u distinct
+    prompts, right-padded [u, P], and the completions, right-padded [n, C]."""
+
+    prompt_ids: torch.Tensor  # [u, P] long
+    prompt_mask: torch.Tensor  # [u, P] long, 1 on real tokens
+    prompt_last: torch.Tensor  # [u] position of each prompt's last token
+    row_prompt: torch.Tensor  # [n] the prompt each row continues
+    completion_ids: torch.Tensor  # [n, C] long, pad_id after each completion
+    completion_mask: torch.Tensor  # [n, C] long, 1 on real tokens
+    completion_pos: torch.Tensor  # [n, C] position ids: prompt length + j
+
+    def saves_work(self) -> bool:
+        """Whether some prompt is shared by several rows (else one pass per sequence is cheaper)."""
+        return self.prompt_ids.shape[0] < self.row_prompt.shape[0]
+
+
+def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0) -> SharedPrompts:
+    """The rows' distinct prompts (in order of first appearance) and their completions."""
+    index: dict[tuple, int] = {}
+    row_prompt = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
+    prompts = list(index)
+    P, C = max(map(len, prompts)), max(max(map(len, completion_ids)), 1)
+    return SharedPrompts(
+        prompt_ids=torch.tensor([list(p) + [pad_id] * (P - len(p)) for p in prompts], dtype=torch.long),
+        prompt_mask=torch.tensor([[1] * len(p) + [0] * (P - len(p)) for p in prompts], dtype=torch.long),
+        prompt_last=torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long),
+        row_prompt=torch.tensor(row_prompt, dtype=torch.long),
+        completion_ids=torch.tensor([list(c) + [pad_id] * (C - len(c)) for c in completion_ids], dtype=torch.long),
+        completion_mask=torch.tensor([[1] * len(c) + [0] * (C - len(c)) for c in completion_ids], dtype=torch.long),
+        completion_pos=torch.tensor([list(range(len(p), len(p) + C)) for p in prompt_ids], dtype=torch.long))
+
+
+def shared_prompt_logits(model, sp: SharedPrompts, device) -> torch.Tensor:
+    """[n, C, V] logits, row j scoring completion token j, with each distinct prompt through `model`
+    (a HF causal LM, or DeepSpeed's engine around one) once. Differentiable: the gradient of a
+    prompt's keys and values sums over the rows that attend to them, as in one pass per sequence.
+
+    Pass 1 runs the prompts with a KV cache. Pass 2 runs the completions with that cache, each row
+    given its prompt's keys and values: in the cache a row's slots are its prompt (right-padded,
+    the pads masked out) then its completion, so causal attention sees exactly the tokens before
+    each one; the position ids continue from the prompt's real length."""
+    from transformers import DynamicCache
+
+    rows = sp.row_prompt.to(device)
+    prompt_mask = sp.prompt_mask.to(device)
+    positions = torch.arange(sp.prompt_ids.shape[1], device=device).expand(sp.prompt_ids.shape[0], -1)
+    out = model(input_ids=sp.prompt_ids.to(device), attention_mask=prompt_mask, position_ids=positions,
+                use_cache=True)
+    layers = getattr(out.past_key_values, "layers", None)
+    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        raise PromptSharingUnsupported(f"the model's cache is {type(out.past_key_values).__name__} with layers "
+                                       f"{sorted({type(layer).__name__ for layer in layers or []})}")
+    cache = DynamicCache([(layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in layers])
+    logits = model(input_ids=sp.completion_ids.to(device),
+                   attention_mask=torch.cat([prompt_mask.index_select(0, rows), sp.completion_mask.to(device)], 1),
+                   position_ids=sp.completion_pos.to(device), past_key_values=cache, use_cache=True).logits
+    last = out.logits[torch.arange(len(sp.prompt_last), device=device), sp.prompt_last.to(device)]
+    return torch.cat([last.index_select(0, rows).unsqueeze(1), logits[:, :-1]], 1)
+
+
+def sharing_order(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[int]:
+    """Row order for micro-batches: rows of one prompt together (so they share it), prompts by
+    length and completions by length within (so little is padded)."""
+    return sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), prompt_ids[i], len(completion_ids[i])))
+
+
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]],
-                        micro_batch_size: int, pad_id: int = 0) -> list[list[float]]:
+                        micro_batch_size: int, pad_id: int = 0, share_prompts: bool = True) -> list[list[float]]:
     """log p(completion token | everything before it) under `model` (a HF causal LM), one list
-    per sequence, computed `micro_batch_size` sequences per forward. Runs without autograd."""
+    per sequence, computed `micro_batch_size` sequences per forward. Runs without autograd.
+    `share_prompts`: the rows of one prompt share its forward pass (see the module docstring);
+    a model whose cache does not allow it falls back to one pass per sequence."""
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     device = next(model.parameters()).device
     # Sequences of about one length share a forward (less padding); the results go back in order.
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
+    order = sharing_order(prompt_ids, completion_ids) if share_prompts else \
+        sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
     out: list[list[float]] = [[] for _ in order]
     with torch.no_grad():
         for start in range(0, len(order), micro_batch_size):
             rows = order[start:start + micro_batch_size]
+            if share_prompts:
+                sp = pack_shared([prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], pad_id)
+                if sp.saves_work():
+                    try:
+                        lp = token_logprobs(shared_prompt_logits(model, sp, device), sp.completion_ids.to(device))
+                    except PromptSharingUnsupported:
+                        share_prompts = False
+                    else:
+                        for r, i in enumerate(rows):
+                            out[i] = lp[r, :len(completion_ids[i])].tolist()
+                        continue
             ids, mask, pos, comp = pack_sequences([prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], pad_id)
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
                            position_ids=pos.to(device)).logits

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from actors.sequences import SharedPrompts, pack_shared, sharing_order
+
 
 @dataclass
 class TrainBatch:
@@ -91,14 +93,12 @@ class TrainBatch:
 
     def micro_batches(self, size: int, by_length: bool = False) -> list[MicroBatch]:
         """Chunks of at most `size` sequences, each padded to its own longest sequence: consecutive
-        ones, or with `by_length` the sequences in order of length, so that each chunk holds
-        sequences of about one length and pads little. The loss of a batch is a sum over its
-        micro-batches, so which sequences share one changes only the order of float additions."""
-        order = sorted(range(len(self)), key=self.sequence_length) if by_length else list(range(len(self)))
+        ones, or with `by_length` the rows of one prompt together, prompts and completions in order
+        of length, so that a chunk shares its prompts' forward passes and pads little. The loss of a
+        batch is a sum over its micro-batches, so which sequences share one changes only the order
+        of float additions."""
+        order = sharing_order(self.prompt_ids, self.completion_ids) if by_length else list(range(len(self)))
         return [MicroBatch.build(self, order[s:s + size]) for s in range(0, len(self), size)]
-
-    def sequence_length(self, i: int) -> int:
-        return len(self.prompt_ids[i]) + len(self.completion_ids[i])
 
 
 @dataclass
@@ -111,6 +111,8 @@ class MicroBatch:
                prompt length P sits at P - 1 + j); C = longest completion here
     mask:       [n, C] 1 on completion tokens trained on (not padding, not environment tokens)
     advantages: [n]; behavior_logp/ref_logp: [n, C] (0 on padding)
+    shared:     the same rows laid out for prompt sharing (actors/sequences.py): its distinct
+                prompts once, then the completions, whose [n, C] line up with the fields above
     """
 
     input_ids: torch.Tensor
@@ -121,6 +123,7 @@ class MicroBatch:
     advantages: torch.Tensor
     behavior_logp: torch.Tensor
     ref_logp: torch.Tensor | None
+    shared: SharedPrompts
 
     @staticmethod
     def build(batch: TrainBatch, rows) -> MicroBatch:
@@ -151,5 +154,6 @@ class MicroBatch:
         # Right padding: positions count from 0 at the first token of every row; the padded
         # tail never influences real tokens (causal attention + the key mask).
         position_ids = torch.arange(L).unsqueeze(0).expand(n, L).contiguous()
+        shared = pack_shared([batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows], batch.pad_id)
         return MicroBatch(input_ids, attention_mask, position_ids, comp_index, mask,
-                          torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32), beh, ref)
+                          torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32), beh, ref, shared)

@@ -23,6 +23,7 @@ import time
 import torch
 
 from actors.devices import on_gpu, resolve_dtype
+from actors.sequences import PromptSharingUnsupported, shared_prompt_logits
 from actors.threads import node_cores, use_threads
 from learner import grpo
 from learner.batch import MicroBatch, TrainBatch
@@ -106,6 +107,9 @@ class LearnerWorker:
             return torch.optim.lr_scheduler.LambdaLR(
                 optimizer, lambda u: lr_factor(u, warmup=warmup, total=horizon, schedule=cfg.lr_schedule))
 
+        # Prompt sharing needs the model's KV cache in training: gradient checkpointing turns it off,
+        # and under ZeRO-3 the second pass would gather every parameter again.
+        self.share_prompts = cfg.prompt_sharing and not cfg.gradient_checkpointing and cfg.zero_stage != 3
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay),
                                                config=self.ds_config, lr_scheduler=make_scheduler)
         self.step = 0  # train_step calls completed (the driver's step on resume)
@@ -121,7 +125,7 @@ class LearnerWorker:
             c = self.param_counts
             print(f"learner: {c['trainable_params']:,} trainable of {c['total_params']:,} parameters "
                   f"({100 * c['trainable_params'] / c['total_params']:.2f}%"
-                  f"{f', LoRA rank {cfg.lora_rank}' if cfg.lora else ''})", flush=True)
+                  f"{f', LoRA rank {cfg.lora_rank}' if cfg.lora else ''}); {self._forward_kind()}", flush=True)
 
     # ------------------------------------------------------------------ #
     # small helpers
@@ -176,17 +180,33 @@ class LearnerWorker:
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return t.tolist()
 
+    def _forward_kind(self) -> str:
+        if self.share_prompts:
+            return "the completions of a prompt share its forward pass"
+        why = " (prompt sharing needs no gradient checkpointing and ZeRO-0/1/2)" if self.cfg.prompt_sharing else ""
+        return "one forward pass per sequence" + why
+
     def _forward(self, mb: MicroBatch, with_entropy: bool, model=None):
-        """Log-probs [n, C] of the completion tokens (one forward pass of `model`, by default the one
-        being trained), and optionally their entropy."""
-        out = (model or self.engine)(input_ids=mb.input_ids.to(self.device),
-                                     attention_mask=mb.attention_mask.to(self.device),
-                                     position_ids=mb.position_ids.to(self.device), use_cache=False)
-        logits = out.logits[:, :-1]  # row t scores token t+1
-        index = mb.comp_index.to(self.device)
-        # The completion positions first: the log-softmax then runs over [n, C, V], not the prompts too.
-        picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        logp = grpo.token_logprobs(picked, mb.input_ids[:, 1:].to(self.device).gather(1, index))
+        """Log-probs [n, C] of the completion tokens under `model` (by default the one being trained),
+        and optionally their entropy: the rows of one prompt sharing its forward pass where that
+        saves work (actors/sequences.py), else one pass per sequence."""
+        model, picked = model or self.engine, None
+        if self.share_prompts and mb.shared.saves_work():
+            try:
+                picked = shared_prompt_logits(model, mb.shared, self.device)
+                targets = mb.shared.completion_ids.to(self.device)
+            except PromptSharingUnsupported as e:
+                self.share_prompts = False
+                print(f"learner: prompt sharing is off from now on ({e}); one forward pass per sequence", flush=True)
+        if picked is None:
+            out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device),
+                        position_ids=mb.position_ids.to(self.device), use_cache=False)
+            logits = out.logits[:, :-1]  # row t scores token t+1
+            index = mb.comp_index.to(self.device)
+            # The completion positions first: the log-softmax then runs over [n, C, V], not the prompts too.
+            picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+            targets = mb.input_ids[:, 1:].to(self.device).gather(1, index)
+        logp = grpo.token_logprobs(picked, targets)
         entropy = None
         if with_entropy:
             with torch.no_grad():

@@ -41,10 +41,12 @@ def stop(ray, ranks):
         ray.kill(w)
 
 
-def make_batch(n=6, seed=0, vocab=60, with_ref=False) -> TrainBatch:
-    """n sequences of different prompt/completion lengths, random advantages, plausible log-probs."""
+def make_batch(n=6, seed=0, vocab=60, with_ref=False, group_size=1) -> TrainBatch:
+    """n sequences of different prompt/completion lengths, random advantages, plausible log-probs;
+    each prompt `group_size` times in a row (a GRPO group: the learner then shares its forward pass)."""
     g = random.Random(seed)
-    prompts = [[g.randrange(3, vocab) for _ in range(g.randrange(2, 7))] for _ in range(n)]
+    prompts = [[g.randrange(3, vocab) for _ in range(g.randrange(2, 7))] for _ in range(n // group_size)]
+    prompts = [p for p in prompts for _ in range(group_size)]
     comps = [[g.randrange(3, vocab) for _ in range(g.randrange(1, 9))] for _ in range(n)]
     return TrainBatch(
         prompt_ids=prompts, completion_ids=comps, advantages=[g.gauss(0, 1) for _ in range(n)],

@@ -1,0 +1,88 @@
+"""Prompt sharing (actors/sequences.py): the rows of one prompt share its forward pass. Log-probs and
+gradients must be those of one pass per sequence, on more than one architecture; a model whose cache
+cannot be shared falls back. Small random models, built here (no files)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from actors.sequences import (PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared,
+                              shared_prompt_logits)
+from learner.grpo import token_logprobs
+
+
+def qwen2(**kw):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                                        intermediate_size=128, vocab_size=96, **kw))
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=96, n_positions=64, bos_token_id=1,
+                                      eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def groups(seed=0, prompts=3, G=4):
+    """G rows per prompt, prompts of different lengths, completions of different lengths."""
+    g = random.Random(seed)
+    ps = [[g.randrange(1, 96) for _ in range(n)] for n in (5, 2, 8)[:prompts]]
+    rows = [(p, [g.randrange(1, 96) for _ in range(g.choice([1, 2, 4, 6]))]) for p in ps for _ in range(G)]
+    g.shuffle(rows)
+    return [p for p, _ in rows], [c for _, c in rows]
+
+
+def one_pass_logprobs(model, prompt_ids, completion_ids):
+    """The reference: one forward pass per sequence (right-padded), [n, C] like the shared layout."""
+    ids, mask, pos, comp = pack_sequences(prompt_ids, completion_ids)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, :-1]
+    lp = token_logprobs(logits, ids[:, 1:])
+    C = max(map(len, completion_ids))
+    return torch.stack([torch.cat([lp[i][comp[i, 1:]], lp.new_zeros(C - len(c))]) for i, c in enumerate(completion_ids)])
+
+
+@pytest.mark.parametrize("make", [qwen2, gpt2], ids=["qwen2", "gpt2"])
+def test_shared_prompts_give_the_log_probs_and_gradients_of_one_pass_per_sequence(make):
+    model = make()
+    model.train()  # as the learner runs it (dropout 0 in these configs)
+    prompt_ids, completion_ids = groups()
+    sp = pack_shared(prompt_ids, completion_ids)
+    assert sp.prompt_ids.shape[0] == 3 and sp.saves_work()
+    shared = token_logprobs(shared_prompt_logits(model, sp, torch.device("cpu")), sp.completion_ids)
+    mask = sp.completion_mask.float()
+    one = one_pass_logprobs(model, prompt_ids, completion_ids)
+    assert torch.allclose(shared * mask, one * mask, atol=1e-5), (shared * mask - one * mask).abs().max()
+    weights = torch.linspace(-1, 1, mask.numel()).reshape(mask.shape)  # a loss that weighs every token differently
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_shared = torch.autograd.grad((shared * mask * weights).sum(), params)
+    g_one = torch.autograd.grad((one * mask * weights).sum(), params)
+    for a, b in zip(g_shared, g_one):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
+
+
+def test_the_reference_path_shares_prompts_and_returns_rows_in_order():
+    model = qwen2().eval()
+    prompt_ids, completion_ids = groups(seed=1)
+    shared = completion_logprobs(model, prompt_ids, completion_ids, micro_batch_size=5)
+    one = completion_logprobs(model, prompt_ids, completion_ids, micro_batch_size=5, share_prompts=False)
+    assert [len(r) for r in shared] == [len(c) for c in completion_ids]
+    for a, b in zip(shared, one):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_a_cache_that_cannot_be_shared_falls_back_to_one_pass_per_sequence():
+    """Sliding-window layers keep a cache of another kind: sharing refuses it, and the reference path
+    then gives the one-pass log-probs."""
+    model = qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=0).eval()
+    prompt_ids, completion_ids = groups(seed=2)
+    with pytest.raises(PromptSharingUnsupported, match="cache"):
+        shared_prompt_logits(model, pack_shared(prompt_ids, completion_ids), torch.device("cpu"))
+    got = completion_logprobs(model, prompt_ids, completion_ids, micro_batch_size=8)
+    one = completion_logprobs(model, prompt_ids, completion_ids, micro_batch_size=8, share_prompts=False)
+    assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip(got, one))
