@@ -8,8 +8,7 @@ import random
 import pytest
 import torch
 
-from actors.sequences import (PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared,
-                              shared_prompt_logits)
+from actors.sequences import PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared, shared_prompt_logits
 from learner.grpo import token_logprobs
 
 
