@@ -3,7 +3,9 @@
 Pure torch + `learner.grpo.token_logprobs`, no Ray and no vLLM, so the reference actor and the
 learner can compute log-probs the same way (same padding, same positions, same float32
 log-softmax). Right padding keeps every real token at its own position and, with the attention
-mask, away from the pads: a sequence's log-probs do not depend on what it is batched with.
+mask, away from the pads: a sequence's log-probs do not depend on what it is batched with (bit
+for bit in one pass per sequence, as measured on CPU; to float rounding with prompt sharing,
+where the padding after a shorter prompt moves its completion's keys within the cache).
 
 Alignment: logits at position t predict token t+1, so with
 `lp = token_logprobs(logits[:, :-1], input_ids[:, 1:])` the completion's log-probs are
@@ -74,10 +76,12 @@ class SharedPrompts:
     completion_ids: torch.Tensor  # [n, C] long, pad_id after each completion
     completion_mask: torch.Tensor  # [n, C] long, 1 on real tokens
     completion_pos: torch.Tensor  # [n, C] position ids: prompt length + j
+    one_pass_width: int  # the longest prompt + completion: one pass per sequence pads the rows to it
 
     def saves_work(self) -> bool:
-        """Whether some prompt is shared by several rows (else one pass per sequence is cheaper)."""
-        return self.prompt_ids.shape[0] < self.row_prompt.shape[0]
+        """Whether the two passes hold fewer token slots (padding included) than one pass per sequence."""
+        (u, P), (n, C) = self.prompt_ids.shape, self.completion_ids.shape
+        return u * P + n * C < n * self.one_pass_width
 
 
 def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0) -> SharedPrompts:
@@ -93,7 +97,8 @@ def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pa
         row_prompt=torch.tensor(row_prompt, dtype=torch.long),
         completion_ids=torch.tensor([list(c) + [pad_id] * (C - len(c)) for c in completion_ids], dtype=torch.long),
         completion_mask=torch.tensor([[1] * len(c) + [0] * (C - len(c)) for c in completion_ids], dtype=torch.long),
-        completion_pos=torch.tensor([list(range(len(p), len(p) + C)) for p in prompt_ids], dtype=torch.long))
+        completion_pos=torch.tensor([list(range(len(p), len(p) + C)) for p in prompt_ids], dtype=torch.long),
+        one_pass_width=max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)))
 
 
 def shared_prompt_logits(model, sp: SharedPrompts, device) -> torch.Tensor:
@@ -124,10 +129,30 @@ def shared_prompt_logits(model, sp: SharedPrompts, device) -> torch.Tensor:
     return torch.cat([last.index_select(0, rows).unsqueeze(1), logits[:, :-1]], 1)
 
 
-def sharing_order(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[int]:
-    """Row order for micro-batches: rows of one prompt together (so they share it), prompts by
-    length and completions by length within (so little is padded)."""
-    return sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), prompt_ids[i], len(completion_ids[i])))
+def slots(prompt_ids: list[list[int]], completion_ids: list[list[int]], rows: list[int], share: bool) -> int:
+    """Token slots (padding included) the forward of micro-batch `rows` computes: one pass per
+    sequence, or with `share` the cheaper of that and the two passes of prompt sharing."""
+    one_pass = len(rows) * max(len(prompt_ids[i]) + len(completion_ids[i]) for i in rows)
+    if not share:
+        return one_pass
+    prompts = {tuple(prompt_ids[i]) for i in rows}
+    shared = len(prompts) * max(map(len, prompts)) + len(rows) * max(max(len(completion_ids[i]) for i in rows), 1)
+    return min(one_pass, shared)
+
+
+def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int]], size: int,
+                      share: bool) -> list[int]:
+    """The row order whose micro-batches of `size` hold the fewest token slots: sequences by length
+    (little padding), or with `share` also a prompt's rows together (one prompt pass per group, the
+    completions padded to the group's longest) or completions by length (rows of one prompt still
+    share it where they meet). Which wins depends on the lengths: measured here, not assumed."""
+    n = len(prompt_ids)
+    candidates = [sorted(range(n), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))]
+    if share:
+        candidates.append(sorted(range(n), key=lambda i: (len(prompt_ids[i]), prompt_ids[i], len(completion_ids[i]))))
+        candidates.append(sorted(range(n), key=lambda i: (len(completion_ids[i]), len(prompt_ids[i]), prompt_ids[i])))
+    return min(candidates, key=lambda order: sum(slots(prompt_ids, completion_ids, order[s:s + size], share)
+                                                  for s in range(0, n, size)))
 
 
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]],
@@ -139,9 +164,8 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     device = next(model.parameters()).device
-    # Sequences of about one length share a forward (less padding); the results go back in order.
-    order = sharing_order(prompt_ids, completion_ids) if share_prompts else \
-        sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
+    # Sequences of about one length (and of one prompt) share a forward; the results go back in order.
+    order = micro_batch_order(prompt_ids, completion_ids, micro_batch_size, share_prompts)
     out: list[list[float]] = [[] for _ in order]
     with torch.no_grad():
         for start in range(0, len(order), micro_batch_size):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.sequences import SharedPrompts, pack_shared, sharing_order
+from actors.sequences import SharedPrompts, micro_batch_order, pack_shared
 
 
 @dataclass
@@ -91,13 +91,14 @@ class TrainBatch:
             ref_logp=None if self.ref_logp is None else self.ref_logp[sl], pad_id=self.pad_id,
             max_new_tokens=self.max_new_tokens, loss_mask=None if self.loss_mask is None else self.loss_mask[sl])
 
-    def micro_batches(self, size: int, by_length: bool = False) -> list[MicroBatch]:
+    def micro_batches(self, size: int, by_length: bool = False, share_prompts: bool = False) -> list[MicroBatch]:
         """Chunks of at most `size` sequences, each padded to its own longest sequence: consecutive
-        ones, or with `by_length` the rows of one prompt together, prompts and completions in order
-        of length, so that a chunk shares its prompts' forward passes and pads little. The loss of a
-        batch is a sum over its micro-batches, so which sequences share one changes only the order
-        of float additions."""
-        order = sharing_order(self.prompt_ids, self.completion_ids) if by_length else list(range(len(self)))
+        ones, or with `by_length` in the order that computes the fewest token slots (sequences of
+        about one length together; with `share_prompts`, for prompt sharing: actors/sequences.py
+        micro_batch_order). The loss of a batch is a sum over its micro-batches, so which sequences
+        share one changes only the order of float additions."""
+        order = micro_batch_order(self.prompt_ids, self.completion_ids, size, share_prompts) if by_length \
+            else list(range(len(self)))
         return [MicroBatch.build(self, order[s:s + size]) for s in range(0, len(self), size)]
 
 

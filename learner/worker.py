@@ -226,7 +226,7 @@ class LearnerWorker:
         shard = batch.shard(self.rank, self.world_size)
         num_tokens = batch.num_completion_tokens() / self.world_size
         num_seqs = len(batch) / self.world_size
-        mbs = shard.micro_batches(cfg.micro_batch_size, by_length=True)  # less padding, same loss
+        mbs = shard.micro_batches(cfg.micro_batch_size, by_length=True, share_prompts=self.share_prompts)  # same loss
         to = lambda x: None if x is None else x.to(self.device)  # noqa: E731
 
         ref_logps, ref_seconds = None, 0.0

@@ -28,22 +28,23 @@ def test_micro_batch_layout_right_pads_and_indexes_completion_tokens():
 
 
 def test_micro_batches_by_length_group_similar_lengths_and_keep_every_sequence():
-    b = _batch()  # prompt lengths 2, 1, 3, 1; completions 3, 1, 0, 2
+    b = _batch()  # lengths 5, 2, 3, 3
     mbs = b.micro_batches(2, by_length=True)
-    assert [mb.input_ids.shape[1] for mb in mbs] == [3, 5]  # the 1-token prompts together, then the others
-    assert mbs[0].input_ids.tolist() == [[7, 4, 0], [11, 12, 13]]
-    assert mbs[1].input_ids.tolist() == [[5, 6, 1, 2, 3], [8, 9, 10, 0, 0]]
+    assert [mb.input_ids.shape[1] for mb in mbs] == [3, 5]  # 2 and 3 together, then 3 and 5
+    assert mbs[0].input_ids.tolist() == [[7, 4, 0], [8, 9, 10]]
+    assert mbs[1].input_ids.tolist() == [[11, 12, 13, 0, 0], [5, 6, 1, 2, 3]]
     # every sequence once, with its own advantage and log-probs
     assert sorted(a for mb in mbs for a in mb.advantages.tolist()) == sorted(b.advantages)
-    assert mbs[1].behavior_logp.tolist() == [[-1, -2, -3], [0, 0, 0]]
+    assert mbs[1].behavior_logp.tolist() == [[-5, -6, 0], [-1, -2, -3]]
 
 
 def test_micro_batches_keep_a_prompts_rows_together_and_lay_them_out_for_sharing():
-    """Two groups of G=3, completions of mixed lengths: by_length keeps each group in one micro-batch,
-    and its shared layout holds the prompt once, the completions after it, positions continuing."""
+    """Two groups of G=3, completions of mixed lengths. Token slots per order (micro-batches of 3): by
+    total length 9 + 15, completions by length 9 + 15, each group together 8 + 12: that order wins, and
+    a micro-batch's shared layout holds its prompt once, the completions after it, positions continuing."""
     b = TrainBatch(prompt_ids=[[1, 2, 3]] * 3 + [[4, 5]] * 3, completion_ids=[[6], [7, 8, 9], [10, 11], [12, 13], [14], [15]],
                    advantages=[0.0] * 6, behavior_logp=[[-1.0] * n for n in (1, 3, 2, 2, 1, 1)], pad_id=0)
-    first, second = b.micro_batches(3, by_length=True)
+    first, second = b.micro_batches(3, by_length=True, share_prompts=True)
     assert first.input_ids[:, :2].tolist() == [[4, 5]] * 3 and second.input_ids[:, :3].tolist() == [[1, 2, 3]] * 3
     sp = second.shared
     assert sp.prompt_ids.tolist() == [[1, 2, 3]] and sp.prompt_last.tolist() == [2] and sp.saves_work()
@@ -54,6 +55,22 @@ def test_micro_batches_keep_a_prompts_rows_together_and_lay_them_out_for_sharing
     # the shared layout's completions line up with the one-pass-per-sequence fields
     assert second.mask.tolist() == sp.completion_mask.float().tolist()
     assert not b.micro_batches(1)[0].shared.saves_work()  # one row: nothing to share
+    # without sharing, the order is by total length (4, 6, 5 | 4, 3, 3)
+    assert [len(r) for r in b.micro_batches(3, by_length=True)[0].input_ids.tolist()] == [4, 4, 4]
+
+
+def test_the_order_with_fewer_slots_wins_when_completions_vary_more_than_prompts():
+    """Short prompts, completions of very different lengths within each group (as when some answers
+    run to max_new_tokens): completions by length pads least, prompts are still shared where rows of
+    one prompt meet."""
+    from actors.sequences import micro_batch_order, slots
+
+    prompts = [[1, 2]] * 4 + [[3, 4]] * 4
+    comps = [[5] * n for n in (1, 8, 1, 8, 1, 8, 1, 8)]
+    order = micro_batch_order(prompts, comps, 4, share=True)
+    assert [len(comps[i]) for i in order] == [1, 1, 1, 1, 8, 8, 8, 8]
+    cost = sum(slots(prompts, comps, order[s:s + 4], True) for s in (0, 4))
+    assert cost == (2 * 2 + 4 * 1) + (2 * 2 + 4 * 8)  # two prompts once each, per micro-batch
     alternating = TrainBatch(prompt_ids=[[1, 2], [3], [4, 5], [6]], completion_ids=[[7, 8, 9], [1], [2, 3, 4], [5]],
                              advantages=[1.0, 0.0, -1.0, 0.5], behavior_logp=[[-1.0] * 3, [-1.0], [-1.0] * 3, [-1.0]])
     cells = [sum(mb.input_ids.numel() for mb in alternating.micro_batches(2, by_length=flag)) for flag in (False, True)]
