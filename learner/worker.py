@@ -23,25 +23,17 @@ import time
 import torch
 
 from actors.devices import on_gpu, resolve_dtype
-from actors.sequences import PromptSharingUnsupported, shared_prompt_logits
+from actors.sequences import PromptSharingUnsupported
 from actors.threads import node_cores, use_threads
 from learner import grpo
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
+from learner.forward import call_at_every_block, completion_logits, completion_logprobs
 from learner.rank_setup import build_ds_config, init_process_group, lr_factor, param_groups, seed_everything
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
 # then / tokens, averaged over the mu passes). Entropy and logprob_diff_mean are too, measured on the first pass only.
 _TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "tis_weight_mean")
-
-
-def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated transformer blocks: the classes transformers lists in `_no_split_modules`
-    (what must stay on one device: Qwen2DecoderLayer, GPT2Block, GPTNeoXLayer, ...), found on the
-    model or any module inside it (a peft wrapper); failing that, classes named *DecoderLayer."""
-    names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
-    return [m for m in model.modules() if type(m).__name__ in names] or \
-        [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
 class LearnerWorker:
@@ -114,7 +106,7 @@ class LearnerWorker:
                                                config=self.ds_config, lr_scheduler=make_scheduler)
         self.step = 0  # train_step calls completed (the driver's step on resume)
         if not self.on_gpu:
-            self._take_lent_threads_per_layer(model)
+            call_at_every_block(model, self._step_threads)  # lent threads are taken mid-micro-batch
         self.nonfinite_streak = 0
         self.last_checkpoint: str | None = None
         self._transfer = None  # trainer-side weight-transfer engine (learner/weight_sync.py)
@@ -162,18 +154,6 @@ class LearnerWorker:
         use_threads(n if call == self.train_calls and n > self.threads else self.threads)
         self._threads_max = max(self._threads_max, torch.get_num_threads())
 
-    def _take_lent_threads_per_layer(self, model: torch.nn.Module) -> None:
-        """Check for lent threads at every decoder layer, forward and backward, not only between
-        micro-batches: a micro-batch of a mid-size model takes a good part of a second on CPU."""
-        def after_forward(module, args, output):
-            self._step_threads()
-            hidden = output[0] if isinstance(output, tuple) else output
-            if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
-                hidden.register_hook(lambda grad: self._step_threads())  # CPU backward runs on this thread
-
-        for block in model_blocks(model):
-            block.register_forward_hook(after_forward)
-
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         import deepspeed.comm as dist
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -188,30 +168,15 @@ class LearnerWorker:
 
     def _forward(self, mb: MicroBatch, with_entropy: bool, model=None):
         """Log-probs [n, C] of the completion tokens under `model` (by default the one being trained),
-        and optionally their entropy: the rows of one prompt sharing its forward pass where that
-        saves work (actors/sequences.py), else one pass per sequence."""
-        model, picked = model or self.engine, None
-        if self.share_prompts and mb.shared.saves_work():
-            try:
-                picked = shared_prompt_logits(model, mb.shared, self.device)
-                targets = mb.shared.completion_ids.to(self.device)
-            except PromptSharingUnsupported as e:
-                self.share_prompts = False
-                print(f"learner: prompt sharing is off from now on ({e}); one forward pass per sequence", flush=True)
-        if picked is None:
-            out = model(input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device),
-                        position_ids=mb.position_ids.to(self.device), use_cache=False)
-            logits = out.logits[:, :-1]  # row t scores token t+1
-            index = mb.comp_index.to(self.device)
-            # The completion positions first: the log-softmax then runs over [n, C, V], not the prompts too.
-            picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-            targets = mb.input_ids[:, 1:].to(self.device).gather(1, index)
-        logp = grpo.token_logprobs(picked, targets)
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = grpo.entropy_from_logits(picked.detach())
-        return logp, entropy
+        and optionally their entropy (learner/forward.py)."""
+        model = model or self.engine
+        try:
+            logits, targets = completion_logits(model, mb, self.device, self.share_prompts)
+        except PromptSharingUnsupported as e:
+            self.share_prompts = False
+            print(f"learner: prompt sharing is off from now on ({e}); one forward pass per sequence", flush=True)
+            logits, targets = completion_logits(model, mb, self.device, False)
+        return completion_logprobs(logits, targets, with_entropy)
 
     # ------------------------------------------------------------------ #
     # training

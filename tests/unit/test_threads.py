@@ -122,7 +122,7 @@ def test_lent_threads_are_taken_at_every_block_of_any_architecture():
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from learner.worker import model_blocks
+    from learner.forward import model_blocks
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=32))
     neox = GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
