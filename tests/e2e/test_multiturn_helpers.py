@@ -27,16 +27,17 @@ def _grads(model) -> dict:
 
 
 def learner_loss_and_grads(model_dir, batch: TrainBatch):
-    """One micro-batch through LearnerWorker._forward and grpo.policy_loss with the arguments
-    LearnerWorker.train_step passes (mu=1: old = logp.detach()); a plain model stands in for the
-    DeepSpeed engine."""
+    """One micro-batch through the learner's forward (learner/forward.py, prompts shared as in
+    training) and grpo.policy_loss with the arguments LearnerWorker.train_step passes (mu=1:
+    old = logp.detach()); a plain model stands in for the DeepSpeed engine."""
+    from learner.forward import completion_logits, completion_logprobs
     from learner.worker import LearnerWorker
 
     model = _model(model_dir)
-    fake = types.SimpleNamespace(engine=model, device=torch.device("cpu"))
     worker = types.SimpleNamespace(algo=ALGO, cfg=LearnerConfig())
-    mb = batch.micro_batches(len(batch))[0]
-    logp, _ = LearnerWorker._forward(fake, mb, with_entropy=False)
+    mb = batch.micro_batches(len(batch), by_length=True, share_prompts=True)[0]
+    logp, _ = completion_logprobs(*completion_logits(model, mb, torch.device("cpu"), share_prompts=True),
+                                  with_entropy=False)
     loss, _ = grpo.policy_loss(
         logp, logp.detach(), mb.advantages, mb.mask, clip_low=ALGO.clip_low, clip_high=ALGO.clip_high,
         ratio_level=ALGO.ratio_level, aggregation=ALGO.aggregation, ref_logp=mb.ref_logp, beta=ALGO.beta,
