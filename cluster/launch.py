@@ -68,13 +68,13 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list
     import ray
     from ray.exceptions import RayActorError
 
-    deadline, pending = time.monotonic() + timeout_s, list(refs)
+    deadline, pending, results = time.monotonic() + timeout_s, list(refs), {}
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
             raise _no_answer(actors[refs.index(pending[0])], what, timeout_s)
         try:
-            ray.get(ready[0])
+            results[refs.index(ready[0])] = ray.get(ready[0])
         except RayActorError as e:
             raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=str(e).splitlines()[0]) from e
         except Exception:
@@ -88,7 +88,7 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list
                 except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
                     pass
             raise
-    return ray.get(refs)
+    return [results[i] for i in range(len(refs))]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
