@@ -76,8 +76,9 @@ def nbytes(shape, dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
-def max_bucket_bytes(sizes: list[int], bucket_bytes: int) -> int:
-    return max((sum(sizes[i] for i in b) for b in plan_buckets(sizes, bucket_bytes)), default=0)
+def max_bucket_bytes(sizes: list[int], buckets: list[list[int]]) -> int:
+    """The bytes of the largest of `buckets` (plan_buckets' index lists over `sizes`)."""
+    return max((sum(sizes[i] for i in b) for b in buckets), default=0)
 
 
 def header(index: int, size: int) -> torch.Tensor:

@@ -164,7 +164,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         segment = None
         if init_info.shared_memory:
             sizes = [nbytes(m.shape, m.dtype) for m in source.metadata()]
-            segment = shared_memory.create_segment(max_bucket_bytes(sizes, init_info.bucket_bytes))
+            segment = shared_memory.create_segment(max_bucket_bytes(sizes, plan_buckets(sizes, init_info.bucket_bytes)))
         offer = {"shared_memory_path": segment[0], "shared_memory_bytes": segment[2].numel(),
                  "shared_memory_nonce": segment[1]} if segment else {}
         payload = asdict(GlooWeightTransferInitInfo(
@@ -203,7 +203,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
         info = GlooWeightTransferUpdateInfo.from_metadata(meta)
         sizes = [nbytes(m.shape, m.dtype) for m in meta]
-        info.shared_memory = self.segment is not None and max_bucket_bytes(sizes, self.bucket_bytes) <= self.segment.numel()
+        buckets = plan_buckets(sizes, self.bucket_bytes)
+        info.shared_memory = self.segment is not None and max_bucket_bytes(sizes, buckets) <= self.segment.numel()
         t0 = time.perf_counter()
         self.client.start_weight_update()
         # The engines' update_weights blocks until the last bucket arrived: run it beside the
@@ -215,7 +216,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         rpc = submit(asdict(info)) if submit is not None else _Background(self.client.update_weights, asdict(info))
         t1 = time.perf_counter()
         try:
-            pack_s = self._send(source, meta, sizes, info.shared_memory, rpc.raise_if_failed)
+            pack_s = self._send(source, meta, sizes, buckets, info.shared_memory, rpc.raise_if_failed)
         except BaseException:
             # The engines wait for buckets that will never come; closing the group makes their
             # receive fail now rather than at the timeout. The caller must trainer_init again.
@@ -234,14 +235,13 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     def transport(self) -> str:
         return "shared_memory" if self.segment is not None else "gloo"
 
-    def _send(self, source: WeightSource, meta: list[ParamMeta], sizes: list[int], shared: bool,
-              peer_failed: Callable[[], None]) -> float:
-        """Pack the source's tensors into the planned buckets and send them: broadcast each bucket,
+    def _send(self, source: WeightSource, meta: list[ParamMeta], sizes: list[int], buckets: list[list[int]],
+              shared: bool, peer_failed: Callable[[], None]) -> float:
+        """Pack the source's tensors into the planned `buckets` and send them: broadcast each bucket,
         or (`shared`) pack it into the shared segment and broadcast its header. Packing the next
         bucket overlaps the previous bucket's broadcast (gloo works on its own thread).
         Returns the seconds spent gathering and packing."""
         pairs = _checked(iter(source), meta)
-        buckets = plan_buckets(sizes, self.bucket_bytes)
         in_flight = None  # (work, buffer): the buffer must live until its send completes
         pack = 0.0
         for index, bucket in enumerate(buckets):

@@ -207,11 +207,12 @@ class WeightSync:
         info = trainer_init_info(init_info, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
-        if rank == 0:
-            from actors.gloo_transfer import GlooTrainerWeightTransferEngine
+        from actors.gloo_transfer import GlooTrainerWeightTransferEngine
 
+        self._gloo = self.engine if isinstance(self.engine, GlooTrainerWeightTransferEngine) else None
+        if rank == 0:
             # gloo: why an engine could not map the shared-memory segment (then the bytes are broadcast)
-            refused = self.engine.refused if isinstance(self.engine, GlooTrainerWeightTransferEngine) else []
+            refused = self._gloo.refused if self._gloo is not None else []
             print(f"learner: weights go to {len(rollout_handles)} engine(s) via {self.transport()}"
                   + (f" (no shared memory: {'; '.join(refused)})" if refused else ""), flush=True)
 
@@ -233,11 +234,7 @@ class WeightSync:
     def transport(self) -> str:
         """How the bytes travel: vLLM's backend name, or for gloo "shared_memory" when every engine
         is on this machine (actors/shared_memory.py)."""
-        from actors.gloo_transfer import GlooTrainerWeightTransferEngine
-
-        if isinstance(self.engine, GlooTrainerWeightTransferEngine):
-            return self.engine.transport()
-        return self.backend
+        return self._gloo.transport() if self._gloo is not None else self.backend
 
     def shutdown(self) -> None:
         try:
