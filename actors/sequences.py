@@ -81,7 +81,13 @@ class SharedPrompts:
     def saves_work(self) -> bool:
         """Whether the two passes hold fewer token slots (padding included) than one pass per sequence."""
         (u, P), (n, C) = self.prompt_ids.shape, self.completion_ids.shape
-        return u * P + n * C < n * self.one_pass_width
+        return shared_slots(u, P, n, C) < n * self.one_pass_width
+
+
+def shared_slots(num_prompts: int, prompt_width: int, num_rows: int, completion_width: int) -> int:
+    """Token slots of prompt sharing's two passes: the distinct prompts, then every row's completion
+    (padded to at least one slot: the first completion token is scored from the prompt pass)."""
+    return num_prompts * prompt_width + num_rows * max(completion_width, 1)
 
 
 def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0) -> SharedPrompts:
@@ -136,8 +142,8 @@ def slots(prompt_ids: list[list[int]], completion_ids: list[list[int]], rows: li
     if not share:
         return one_pass
     prompts = {tuple(prompt_ids[i]) for i in rows}
-    shared = len(prompts) * max(map(len, prompts)) + len(rows) * max(max(len(completion_ids[i]) for i in rows), 1)
-    return min(one_pass, shared)
+    return min(one_pass, shared_slots(len(prompts), max(map(len, prompts)), len(rows),
+                                      max(len(completion_ids[i]) for i in rows)))
 
 
 def micro_batch_order(prompt_ids: list[list[int]], completion_ids: list[list[int]], size: int,

@@ -80,25 +80,26 @@ class RunDirClaim:
                     self.lock.unlink(missing_ok=True)
                 return
         if holder.get("host") == me["host"] and not _alive(holder.get("pid", -1), holder.get("started")):
-            print(f"taking over {self.lock}: its holder (pid {holder.get('pid')} on {holder.get('host')}, "
-                  f"since {holder.get('since')}) is gone", file=sys.stderr)
-            if _read_lock(self.lock) == holder:  # not already taken over by someone else
-                self.lock.unlink(missing_ok=True)
+            self._take_over(holder, "is gone")
             return
         if holder.get("host") != me["host"] and "heartbeat_s" in holder:
             verdict = self._watch(holder)
             if verdict == "changed":  # released or taken meanwhile: try again
                 return
             if verdict == "stale":
-                print(f"taking over {self.lock}: its holder (pid {holder.get('pid')} on {holder.get('host')}, since "
-                      f"{holder.get('since')}) has not touched it for {STALE_AFTER_S:.0f}s", file=sys.stderr)
-                if _read_lock(self.lock) == holder:
-                    self.lock.unlink(missing_ok=True)
+                self._take_over(holder, f"has not touched it for {STALE_AFTER_S:.0f}s")
                 return
         raise RunDirError(
             f"run dir {self.run_dir} is in use by another run: pid {holder.get('pid')} on host {holder.get('host')} "
             f"since {holder.get('since')} ({holder.get('command', '?')}). Wait for it to finish or stop it, or use "
             f"another trainer.run_dir. If that process is really gone (another host), delete {self.lock}.")
+
+    def _take_over(self, holder: dict, why: str) -> None:
+        """Remove the lock `holder` left (the caller then claims it), saying so."""
+        print(f"taking over {self.lock}: its holder (pid {holder.get('pid')} on {holder.get('host')}, "
+              f"since {holder.get('since')}) {why}", file=sys.stderr)
+        if _read_lock(self.lock) == holder:  # not already taken over by someone else
+            self.lock.unlink(missing_ok=True)
 
     def _watch(self, holder: dict) -> str:
         """Whether another host's holder is alive: "alive" if it touches the lock within

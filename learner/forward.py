@@ -27,7 +27,7 @@ def completion_logits(model, mb: MicroBatch, device, share_prompts: bool) -> tup
     return picked, mb.input_ids[:, 1:].to(device).gather(1, index)
 
 
-def completion_logprobs(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+def logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
     """log pi(token) [n, C] (differentiable), and the entropy [n, C] of each position if asked (no grad)."""
     logp = grpo.token_logprobs(logits, targets)
     if not with_entropy:

@@ -28,7 +28,7 @@ from actors.threads import node_cores, use_threads
 from learner import grpo
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
-from learner.forward import call_at_every_block, completion_logits, completion_logprobs
+from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
 from learner.rank_setup import build_ds_config, init_process_group, lr_factor, param_groups, seed_everything
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
@@ -176,7 +176,7 @@ class LearnerWorker:
             self.share_prompts = False
             print(f"learner: prompt sharing is off from now on ({e}); one forward pass per sequence", flush=True)
             logits, targets = completion_logits(model, mb, self.device, False)
-        return completion_logprobs(logits, targets, with_entropy)
+        return logprobs_and_entropy(logits, targets, with_entropy)
 
     # ------------------------------------------------------------------ #
     # training

@@ -30,14 +30,14 @@ def learner_loss_and_grads(model_dir, batch: TrainBatch):
     """One micro-batch through the learner's forward (learner/forward.py, prompts shared as in
     training) and grpo.policy_loss with the arguments LearnerWorker.train_step passes (mu=1:
     old = logp.detach()); a plain model stands in for the DeepSpeed engine."""
-    from learner.forward import completion_logits, completion_logprobs
+    from learner.forward import completion_logits, logprobs_and_entropy
     from learner.worker import LearnerWorker
 
     model = _model(model_dir)
     worker = types.SimpleNamespace(algo=ALGO, cfg=LearnerConfig())
     mb = batch.micro_batches(len(batch), by_length=True, share_prompts=True)[0]
-    logp, _ = completion_logprobs(*completion_logits(model, mb, torch.device("cpu"), share_prompts=True),
-                                  with_entropy=False)
+    logp, _ = logprobs_and_entropy(*completion_logits(model, mb, torch.device("cpu"), share_prompts=True),
+                                   with_entropy=False)
     loss, _ = grpo.policy_loss(
         logp, logp.detach(), mb.advantages, mb.mask, clip_low=ALGO.clip_low, clip_high=ALGO.clip_high,
         ratio_level=ALGO.ratio_level, aggregation=ALGO.aggregation, ref_logp=mb.ref_logp, beta=ALGO.beta,
