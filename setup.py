@@ -11,7 +11,7 @@ Pins (why each one):
   deepspeed==0.19.8     ZeRO-2/3 on CPU with gloo verified on this version (DESIGN.md).
   accelerate            needed by transformers' HfDeepSpeedConfig for ZeRO-3 loading.
   datasets==5.2.*       users' parquet files and save_to_disk directories, read the way TRL and verl
-                        read them (JSON/JSONL are read by cluster/datafiles.py, to name bad lines).
+                        read them (JSON/JSONL are read by cluster/data/files.py, to name bad lines).
   math-verify[antlr4_13_2]==0.9.0  the `math_verify` reward (parse/verify of LaTeX answers); the
                         antlr4 extra is its LaTeX parser; 0.9.0 is the version verified (DESIGN.md).
   peft==0.21.2          LoRA on the learner; the version verified with vLLM 0.32 adapters (DESIGN.md).

@@ -42,7 +42,7 @@ def cmd_data(args) -> int:
     from cluster.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    from cluster.data_preview import preview
+    from cluster.data.preview import preview
 
     preview(cfg, args.n)
     return 0
@@ -53,7 +53,7 @@ def cmd_submit(args) -> int:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from cluster.config import load_config
-    from cluster.ray_auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
+    from cluster.launch.auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
 
     config = Path(args.config).resolve()
     try:
@@ -109,7 +109,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from cluster.metrics import plot_run
+    from cluster.run.metrics import plot_run
 
     for p in plot_run(args.run_dir):
         print(p)
@@ -117,7 +117,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from cluster.demo import run_demo
+    from cluster.demo.demo import run_demo
 
     return run_demo(args)
 
@@ -250,11 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from cluster.config import ConfigError
-    from cluster.data import DataError
-    from cluster.health import TrainingHalted
-    from cluster.ray_auth import ClusterAuthError
-    from cluster.rundir import RunDirError
-    from cluster.stopping import Interrupted, RunStopped
+    from cluster.data.dataset import DataError
+    from cluster.launch.auth import ClusterAuthError
+    from cluster.run.health import TrainingHalted
+    from cluster.run.rundir import RunDirError
+    from cluster.run.stopping import Interrupted, RunStopped
 
     parser = build_parser()
     # overrides may come after options too (`submit cfg.yaml --address URL a.b=c`)

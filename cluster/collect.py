@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from cluster.data import Example
+from cluster.data.dataset import Example
 
 if TYPE_CHECKING:
     from actors.rollout import PromptRollout

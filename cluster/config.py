@@ -98,7 +98,7 @@ class DataConfig:
     long_prompts: str = "filter"  # prompts over the limit: filter (counted, reported once at load) | error
 
     def problems(self) -> list[str]:
-        from cluster.datafiles import path_problem, split_paths
+        from cluster.data.files import path_problem, split_paths
 
         p = []
         at_least(p, "data.num_eval", self.num_eval, 0)

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answer-key", default="answer")
     args = p.parse_args(argv)
 
-    from cluster.datafiles import raise_problems, read_rows
+    from cluster.data.files import raise_problems, read_rows
 
     problems: list[str] = []
     try:

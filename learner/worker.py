@@ -316,7 +316,7 @@ class LearnerWorker:
         """(Re)build the trainer-side transfer engine towards `rollout_handles`. Every rank is called."""
         from learner.weight_sync import AdapterSync, WeightSync
         # The sender (rank 0) listens for the engines where it listens for the other ranks: its
-        # node's IP on a cluster, loopback when everything runs on one machine (cluster/launch.py).
+        # node's IP on a cluster, loopback when everything runs on one machine (cluster/launch/placement.py).
         init_info = {**init_info, "master_address": self.master_addr}
         if self._transfer is not None:
             self._transfer.shutdown()

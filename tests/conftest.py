@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-# Never reach for a hub: every model here is built by cluster/tinymodel.py.
+# Never reach for a hub: every model here is built by cluster/demo/tinymodel.py.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -19,7 +19,7 @@ CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().paren
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from cluster.tinymodel import TinyModelSpec, build_tiny_model
+    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
 
     return build_tiny_model(CACHE / "tiny-qwen2-h128-l2", TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
 
@@ -27,8 +27,8 @@ def tiny_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_chat_model_dir() -> Path:
     """A Qwen2 chat model: byte-level BPE tokenizer, ChatML template, EOS `<|im_end|>`, pad `<|endoftext|>`."""
-    from cluster.tinychat import TinyChatSpec, build_tiny_chat_model
-    from cluster.tinymodel import TinyModelSpec
+    from cluster.demo.tinychat import TinyChatSpec, build_tiny_chat_model
+    from cluster.demo.tinymodel import TinyModelSpec
 
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
     return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2", spec)
@@ -37,8 +37,8 @@ def tiny_chat_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_chat_nopad_model_dir() -> Path:
     """The same chat model whose tokenizer declares no pad token (as some base models ship)."""
-    from cluster.tinychat import TinyChatSpec, build_tiny_chat_model
-    from cluster.tinymodel import TinyModelSpec
+    from cluster.demo.tinychat import TinyChatSpec, build_tiny_chat_model
+    from cluster.demo.tinymodel import TinyModelSpec
 
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0), pad_token=False)
     return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2-nopad", spec)

@@ -34,7 +34,7 @@ def measure(model_dir: str, stage: int, steps: int, peak_tflops: float, micro_ba
     import torch
     import torch.distributed as dist
 
-    from cluster.launch import free_port
+    from cluster.launch.placement import free_port
     from learner.config import AlgoConfig, LearnerConfig
     from learner.worker import LearnerWorker
 
@@ -64,7 +64,7 @@ def measure(model_dir: str, stage: int, steps: int, peak_tflops: float, micro_ba
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cluster.tinymodel import TinyModelSpec, build_tiny_model
+    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=3)

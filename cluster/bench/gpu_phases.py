@@ -91,7 +91,7 @@ def measure(model_dir: str, dtype_name: str, repeats: int, device: str, static_c
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from cluster.tinymodel import TinyModelSpec, build_tiny_model
+    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="float32,bfloat16", help="comma-separated torch dtypes")

@@ -356,7 +356,7 @@ def jsonable(v):
 
 def model_spec(hidden_size: int, num_layers: int):
     """The tiny Qwen2 for a size: head_dim 32 (vLLM CPU needs >= 32), GQA 2:1, MLP 4x."""
-    from cluster.tinymodel import TinyModelSpec
+    from cluster.demo.tinymodel import TinyModelSpec
 
     heads = max(1, hidden_size // 32)
     kv = heads // 2 if heads % 2 == 0 else heads

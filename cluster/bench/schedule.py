@@ -9,7 +9,7 @@ from cluster.bench.report import progress, schedule_summary
 
 
 def heldout_examples(data: dict, seed: int):
-    from cluster.data import load_splits
+    from cluster.data.dataset import load_splits
 
     return load_splits(data["train"], data["eval"], data["num_eval"], data["task_digits"], seed)[1]
 
@@ -20,7 +20,7 @@ def heldout_accuracy(model_dir: str, data: dict, seed: int, max_new_tokens: int)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cluster.warmstart import greedy_accuracy
+    from cluster.demo.warmstart import greedy_accuracy
 
     examples = heldout_examples(data, seed)
     if not examples:

@@ -138,7 +138,7 @@ def trl_main(spec_path: str, out_path: str) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from actors.rewards import exact_match
-    from cluster.data import PromptStream, load_splits
+    from cluster.data.dataset import PromptStream, load_splits
 
     d = s["data"]
     train, _ = load_splits(d["train"], d["eval"], d["num_eval"], d["task_digits"], s["seed"])
@@ -181,7 +181,7 @@ def trl_main(spec_path: str, out_path: str) -> int:
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
-    from cluster.warmstart import greedy_accuracy
+    from cluster.demo.warmstart import greedy_accuracy
 
     heldout = heldout_examples(d, s["seed"])  # none with data.num_eval=0 (--setting long)
     torch.set_num_threads(1)  # the same evaluation as raygrpo's model gets (cluster.bench.heldout_accuracy)
@@ -217,7 +217,7 @@ def bench_trl(settings: dict, workdir: Path, skip: bool, timeout_s: float, nicen
     out.unlink(missing_ok=True)
     progress(f"TRL: GRPOTrainer, {settings['steps']} steps x {settings['prompts_per_step']} prompts x "
              f"G={settings['group_size']}, {settings['threads']} thread(s) (log {log})")
-    from cluster.launch import WORKER_ENV
+    from cluster.launch.placement import WORKER_ENV
 
     env = {**os.environ, **WORKER_ENV, "OMP_NUM_THREADS": str(settings["threads"]), "CUDA_VISIBLE_DEVICES": ""}
     with open(log, "w") as f:

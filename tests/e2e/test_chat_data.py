@@ -11,10 +11,10 @@ import datasets
 import pytest
 
 from cluster.config import load_config
-from cluster.data import load_examples
-from cluster.metrics import read_metrics
+from cluster.data.dataset import load_examples
+from cluster.demo.wordproblems import conversational_rows, write_jsonl
+from cluster.run.metrics import read_metrics
 from cluster.trainer import Trainer
-from cluster.wordproblems import conversational_rows, write_jsonl
 
 LONG_ROW = {"prompt": [{"role": "user", "content": "How many apples? " * 40}], "answer": "#### 1"}
 

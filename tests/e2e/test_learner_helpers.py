@@ -20,7 +20,7 @@ def free_port() -> int:
 
 def start_ranks(ray, model_dir, cfg: LearnerConfig, algo: AlgoConfig, *, total_steps=10, seed=0, lendable=False):
     """cfg.num_ranks LearnerWorker actors that form one DeepSpeed group (constructor finished).
-    `lendable`: with the "lend" concurrency group, as cluster/launch.py starts them in async on CPU."""
+    `lendable`: with the "lend" concurrency group, as cluster/launch/placement.py starts them in async on CPU."""
     from learner.worker import LearnerWorker
 
     actor = ray.remote(num_cpus=0.5, **({"concurrency_groups": {"lend": 1}} if lendable else {}))(LearnerWorker)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.launch import free_port
+from cluster.launch.placement import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -73,7 +73,7 @@ def stop_node(proc: subprocess.Popen, temp_dir: str) -> None:
 
 
 def wait_for_nodes(prefix: list[str], address: str, n: int, timeout_s: float = 180) -> None:
-    probe = ("import sys; from cluster.ray_auth import dashboard_auth_mode, use_cluster_auth_mode; "
+    probe = ("import sys; from cluster.launch.auth import dashboard_auth_mode, use_cluster_auth_mode; "
              f"use_cluster_auth_mode(dashboard_auth_mode('{address}'), '{address}'); "
              "from ray.util.state import list_nodes; "
              f"sys.exit(0 if len(list_nodes(address='{address}', filters=[('state', '=', 'ALIVE')])) >= {n} else 1)")

@@ -198,7 +198,7 @@ def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model
     import sys
     from pathlib import Path
 
-    from cluster.metrics import read_metrics
+    from cluster.run.metrics import read_metrics
 
     env_file = tmp_path / "nudged_calculator.py"
     env_file.write_text(NUDGED_CALCULATOR)

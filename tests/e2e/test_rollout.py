@@ -10,7 +10,7 @@ import pytest
 from actors.config import RolloutConfig
 from actors.rollout import split_evenly
 
-EOS = 1  # cluster/tinymodel.py
+EOS = 1  # cluster/demo/tinymodel.py
 MAX_NEW = 16
 PROMPTS = ["1+2=", "3+4=", "10+20=", "7*8=", "99-9="]
 
@@ -43,7 +43,7 @@ def test_split_evenly():
 
 
 def test_group_of_completions(workers):
-    from cluster.tinymodel import build_tokenizer
+    from cluster.demo.tinymodel import build_tokenizer
 
     tokenizer = build_tokenizer()
     ray, skip, _ = workers

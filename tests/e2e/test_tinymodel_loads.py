@@ -1,4 +1,4 @@
-"""What cluster/tinymodel.py writes loads and generates in transformers and in stock vLLM.
+"""What cluster/demo/tinymodel.py writes loads and generates in transformers and in stock vLLM.
 
 (DeepSpeed loading is covered by the learner's tests, which initialise it anyway.)
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from cluster.tinymodel import EOS, PAD, num_parameters
+from cluster.demo.tinymodel import EOS, PAD, num_parameters
 
 
 def test_transformers_loads_and_generates(tiny_model_dir):
@@ -56,7 +56,7 @@ CHAT = [{"role": "system", "content": "Solve the problem."},
 def test_chat_model_loads_in_transformers(tiny_chat_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from cluster.tinychat import ENDOFTEXT, IM_END
+    from cluster.demo.tinychat import ENDOFTEXT, IM_END
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_chat_model_dir, dtype=torch.float32).eval()

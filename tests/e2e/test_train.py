@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cluster.config import load_config
-from cluster.metrics import read_metrics
+from cluster.run.metrics import read_metrics
 from cluster.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

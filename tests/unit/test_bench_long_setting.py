@@ -62,7 +62,7 @@ def test_long_model_has_at_least_30m_parameters():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from cluster.tinymodel import _padded_vocab, build_tokenizer
+    from cluster.demo.tinymodel import _padded_vocab, build_tokenizer
 
     spec = report.model_spec(report.LONG_MODEL["hidden_size"], report.LONG_MODEL["num_layers"])
     config = Qwen2Config(vocab_size=_padded_vocab(len(build_tokenizer())), hidden_size=spec.hidden_size,

@@ -45,7 +45,7 @@ def test_submit_refuses_a_config_outside_the_project(tmp_path, capsys):
 
 
 def test_unknown_reward_function_is_a_config_error(tmp_path, capsys):
-    from cluster.tinymodel import TinyModelSpec, build_tiny_model
+    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
 
     model = build_tiny_model(tmp_path / "m", TinyModelSpec(num_layers=1))
     cfg = tmp_path / "c.yaml"

@@ -1,4 +1,4 @@
-"""Finding the Ray token as Ray does, and the errors a user meets without one (cluster/ray_auth.py),
+"""Finding the Ray token as Ray does, and the errors a user meets without one (cluster/launch/auth.py),
 and the submitted job's dependency check (cluster/job_entry.py). The dashboard is faked here; the
 real head is in tests/e2e/test_external_cluster.py."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import ray_auth
+from cluster.launch import auth
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,30 +37,30 @@ def no_ray_env(monkeypatch, tmp_path):
 
 def test_token_is_found_where_ray_keeps_it_in_rays_order(no_ray_env, monkeypatch):
     home = no_ray_env
-    assert ray_auth.token_source() is None
+    assert auth.token_source() is None
     (home / ".ray").mkdir()
     (home / ".ray" / "auth_token").write_text("t")
-    assert ray_auth.token_source() == str(home / ".ray" / "auth_token")
+    assert auth.token_source() == str(home / ".ray" / "auth_token")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(home / "missing"))
-    with pytest.raises(ray_auth.ClusterAuthError, match="RAY_AUTH_TOKEN_PATH"):
-        ray_auth.token_source()
+    with pytest.raises(auth.ClusterAuthError, match="RAY_AUTH_TOKEN_PATH"):
+        auth.token_source()
     monkeypatch.setenv("RAY_AUTH_TOKEN", "abc")
-    assert ray_auth.token_source() == "RAY_AUTH_TOKEN"
+    assert auth.token_source() == "RAY_AUTH_TOKEN"
 
 
 def test_mode_follows_the_cluster_and_an_explicit_choice_wins(no_ray_env, monkeypatch):
     home = no_ray_env
-    with pytest.raises(ray_auth.ClusterAuthError, match=r"~/.ray/auth_token.*RAY_AUTH_TOKEN"):
-        ray_auth.use_cluster_auth_mode("token", "http://head:8265")
-    ray_auth.use_cluster_auth_mode("disabled", "x")
+    with pytest.raises(auth.ClusterAuthError, match=r"~/.ray/auth_token.*RAY_AUTH_TOKEN"):
+        auth.use_cluster_auth_mode("token", "http://head:8265")
+    auth.use_cluster_auth_mode("disabled", "x")
     assert os.environ["RAY_AUTH_MODE"] == "disabled"  # never send a token to a cluster without tokens
     monkeypatch.delenv("RAY_AUTH_MODE")
     (home / ".ray").mkdir()
     (home / ".ray" / "auth_token").write_text("t")
-    ray_auth.use_cluster_auth_mode(None, "x")  # the cluster could not be asked: a token at hand means token mode
+    auth.use_cluster_auth_mode(None, "x")  # the cluster could not be asked: a token at hand means token mode
     assert os.environ["RAY_AUTH_MODE"] == "token"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray_auth.use_cluster_auth_mode("token", "x")
+    auth.use_cluster_auth_mode("token", "x")
     assert os.environ["RAY_AUTH_MODE"] == "disabled"
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from cluster.data import DataError, PromptStream, arithmetic_examples, load_jsonl, load_splits
+from cluster.data.dataset import DataError, PromptStream, arithmetic_examples, load_jsonl, load_splits
 
 
 def test_jsonl_fields_and_malformed_line_named(tmp_path):

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from cluster.config import load_config
-from cluster.data import DataError, load_examples, load_run_data
-from cluster.render import PromptFormat, render
-from cluster.tinychat import TinyChatSpec, build_bpe_tokenizer
-from cluster.wordproblems import conversational_rows, write_jsonl
+from cluster.data.dataset import DataError, load_examples, load_run_data
+from cluster.data.render import PromptFormat, render
+from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
+from cluster.demo.wordproblems import conversational_rows, write_jsonl
 
 ROWS = conversational_rows(6, seed=1)
 

@@ -10,7 +10,7 @@ import pytest
 
 from actors.rewards import gsm8k
 from cluster.config import load_config
-from cluster.data import load_examples
+from cluster.data.dataset import load_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 GSM8K_ROWS = [  # GSM8K's own layout (question, answer with a worked solution ending in "#### N")

@@ -1,6 +1,6 @@
-"""cluster/health.py: each guard warns, halts after trainer.halt_after steps in a row, and can be turned off."""
+"""cluster/run/health.py: each guard warns, halts after trainer.halt_after steps in a row, and can be turned off."""
 from cluster.config import TrainerConfig
-from cluster.health import HealthMonitor
+from cluster.run.health import HealthMonitor
 
 
 def row(step, **kw):

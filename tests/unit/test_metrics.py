@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from cluster.metrics import STEP_KEYS, MetricsLogger, plot_run, read_metrics
+from cluster.run.metrics import STEP_KEYS, MetricsLogger, plot_run, read_metrics
 
 
 def test_every_step_line_has_the_required_keys_and_plots(tmp_path):
@@ -70,7 +70,7 @@ def test_reader_skips_a_truncated_last_line(tmp_path, capsys):
 
 def test_an_undeclared_step_metric_is_refused(tmp_path):
     log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False)
-    with pytest.raises(ValueError, match="not in cluster/metrics.py STEP_KEYS"):
+    with pytest.raises(ValueError, match="not in cluster/run/metrics.py STEP_KEYS"):
         log.log_step({"step": 1, "reward_meen": 0.1})
     log.close()
 

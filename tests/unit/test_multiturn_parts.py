@@ -13,7 +13,7 @@ from learner.batch import TrainBatch
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from cluster.tinychat import TinyChatSpec, build_bpe_tokenizer
+    from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
 
     return build_bpe_tokenizer(TinyChatSpec(corpus_size=200))
 
@@ -161,7 +161,7 @@ def test_finish_reasons_and_budget(tokenizer, case):
 def test_collect_reads_trajectories_like_completions():
     from actors.multiturn import MultiTurnRollout
     from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
-    from cluster.data import Example
+    from cluster.data.dataset import Example
 
     def traj(prompt, ids, mask, error=None):
         return Trajectory(prompt_ids=prompt, token_ids=ids, loss_mask=mask, logprobs=[-0.5] * sum(mask), turns=2,
@@ -226,7 +226,7 @@ def test_the_calculator_example_config_is_valid():
 
 def test_multiturn_conversations_open_like_single_turn_prompts(tokenizer):
     """data.system_prompt and data.chat_template_kwargs reach multi-turn rollouts too."""
-    from cluster.render import conversation
+    from cluster.data.render import conversation
     from cluster.trainer import multiturn_format
 
     cfg = load_config(None, ["rollout.env=calculator", "data.system_prompt=Use calc.",

@@ -1,4 +1,4 @@
-"""A run dir belongs to one run (cluster/rundir.py): lock, config continuity, unusable checkpoints."""
+"""A run dir belongs to one run (cluster/run/rundir.py): lock, config continuity, unusable checkpoints."""
 import json
 import socket
 import struct
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cluster.config import load_config, save_config
-from cluster.rundir import LOCK, RunDirError, claim
+from cluster.run.rundir import LOCK, RunDirError, claim
 from learner.checkpoint import export_checkpoint
 
 
@@ -122,7 +122,7 @@ def test_a_live_claim_touches_its_lock_until_released(tmp_path, monkeypatch):
     import os
     import time
 
-    from cluster import rundir
+    from cluster.run import rundir
 
     monkeypatch.setattr(rundir, "HEARTBEAT_S", 0.05)
     lock = claim(cfg_for(tmp_path))
@@ -139,7 +139,7 @@ def test_a_lock_from_another_host_is_taken_over_only_when_its_heartbeat_stopped(
     import os
     import threading
 
-    from cluster import rundir
+    from cluster.run import rundir
 
     monkeypatch.setattr(rundir, "STALE_AFTER_S", 0.6)
     cfg = cfg_for(tmp_path)

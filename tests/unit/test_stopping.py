@@ -1,11 +1,11 @@
-"""cluster/stopping.py: SIGTERM/SIGINT ask for a stop at the step boundary, bounded by a grace period."""
+"""cluster/run/stopping.py: SIGTERM/SIGINT ask for a stop at the step boundary, bounded by a grace period."""
 import os
 import signal
 import time
 
 import pytest
 
-from cluster.stopping import Interrupted, StopSignals
+from cluster.run.stopping import Interrupted, StopSignals
 
 
 def test_first_signal_asks_second_stops_at_once():

@@ -57,7 +57,7 @@ def test_idle_collecting_cores_go_to_the_learner_ranks_of_that_node():
 
 
 def test_only_cpu_async_learners_without_a_thread_override_are_lent_cores():
-    from cluster.launch import lends_idle_cores
+    from cluster.launch.placement import lends_idle_cores
 
     cfg = RunConfig()
     cfg.trainer.mode = "async"

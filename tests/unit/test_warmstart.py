@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from cluster.data import load_splits
-from cluster.demo import noise_verdict
-from cluster.warmstart import WarmStartSpec, warm_start, warm_start_result
+from cluster.data.dataset import load_splits
+from cluster.demo.demo import noise_verdict
+from cluster.demo.warmstart import WarmStartSpec, warm_start, warm_start_result
 
 
 def test_noise_verdict_compares_the_gain_with_two_standard_errors():

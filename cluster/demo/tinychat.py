@@ -20,8 +20,8 @@ import json
 import os
 from pathlib import Path
 
-from cluster.tinymodel import TinyModelSpec, is_cached, write_model_dir
-from cluster.wordproblems import conversational_rows
+from cluster.demo.tinymodel import TinyModelSpec, is_cached, write_model_dir
+from cluster.demo.wordproblems import conversational_rows
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
@@ -104,17 +104,17 @@ def build_tiny_chat_model(out_dir: str | os.PathLike, spec: TinyChatSpec = TinyC
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cluster.tinychat`: build the chat model, write the word-problem JSONL files that
+    """`python -m cluster.demo.tinychat`: build the chat model, write the word-problem JSONL files that
     examples/chat_cpu.yaml trains on, and warm-start a copy of the model on them (supervised, cached),
     so that GRPO starts from a model that is sometimes right."""
     import argparse
 
     from cluster.config import load_config
-    from cluster.data import load_run_data, load_tokenizer
-    from cluster.warmstart import WarmStartSpec, warm_start
-    from cluster.wordproblems import conversational_rows, write_jsonl
+    from cluster.data.dataset import load_run_data, load_tokenizer
+    from cluster.demo.warmstart import WarmStartSpec, warm_start
+    from cluster.demo.wordproblems import conversational_rows, write_jsonl
 
-    p = argparse.ArgumentParser(prog="python -m cluster.tinychat", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m cluster.demo.tinychat", description=main.__doc__)
     p.add_argument("--model-dir", default=".cache/chat/tiny-chat-qwen2", help="where the base model goes (cached)")
     p.add_argument("--data-dir", default="examples/data", help="where wordproblems_{train,eval}.jsonl go")
     p.add_argument("--train-rows", type=int, default=256)

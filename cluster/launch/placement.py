@@ -114,10 +114,10 @@ def start_ray(address: str, num_cpus: int) -> None:
 
 def join_cluster(address: str) -> None:
     """Connect this driver to a running cluster ("auto" or HOST:PORT of its GCS) in the cluster's
-    authentication mode (token discovery as `submit`: cluster/ray_auth.py)."""
+    authentication mode (token discovery as `submit`: cluster/launch/auth.py)."""
     import ray
 
-    from cluster.ray_auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
+    from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
 
     gcs = resolve_gcs_address(address)
     use_cluster_auth_mode(gcs_auth_mode(gcs), gcs)

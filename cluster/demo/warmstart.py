@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cluster.data import Example
+from cluster.data.dataset import Example
 
 SPEC_FILE = "raygrpo_warmstart_spec.json"
 RESULT_FILE = "raygrpo_warmstart_result.json"  # {"steps": taken, "accuracy": at the last check or null}

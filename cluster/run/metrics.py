@@ -69,7 +69,7 @@ class MetricsLogger:
     def log_step(self, m: dict) -> None:
         unknown = m.keys() - set(STEP_KEYS)
         if unknown:  # one list of what a step reports: a new metric is declared in STEP_KEYS first
-            raise ValueError(f"step metrics {sorted(unknown)} are not in cluster/metrics.py STEP_KEYS; add them there")
+            raise ValueError(f"step metrics {sorted(unknown)} are not in cluster/run/metrics.py STEP_KEYS; add them there")
         row = {k: m.get(k, float("nan")) for k in STEP_KEYS}
         self._write({"kind": "train", **row})
         step = int(row["step"])

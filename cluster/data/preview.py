@@ -8,7 +8,7 @@ stats. Starts no actor.
 from __future__ import annotations
 
 from cluster.config import RunConfig
-from cluster.data import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
+from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
 
 EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"
 

@@ -1,10 +1,10 @@
-"""Prompt datasets: files (via cluster/datafiles.py) and built-in tasks, rendered for the model,
+"""Prompt datasets: files (via cluster/data/files.py) and built-in tasks, rendered for the model,
 in a deterministic, resumable order.
 
 An example is a prompt (a string or a list of chat messages, as the dataset has it) plus every
 other column of its row, which the reward functions get as keyword arguments (`answer` for the
 arithmetic tasks). `load_run_data` renders every prompt once, on the driver, with the model's
-tokenizer (cluster/render.py), keeps those token ids on the example (the engine receives
+tokenizer (cluster/data/render.py), keeps those token ids on the example (the engine receives
 exactly them), and filters prompts too long for the engine. The order is a fresh permutation
 per epoch drawn from (seed, epoch), so the position `(epoch, index)` is all a checkpoint needs
 to continue exactly where the run stopped.
@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.datafiles import DataError, raise_problems, read_rows
-from cluster.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
+from cluster.data.files import DataError, raise_problems, read_rows
+from cluster.data.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
 
 TASKS = ("addition", "subtraction")
 __all__ = ["DataError", "Example", "PromptStream", "RunData", "load_run_data", "load_splits", "load_tokenizer"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from cluster.datafiles import DataError
+from cluster.data.files import DataError
 
 
 @dataclass(frozen=True)
