@@ -49,7 +49,7 @@ class RolloutConfig:
     cpu_pack_above_elements: int = 128 * 1024
     num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything
     num_gpus: float = 0.0
-    threads: int = 0  # torch threads per engine; 0: the thread budget (actors/threads.py) decides
+    threads: int = 0  # torch threads per engine; 0: the thread budget (cluster/launch/thread_budget.py) decides
     max_restarts: int = 3  # Ray restarts a dead worker this many times
     # Multi-turn rollouts (actors/multiturn.py): an environment answers each assistant turn.
     # "" = single-turn completions. A built-in name (actors/envs.py ENVS, e.g. "calculator") or

@@ -1,29 +1,10 @@
-"""The CPU thread budget: every phase of a step uses the cores that are free while it runs.
-
-A CPU actor computes with torch's OpenMP threads. Ray's `num_cpus` is a scheduling share, not
-a thread count (0.5 CPU would be one thread that leaves the other core idle), so the driver
-gives every actor a thread count from the schedule and the placement (`thread_budget`), and
-each actor applies it at the start of every coarse call (`use_threads`):
-
-  sync schedule   generate -> reference -> train -> sync run one after another, so each phase
-                  takes all of its node's cores, shared only by the actors of the same role on
-                  that node (two learner ranks on a 2-core node: one thread each).
-  async schedule  generation overlaps the learner side (reference, then train), so a node that
-                  holds both splits its cores between them in proportion to their actor counts.
-
-In async, a batch is often collected before the learner's step ends: from then until the step
-ends the collecting side's cores are idle, and the learner ranks on that node take them
-(`idle_collect_threads`; the driver tells the ranks, they apply it at their next decoder layer
-and give the cores back when the step returns).
-
-An idle actor holds no core: OpenMP's worker threads spin for about a millisecond after a
-parallel region, then sleep. `rollout.threads`, `learner.threads` and `reference.threads`
-(> 0) override the budget per role.
+"""Torch threads of one process: the cores it may use (`node_cores`) and the count it computes
+with (`use_threads`, applied at the start of every coarse call, because OpenMP's thread count is
+per calling thread). The driver plans each actor's count: cluster/launch/thread_budget.py.
 """
 from __future__ import annotations
 
 import os
-from collections import Counter
 
 import torch
 
@@ -31,8 +12,6 @@ import torch
 # threads for its own process manager, which raygrpo does not use: the engine runs in-process).
 # The binding underneath still works, so keep a reference to it taken before vLLM can patch it.
 _set_torch_threads = torch._C.set_num_threads
-
-ROLES = ("rollout", "learner", "reference")
 
 
 def node_cores() -> int:
@@ -53,54 +32,3 @@ def use_threads(n: int) -> None:
     """Run this thread's torch work on n threads from now on (n <= 0: leave it as it is)."""
     if n > 0 and torch.get_num_threads() != n:
         _set_torch_threads(n)
-
-
-def thread_budget(mode: str, placement: list[dict], overrides: dict[str, int] | None = None) -> dict[str, int]:
-    """Threads for every actor, by its placement role ("rollout-0", "learner-1", "reference").
-
-    `placement`: one dict per actor with "role", "node_id" and "cores" (its node's `node_cores()`).
-    `mode`: "sync" or "async" (trainer.mode). `overrides`: {"rollout": n, ...}, n > 0 wins.
-    """
-    overrides = overrides or {}
-    per_node: dict = {}
-    for p in placement:
-        per_node.setdefault(p["node_id"], Counter())[role_of(p["role"])] += 1
-    out = {}
-    for p in placement:
-        role, count, cores = role_of(p["role"]), per_node[p["node_id"]], max(1, int(p["cores"]))
-        out[p["role"]] = overrides.get(role, 0) or _share(mode, role, count, cores)
-    return out
-
-
-def idle_collect_threads(mode: str, placement: list[dict], overrides: dict[str, int] | None = None) -> dict[str, int]:
-    """Threads for each learner rank while its node's collecting side (engines, reference) is idle:
-    its sync-schedule share. Only ranks that get more than their async share are listed; none in
-    the sync schedule (every phase already has every core) or with a learner.threads override."""
-    overrides = overrides or {}
-    if mode != "async" or overrides.get("learner", 0):
-        return {}
-    base, idle = thread_budget(mode, placement, overrides), thread_budget("sync", placement, overrides)
-    return {role: idle[role] for role in base if role_of(role) == "learner" and idle[role] > base[role]}
-
-
-def role_of(placement_role: str) -> str:
-    role = placement_role.split("-")[0]
-    if role not in ROLES:
-        raise ValueError(f"unknown actor role {placement_role!r}; expected one of {ROLES} (with -i)")
-    return role
-
-
-def _share(mode: str, role: str, count: Counter, cores: int) -> int:
-    """One actor's threads on a node with `cores` cores holding `count` actors per role."""
-    engines, ranks = count["rollout"], count["learner"]
-    # In async, collecting and training run at once. The reference actor runs right after generation,
-    # on the collecting side (cluster/trainer.py _collect), so it shares the generation cores.
-    collecting = engines or count["reference"]
-    if mode == "async" and collecting and ranks:
-        gen = min(cores - 1, max(1, round(cores * collecting / (collecting + ranks)))) if cores > 1 else 1
-        cores = max(1, cores - gen) if role == "learner" else gen
-    if role == "rollout":
-        return max(1, cores // engines)
-    if role == "learner":
-        return max(1, cores // ranks)
-    return cores

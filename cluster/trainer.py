@@ -23,7 +23,9 @@ from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, model_
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.dataset import Example, PromptStream, load_run_data, load_tokenizer
 from cluster.data.render import PromptFormat, conversation
-from cluster.launch import placement
+from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
+from cluster.launch.ray_cluster import start_ray
+from cluster.launch.waits import ActorFailed, wait_for
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MetricsLogger
 from cluster.run.rundir import claim
@@ -105,7 +107,7 @@ class Trainer:
                 try:
                     self._setup()
                     return self._train()
-                except placement.ActorFailed as e:
+                except ActorFailed as e:
                     if not (e.died and e.actor.startswith("learner")) or \
                             self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
                         raise
@@ -227,7 +229,7 @@ class Trainer:
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.
             t0 = time.perf_counter()
-            batch.ref_logp = placement.wait_for(
+            batch.ref_logp = wait_for(
                 self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
                 "reference actor", "computing reference log-probs", t.actor_timeout_s)
             stats.ref_s = time.perf_counter() - t0
@@ -347,13 +349,13 @@ class Trainer:
         # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
-        placement.start_ray(cfg.ray.address, cfg.ray.num_cpus)
+        start_ray(cfg.ray.address, cfg.ray.num_cpus)
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
-        self.actors = placement.create_actors(  # reference.placement: the actor, or the learner ranks themselves
+        self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
             cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner())
-        self.placement = placement.wait_ready(self.actors, cfg.trainer.actor_timeout_s)
-        self.threads = placement.apply_thread_budget(self.actors, self.placement, cfg)
+        self.placement = wait_ready(self.actors, cfg.trainer.actor_timeout_s)
+        self.threads = apply_thread_budget(self.actors, self.placement, cfg)
         self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
                      for p in self.placement if "threads_when_collecting_idles" in p}
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
@@ -373,7 +375,7 @@ class Trainer:
         the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
         print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
         with self._engines_lock:
-            placement.wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
+            wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
                             f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
             self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb,
                                            self.cfg.rollout.tensor_parallel_size)
@@ -427,5 +429,5 @@ class Trainer:
 
     def _teardown(self) -> None:
         if getattr(self, "actors", None) is not None:
-            placement.shutdown_actors(self.actors)
+            shutdown_actors(self.actors)
             self.actors = None

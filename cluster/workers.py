@@ -10,7 +10,8 @@ import contextlib
 import time
 
 from actors.rollout import PromptRollout, split_evenly
-from cluster.launch.placement import ActorFailed, free_port, wait_all, wait_for, wait_restarted
+from cluster.launch.ray_cluster import free_port
+from cluster.launch.waits import ActorFailed, wait_all, wait_for, wait_restarted
 from learner.batch import TrainBatch
 
 

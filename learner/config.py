@@ -79,7 +79,7 @@ class LearnerConfig:
     lora_reference_actor: bool = False
     num_cpus: float = 0.5
     num_gpus: float = 0.0
-    threads: int = 0  # torch threads per rank; 0: the thread budget (actors/threads.py) decides
+    threads: int = 0  # torch threads per rank; 0: the thread budget (cluster/launch/thread_budget.py) decides
 
     def problems(self) -> list[str]:
         p = []

@@ -142,7 +142,7 @@ class LearnerWorker:
 
     def lend_threads(self, call: int, n: int) -> None:
         """The collecting side of this node is idle until train_step call number `call` (0-based,
-        this actor's) ends: use n threads for the rest of it (actors/threads.py
+        this actor's) ends: use n threads for the rest of it (cluster/launch/thread_budget.py
         idle_collect_threads). Called while train_step runs, in a concurrency group of its own;
         train_step applies it at its next decoder layer and returns to its own count when it
         ends. An offer for a call that is over is never used."""
@@ -316,7 +316,7 @@ class LearnerWorker:
         """(Re)build the trainer-side transfer engine towards `rollout_handles`. Every rank is called."""
         from learner.weight_sync import AdapterSync, WeightSync
         # The sender (rank 0) listens for the engines where it listens for the other ranks: its
-        # node's IP on a cluster, loopback when everything runs on one machine (cluster/launch/placement.py).
+        # node's IP on a cluster, loopback when everything runs on one machine (cluster/launch/placement.py create_actors).
         init_info = {**init_info, "master_address": self.master_addr}
         if self._transfer is not None:
             self._transfer.shutdown()

@@ -50,7 +50,7 @@ def _run_bench(args, res: dict) -> int:
     from cluster.data.dataset import load_splits
     from cluster.demo.tinymodel import build_tiny_model, num_parameters
     from cluster.demo.warmstart import WarmStartSpec, warm_start
-    from cluster.launch import placement
+    from cluster.launch.ray_cluster import start_ray
 
     setting = resolve_setting(args.setting, args.hidden_size, args.num_layers, args.warm_start_steps, args.parts)
     t_start = time.perf_counter()
@@ -95,7 +95,7 @@ def _run_bench(args, res: dict) -> int:
 
     parts = set(setting.parts)
     progress(f"setting {setting.name}: parts {','.join(p for p in setting.parts)}")
-    placement.start_ray(cfg.ray.address, cfg.ray.num_cpus)
+    start_ray(cfg.ray.address, cfg.ray.num_cpus)
     # Ray runs its workers at a raised niceness (15 by default); the baselines get the same
     res["ray_worker_niceness"] = ray.get(ray.remote(num_cpus=0)(current_niceness).remote(), timeout=timeout_s)
     res["driver_niceness"] = current_niceness()

@@ -25,7 +25,7 @@ def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
 
 
 def _start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
-    from cluster.launch.placement import free_port
+    from cluster.launch.ray_cluster import free_port
     from learner.worker import LearnerWorker
 
     port, master = free_port(), ray.util.get_node_ip_address()

@@ -64,7 +64,7 @@ class _DirectEngine:
     """Parent side of the direct-vLLM subprocess."""
 
     def __init__(self, spec: dict, workdir: Path, timeout_s: float):
-        from cluster.launch.placement import WORKER_ENV
+        from cluster.launch.ray_cluster import WORKER_ENV
 
         self.timeout_s = timeout_s
         spec_path = workdir / "direct_vllm_spec.json"

@@ -55,6 +55,6 @@ def bench_schedule(config_overrides: list[str], mode: str, run_dir: Path) -> tup
     summary["run_wall_s"] = total
     summary["trainer_eval"] = {"before": out.get("before"), "after": out.get("after")}  # vLLM greedy, pass@k
     summary["hf_model"] = out.get("hf_model")
-    # the thread budget each actor got (actors/threads.py), as the run recorded it
+    # the thread budget each actor got (cluster/launch/thread_budget.py), as the run recorded it
     summary["threads"] = {p["role"]: p.get("threads") for p in json.loads((run_dir / "placement.json").read_text())}
     return summary, rows

@@ -217,7 +217,7 @@ def bench_trl(settings: dict, workdir: Path, skip: bool, timeout_s: float, nicen
     out.unlink(missing_ok=True)
     progress(f"TRL: GRPOTrainer, {settings['steps']} steps x {settings['prompts_per_step']} prompts x "
              f"G={settings['group_size']}, {settings['threads']} thread(s) (log {log})")
-    from cluster.launch.placement import WORKER_ENV
+    from cluster.launch.ray_cluster import WORKER_ENV
 
     env = {**os.environ, **WORKER_ENV, "OMP_NUM_THREADS": str(settings["threads"]), "CUDA_VISIBLE_DEVICES": ""}
     with open(log, "w") as f:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 # What the learner reports for a step that a step's line carries.
 # train_threads_max: the most torch threads a rank trained with (more than its share where the
-# collecting side lent its idle cores, actors/threads.py).
+# collecting side lent its idle cores, cluster/launch/thread_budget.py).
 LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean",
                 "logprob_diff_mean", "logprob_diff_max", "train_threads_max")
 # Multi-turn rollouts (rollout.env; NaN in single-turn runs): assistant turns and "tool" messages per

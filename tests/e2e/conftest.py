@@ -12,7 +12,7 @@ def ray_cluster():
     """
     import ray
 
-    from cluster.launch.placement import worker_runtime_env
+    from cluster.launch.ray_cluster import worker_runtime_env
 
     ray.init(num_cpus=8, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
     yield ray

@@ -124,7 +124,7 @@ def test_constant_reward_halts_with_a_checkpoint_and_a_diagnosis(tiny_model_dir,
 def test_rollout_worker_past_its_restart_budget_fails_the_run_at_once(tiny_model_dir, ray_cluster, tmp_path):
     """rollout.max_restarts=0 and the engine is SIGKILLed: Ray will not restart it, so the driver says so
     at once instead of polling a dead actor for trainer.actor_timeout_s."""
-    from cluster.launch.placement import ActorFailed
+    from cluster.launch.waits import ActorFailed
     from cluster.trainer import Trainer
 
     cfg = config(tiny_model_dir, tmp_path / "budget", "rollout.max_restarts=0", "trainer.steps=3",

@@ -1,4 +1,4 @@
-"""Waiting on a group of actors (cluster/launch/placement.py wait_all): the first failure ends the wait, and a
+"""Waiting on a group of actors (cluster/launch/waits.py wait_all): the first failure ends the wait, and a
 dead actor is reported as the cause even when a peer's error shows first. Real Ray actors."""
 import os
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import ray
 
-from cluster.launch.placement import ActorFailed, wait_all
+from cluster.launch.waits import ActorFailed, wait_all
 
 
 @ray.remote(num_cpus=0)

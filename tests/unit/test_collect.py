@@ -100,7 +100,7 @@ def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatc
                 calls.append(len(completion_ids))
                 return [[-0.5] * len(c) for c in completion_ids]
 
-    monkeypatch.setattr(trainer_module.placement, "wait_for", lambda refs, *what: refs)
+    monkeypatch.setattr(trainer_module, "wait_for", lambda refs, *what: refs)
     t = trainer([[1, 0], [1, 1], [0, 1], [0, 0]], dynamic=True)
     t.actors = SimpleNamespace(reference=FakeReference())
     b = t._collect(step=0)

@@ -1,4 +1,5 @@
-"""The CPU thread budget (actors/threads.py) and the reference placement rule (RunConfig.reference_on_learner)."""
+"""The CPU thread budget (cluster/launch/thread_budget.py, actors/threads.py) and the reference placement
+rule (RunConfig.reference_on_learner)."""
 from __future__ import annotations
 
 import os
@@ -7,8 +8,9 @@ import pytest
 import torch
 
 from actors.config import ReferenceConfig
-from actors.threads import idle_collect_threads, node_cores, thread_budget, use_threads
+from actors.threads import node_cores, use_threads
 from cluster.config import ConfigError, RunConfig, TrainerConfig, load_config
+from cluster.launch.thread_budget import idle_collect_threads, thread_budget
 from learner.config import AlgoConfig, LearnerConfig
 
 
@@ -57,7 +59,7 @@ def test_idle_collecting_cores_go_to_the_learner_ranks_of_that_node():
 
 
 def test_only_cpu_async_learners_without_a_thread_override_are_lent_cores():
-    from cluster.launch.placement import lends_idle_cores
+    from cluster.launch.thread_budget import lends_idle_cores
 
     cfg = RunConfig()
     cfg.trainer.mode = "async"

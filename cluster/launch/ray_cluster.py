@@ -1,0 +1,57 @@
+"""Starting or joining a Ray cluster, the environment every Ray worker gets, and free ports."""
+from __future__ import annotations
+
+import os
+import socket
+
+# Set in every Ray worker process. No hub access anywhere; keep tokenizers single-threaded so
+# several actors share a small machine without oversubscribing its cores.
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def worker_runtime_env(extra_env: dict[str, str] | None = None) -> dict:
+    env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
+    env.update(extra_env or {})
+    return {"env_vars": env}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_ray(address: str, num_cpus: int) -> None:
+    """Join `address` ("auto" or HOST:PORT), or start an embedded local cluster sized to the machine."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        join_cluster(address)
+        return
+    # Logical CPUs: at least 8 so that fractional actors fit on a 2-core machine; they mostly
+    # wait on each other, and each limits its own threads.
+    cpus = num_cpus or max(8, os.cpu_count() or 1)
+    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
+
+
+def join_cluster(address: str) -> None:
+    """Connect this driver to a running cluster ("auto" or HOST:PORT of its GCS) in the cluster's
+    authentication mode (token discovery as `submit`: cluster/launch/auth.py)."""
+    import ray
+
+    from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
+
+    gcs = resolve_gcs_address(address)
+    use_cluster_auth_mode(gcs_auth_mode(gcs), gcs)
+    try:
+        ray.init(address=gcs, runtime_env=worker_runtime_env(), log_to_driver=True)
+    except Exception as e:
+        raise (explain_auth_failure(e, gcs) or e) from e
