@@ -24,7 +24,8 @@ def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
                       behavior_logp=logp, ref_logp=[list(x) for x in logp] if with_ref else None, pad_id=pad_id)
 
 
-def _start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
+def start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
+    """`ranks` LearnerWorker actors (the config `lcfg`), ready: parts 2, 4 and 6 train and sync with them."""
     from cluster.launch.ray_cluster import free_port
     from learner.worker import LearnerWorker
 
@@ -43,7 +44,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
 
     lcfg = dataclasses.replace(base_cfg.learner, zero_stage=stage, num_ranks=ranks)
     progress(f"learner: ZeRO-{stage}, {ranks} rank(s), {len(batch)} sequences, 1 warm-up + {steps} steps")
-    handles = _start_learners(ray, model, lcfg, base_cfg.algo, ranks, timeout_s)
+    handles = start_learners(ray, model, lcfg, base_cfg.algo, ranks, timeout_s)
     group = LearnerGroup(handles, timeout_s)
     try:
         learner = None

@@ -7,7 +7,7 @@ import statistics
 import time
 
 from actors.devices import transfer_backend
-from cluster.bench.learner_sync import _start_learners
+from cluster.bench.learner_sync import start_learners
 from cluster.bench.report import progress
 
 
@@ -32,7 +32,7 @@ def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeou
                     model, base_cfg.rollout, max_lora_rank=key)
             engine = engines[key]
             progress(f"lora: {name} (rank {lcfg.lora_rank}), 1 train step, 1 warm-up + {repeats} syncs")
-            handles = _start_learners(ray, model, lcfg, base_cfg.algo, 1, timeout_s)
+            handles = start_learners(ray, model, lcfg, base_cfg.algo, 1, timeout_s)
             group = LearnerGroup(handles, timeout_s)
             try:
                 group.train(batch)
@@ -57,22 +57,3 @@ def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeou
         for h in engines.values():
             ray.kill(h)
     return out
-
-
-def lora_rows(res: dict) -> list[tuple]:
-    lo = res.get("lora")
-    if not lo or "full" not in lo:
-        return []
-    full = lo["full"]
-    rows = []
-    for name in ("full", "adapter", "merged"):
-        v = lo.get(name)
-        if v:
-            rows.append(("6 lora", f"sync {name} seconds", v["seconds"],
-                         f"{v['bytes'] / 2**20:.3f} MiB ({v['bytes'] / full['bytes']:.1%} of full), "
-                         f"{v['trainable_params']:,} trainable params"))
-    if lo.get("adapter"):
-        rows.append(("6 lora", "optimizer state LoRA / full", lo["adapter"]["optimizer_state_bytes"] / full["optimizer_state_bytes"],
-                     f"{lo['adapter']['optimizer_state_bytes'] / 2**20:.3f} vs {full['optimizer_state_bytes'] / 2**20:.3f} MiB "
-                     f"(Adam moments + fp32 partitions, ZeRO-2, 1 rank, rank {lo['lora_rank']})"))
-    return rows

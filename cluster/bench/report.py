@@ -330,8 +330,27 @@ def table_rows(res: dict) -> list[tuple]:
             ]
     elif t:
         rows.append(("5 vs TRL", "TRL GRPOTrainer", None, f"{t.get('status')}: {t.get('message', '')}"[:120]))
-    from cluster.bench.lora import lora_rows  # here: cluster.bench.lora imports this module
     return rows + lora_rows(res)
+
+
+def lora_rows(res: dict) -> list[tuple]:
+    """Part 6's rows of the table (cluster/bench/lora.py measures them)."""
+    lo = res.get("lora")
+    if not lo or "full" not in lo:
+        return []
+    full = lo["full"]
+    rows = []
+    for name in ("full", "adapter", "merged"):
+        v = lo.get(name)
+        if v:
+            rows.append(("6 lora", f"sync {name} seconds", v["seconds"],
+                         f"{v['bytes'] / 2**20:.3f} MiB ({v['bytes'] / full['bytes']:.1%} of full), "
+                         f"{v['trainable_params']:,} trainable params"))
+    if lo.get("adapter"):
+        rows.append(("6 lora", "optimizer state LoRA / full", lo["adapter"]["optimizer_state_bytes"] / full["optimizer_state_bytes"],
+                     f"{lo['adapter']['optimizer_state_bytes'] / 2**20:.3f} vs {full['optimizer_state_bytes'] / 2**20:.3f} MiB "
+                     f"(Adam moments + fp32 partitions, ZeRO-2, 1 rank, rank {lo['lora_rank']})"))
+    return rows
 
 
 def write_json(path: str | Path, payload: dict) -> Path:
