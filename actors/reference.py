@@ -12,9 +12,9 @@ import os
 import torch
 
 from actors.config import ReferenceConfig
-from actors.devices import on_gpu, resolve_dtype
-from actors.sequences import completion_logprobs
-from actors.threads import node_cores, use_threads
+from actors.runtime.devices import on_gpu, resolve_dtype
+from actors.runtime.sequences import completion_logprobs
+from actors.runtime.threads import node_cores, use_threads
 
 
 class ReferenceActor:

@@ -5,11 +5,11 @@ calls one at a time, so a weight update never lands in the middle of a `generate
 
 The engine is `vllm.LLM`, which carries vLLM's RL weight-update API; this class exposes that
 API under the same names, so the learner drives every engine with vLLM's own
-`RayVLLMWeightSyncClient([handles])` (see actors/gloo_transfer.py for the CPU backend).
+`RayVLLMWeightSyncClient([handles])` (see actors/transport/gloo_trainer.py for the CPU backend).
 
 On CPU the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the default would add
 an engine-core process and a worker process per engine, which on a 2-core machine costs
-memory and context switches for nothing. vLLM loads our general plugin (actors/vllm_ext.py)
+memory and context switches for nothing. vLLM loads our general plugin (actors/transport/vllm_plugin.py)
 in whichever process builds the model, here the actor itself.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 
 from actors.config import RolloutConfig
-from actors.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
-from actors.threads import node_cores, use_threads
-from actors.vllm_ext import PACK_ABOVE_ENV
+from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
+from actors.runtime.threads import node_cores, use_threads
+from actors.transport.vllm_plugin import PACK_ABOVE_ENV
 
 FINISH_REASONS = ("stop", "length")
 CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
@@ -117,7 +117,7 @@ class RolloutWorker:
             # Before vLLM is imported: envs are read lazily, but keep it obviously first.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads or max(1, int(cfg.num_cpus))))
-            os.environ[PACK_ABOVE_ENV] = str(cfg.cpu_pack_above_elements)  # read by actors/vllm_ext.py
+            os.environ[PACK_ABOVE_ENV] = str(cfg.cpu_pack_above_elements)  # read by actors/transport/vllm_plugin.py
         # Until the driver's thread budget arrives (set_threads); vLLM's CPU worker turns
         # torch.set_num_threads into a no-op once it starts, use_threads goes around that.
         self._threads = cfg.threads or (0 if gpu else int(os.environ["OMP_NUM_THREADS"]))
@@ -395,7 +395,7 @@ class RolloutWorker:
         """A whole weight update in one call (one round trip from the sender instead of four):
         start, receive and load every bucket (the sender broadcasts meanwhile), finish (CPU re-pack,
         prefix-cache reset) and stamp `weight_version`. Returns the seconds of its parts."""
-        from actors.gloo_engine import LAST_UPDATE_PARTS
+        from actors.transport.gloo_engine import LAST_UPDATE_PARTS
 
         LAST_UPDATE_PARTS.clear()
         t0 = time.perf_counter()

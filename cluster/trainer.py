@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from actors.devices import transfer_backend
 from actors.rewards import RewardScorer
+from actors.runtime.devices import transfer_backend
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, model_tokens, save_batch, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.dataset import Example, PromptStream, load_run_data, load_tokenizer

@@ -63,7 +63,7 @@ class LearnerConfig:
     mu: int = 1  # inner optimisation passes over each batch (GRPO's mu)
     max_nonfinite_steps: int = 3  # consecutive NaN/inf losses or grads before the run stops
     gradient_checkpointing: bool = False
-    # The G completions of a prompt share one forward pass of it (actors/sequences.py; the same
+    # The G completions of a prompt share one forward pass of it (actors/runtime/sequences.py; the same
     # log-probs and gradients to float rounding). Not with gradient checkpointing or ZeRO-3.
     prompt_sharing: bool = True
     # LoRA (peft): 0 = full fine-tuning. With a rank, only the adapters train and travel to the engines.

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import torch
 
-from actors.devices import resolve_dtype
+from actors.runtime.devices import resolve_dtype
 from learner.config import LearnerConfig
 
 
@@ -79,7 +79,7 @@ def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: i
     import torch.distributed as dist
     from deepspeed.constants import default_pg_timeout
 
-    from actors.sockets import listening_store, local_ip_towards
+    from actors.runtime.sockets import listening_store, local_ip_towards
 
     timeout = default_pg_timeout  # what deepspeed.init_distributed would use
     if rank == 0:

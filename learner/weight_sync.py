@@ -7,7 +7,7 @@ Three parts:
                           tensors are the ones sent) and never the whole model at once.
                           Under ZeRO-0/1/2 every rank holds whole parameters.
   WeightSync              the trainer-side transfer engine (`gloo` on CPU from
-                          actors/gloo_transfer.py, vLLM's `nccl` on GPU) with a Ray client
+                          actors/transport/gloo_trainer.py, vLLM's `nccl` on GPU) with a Ray client
                           over the RolloutWorkers; `send(version)` runs one full update.
   consolidated_state_dict the same group-wise gather into a CPU state dict (export, tests).
 
@@ -187,7 +187,7 @@ def trainer_init_info(init_info: dict, rank: int):
     fields = dict(init_info)
     backend = fields.pop("backend")
     if backend == "gloo":
-        import actors.gloo_transfer  # noqa: F401  (registers the CPU backend with vLLM's factories)
+        import actors.transport.gloo_trainer  # noqa: F401  (registers the CPU backend with vLLM's factories)
     registry = WeightTransferTrainerFactory._registry  # no public lookup of a backend's classes
     if backend not in registry:
         raise ValueError(f"unknown weight-transfer backend {backend!r}; registered: {sorted(registry)}")
@@ -207,7 +207,7 @@ class WeightSync:
         info = trainer_init_info(init_info, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
-        from actors.gloo_transfer import GlooTrainerWeightTransferEngine
+        from actors.transport.gloo_trainer import GlooTrainerWeightTransferEngine
 
         self._gloo = self.engine if isinstance(self.engine, GlooTrainerWeightTransferEngine) else None
         if rank == 0:
@@ -233,7 +233,7 @@ class WeightSync:
 
     def transport(self) -> str:
         """How the bytes travel: vLLM's backend name, or for gloo "shared_memory" when every engine
-        is on this machine (actors/shared_memory.py)."""
+        is on this machine (actors/transport/shared_memory.py)."""
         return self._gloo.transport() if self._gloo is not None else self.backend
 
     def shutdown(self) -> None:

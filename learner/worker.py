@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from actors.devices import on_gpu, resolve_dtype
-from actors.sequences import PromptSharingUnsupported
-from actors.threads import node_cores, use_threads
+from actors.runtime.devices import on_gpu, resolve_dtype
+from actors.runtime.sequences import PromptSharingUnsupported
+from actors.runtime.threads import node_cores, use_threads
 from learner import grpo
 from learner.batch import MicroBatch, TrainBatch
 from learner.config import AlgoConfig, LearnerConfig

@@ -1,5 +1,5 @@
 """vLLM-CPU linear layers: oneDNN-packed copy vs the live weight (`F.linear`), the measurement
-behind `rollout.cpu_pack_above_elements` (actors/vllm_ext.py; docs/benchmarks.md, round 3).
+behind `rollout.cpu_pack_above_elements` (actors/transport/vllm_plugin.py; docs/benchmarks.md, round 3).
 
     python -m cluster.bench.cpu_gemm                       # GEMM times for the bench models' shapes
     python -m cluster.bench.cpu_gemm --model DIR           # + whole generate calls, both paths
@@ -54,7 +54,7 @@ def gemm_table(threads: int) -> None:
 def generate_ab(model_dir: str, threads: int, tokens: int, rounds: int) -> None:
     import vllm.model_executor.layers.utils as layer_utils
 
-    import actors.vllm_ext as ext
+    import actors.transport.vllm_plugin as ext
     from actors.config import RolloutConfig
     from actors.rollout import RolloutWorker
 

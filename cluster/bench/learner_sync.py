@@ -6,7 +6,7 @@ import datetime
 import statistics
 import time
 
-from actors.devices import transfer_backend
+from actors.runtime.devices import transfer_backend
 from cluster.bench.report import per_second, progress, ratio
 
 
@@ -91,7 +91,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
 
 class GlooPeer:
     """One end of the raw-broadcast baseline (a Ray actor): the same ProcessGroupGloo over a
-    TCPStore that the weight transfer uses (actors.gloo_protocol.new_gloo_group)."""
+    TCPStore that the weight transfer uses (actors.transport.gloo_protocol.new_gloo_group)."""
 
     def __init__(self, rank: int):
         self.rank, self.store, self.group = rank, None, None
@@ -106,7 +106,7 @@ class GlooPeer:
     def join(self, address: str, port: int, world_size: int) -> None:
         import torch.distributed as dist
 
-        from actors.gloo_protocol import new_gloo_group
+        from actors.transport.gloo_protocol import new_gloo_group
 
         if self.store is None:
             self.store = dist.TCPStore(address, port, is_master=False, timeout=datetime.timedelta(seconds=300))

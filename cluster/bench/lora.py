@@ -6,7 +6,7 @@ import dataclasses
 import statistics
 import time
 
-from actors.devices import transfer_backend
+from actors.runtime.devices import transfer_backend
 from cluster.bench.learner_sync import start_learners
 from cluster.bench.report import progress
 

@@ -1,5 +1,5 @@
 """The CPU thread budget (the driver's plan; each actor applies its count with
-actors/threads.py use_threads): every phase of a step uses the cores that are free while it runs.
+actors/runtime/threads.py use_threads): every phase of a step uses the cores that are free while it runs.
 
 A CPU actor computes with torch's OpenMP threads. Ray's `num_cpus` is a scheduling share, not
 a thread count (0.5 CPU would be one thread that leaves the other core idle), so the driver

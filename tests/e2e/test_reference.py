@@ -66,7 +66,7 @@ def test_matches_plain_hf_forward(reference, batch, tiny_model_dir):
 
 
 def test_pack_sequences_layout():
-    from actors.sequences import pack_sequences
+    from actors.runtime.sequences import pack_sequences
 
     ids, mask, pos, comp = pack_sequences([[5, 6], [7]], [[8], [9, 10, 11]], pad_id=0)
     assert ids.tolist() == [[5, 6, 8, 0], [7, 9, 10, 11]]

@@ -93,7 +93,7 @@ def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluste
     """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal. The
     reference runs on the learner rank (reference.placement auto, on CPU) and gives the KL the
     reference actor gives; every actor computes with the thread budget's count."""
-    from actors.threads import node_cores
+    from actors.runtime.threads import node_cores
 
     full = tmp_path / "full"
     trainer = Trainer(config(tiny_model_dir, full, "algo.beta=0.05", "checkpoint.every=2"))
@@ -144,7 +144,7 @@ def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster,
     """SIGKILL an engine's process while step 3's generation is in flight (async: it overlaps
     step 2's training): Ray restarts it, the driver re-syncs it and re-sends its prompts. With a KL
     term: in async, reference.placement auto is the actor, which scores each batch as it is collected."""
-    from actors.threads import node_cores
+    from actors.runtime.threads import node_cores
 
     run_dir = tmp_path / "async"
     cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2",

@@ -9,7 +9,7 @@ before the sync.
 The two engines compute their linear layers the two ways vLLM-CPU can: engine 0 from the weights
 themselves (the default for a model this small), engine 1 from oneDNN-packed copies that each
 update rebuilds (`rollout.cpu_pack_above_elements=0`). The first update of each engine goes
-through vLLM's `load_weights`, the later ones are direct copies (actors/direct_load.py).
+through vLLM's `load_weights`, the later ones are direct copies (actors/transport/direct_load.py).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def noise_(model, seed: int, scale: float = 0.05):
 def sync(ray, workers, model, cfg, version: int, shared_memory: bool = True):
     from vllm.distributed.weight_transfer import ModuleSource, RayVLLMWeightSyncClient
 
-    from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
+    from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
 
     init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0,
                                world_size=1 + len(workers), bucket_bytes=cfg.bucket_mb << 20, timeout_s=120, rank=0,
@@ -139,7 +139,7 @@ def test_one_trip_updates_copy_directly_and_match_hf(setup):
     update checked vLLM's loader, the engines copy the weights directly, still exactly."""
     from vllm.distributed.weight_transfer import ModuleSource
 
-    from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
+    from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
     from learner.weight_sync import OneTripRayClient
 
     ray, workers, model, seqs, cfg = setup

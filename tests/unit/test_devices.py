@@ -1,7 +1,7 @@
 """What "auto" means per device: one rule each, shared by engines, reference, learner ranks and driver."""
 import torch
 
-from actors.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
+from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
 
 
 def test_auto_dtype_is_bfloat16_on_gpu_float32_on_cpu_and_an_explicit_one_stands():
@@ -39,12 +39,12 @@ def test_a_process_without_gpus_asked_runs_on_cpu_even_where_gpus_are_visible(mo
 
 
 def test_small_float32_cpu_layers_compute_from_the_live_weight(monkeypatch):
-    """actors/vllm_ext.py: which vLLM-CPU layers skip the oneDNN-packed copy (and its re-pack at
+    """actors/transport/vllm_plugin.py: which vLLM-CPU layers skip the oneDNN-packed copy (and its re-pack at
     every weight update), per rollout.cpu_pack_above_elements."""
     import torch
 
     from actors.config import RolloutConfig
-    from actors.vllm_ext import PACK_ABOVE_ENV, _computes_live
+    from actors.transport.vllm_plugin import PACK_ABOVE_ENV, _computes_live
 
     default = RolloutConfig.cpu_pack_above_elements
     monkeypatch.delenv(PACK_ABOVE_ENV, raising=False)

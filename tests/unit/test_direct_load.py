@@ -1,10 +1,10 @@
-"""DirectLoader (actors/direct_load.py) on stand-ins for vLLM models: it copies directly only
+"""DirectLoader (actors/transport/direct_load.py) on stand-ins for vLLM models: it copies directly only
 after vLLM's own loader was seen to do exactly that, and keeps the loader otherwise."""
 from __future__ import annotations
 
 import torch
 
-from actors.direct_load import DirectLoader, signature_of
+from actors.transport.direct_load import DirectLoader, signature_of
 
 # HF-side tensors of one layer: q/k/v and gate/up are stacked into one vLLM parameter each.
 HF_SHAPES = {

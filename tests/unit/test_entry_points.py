@@ -23,10 +23,10 @@ def test_project_root_is_the_checkout():
 def test_gloo_engine_class_named_for_vllm_resolves():
     from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
-    from actors import gloo_transfer
+    from actors.transport import gloo_trainer
 
-    cls = resolve(gloo_transfer.ENGINE_MODULE, gloo_transfer.ENGINE_CLASS)
-    assert issubclass(cls, WeightTransferEngine) and cls.__name__ == gloo_transfer.ENGINE_CLASS
+    cls = resolve(gloo_trainer.ENGINE_MODULE, gloo_trainer.ENGINE_CLASS)
+    assert issubclass(cls, WeightTransferEngine) and cls.__name__ == gloo_trainer.ENGINE_CLASS
 
 
 @pytest.mark.parametrize("group", ["console_scripts", "vllm.general_plugins"])

@@ -16,9 +16,9 @@ import torch
 from vllm.distributed.weight_transfer.base import ModuleSource, WeightTransferInitRequest
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-from actors.gloo_engine import GlooWeightTransferEngine
-from actors.gloo_protocol import BucketBuffers, plan_buckets
-from actors.gloo_transfer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
+from actors.transport.gloo_engine import GlooWeightTransferEngine
+from actors.transport.gloo_protocol import BucketBuffers, plan_buckets
+from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
 
 
 class RecordingModel(torch.nn.Module):
@@ -215,10 +215,10 @@ def test_source_that_disagrees_with_its_metadata_fails_fast():
 
 
 def test_backends_registered():
-    import actors.vllm_ext
+    import actors.transport.vllm_plugin
 
-    actors.vllm_ext.register()
-    actors.vllm_ext.register()  # idempotent
+    actors.transport.vllm_plugin.register()
+    actors.transport.vllm_plugin.register()  # idempotent
     assert WeightTransferEngineFactory._registry["gloo"]() is GlooWeightTransferEngine
     assert "gloo" in WeightTransferTrainerFactory._registry
 
@@ -230,7 +230,7 @@ def test_explicit_rank_offset():
 
     import torch.distributed as dist
 
-    from actors.gloo_protocol import new_gloo_group
+    from actors.transport.gloo_protocol import new_gloo_group
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))
@@ -258,7 +258,7 @@ def test_shared_segment_is_unlinked_after_init_and_refusals_fall_back_to_gloo(mo
     """The segment's file is gone once the engines answered (nothing left in /dev/shm whatever
     happens later); an engine that cannot map it (another machine) makes every update go by gloo,
     and the sender says why."""
-    from actors import shared_memory
+    from actors.transport import shared_memory
 
     created = []
     real_create = shared_memory.create_segment
@@ -285,7 +285,7 @@ def test_shared_segment_is_unlinked_after_init_and_refusals_fall_back_to_gloo(mo
 
 
 def test_attach_checks_the_nonce_and_size():
-    from actors import shared_memory
+    from actors.transport import shared_memory
 
     path, nonce, tensor = shared_memory.create_segment(1000)
     try:
@@ -301,7 +301,7 @@ def test_attach_checks_the_nonce_and_size():
 
 
 def test_no_segment_when_shm_is_too_small(monkeypatch):
-    from actors import shared_memory
+    from actors.transport import shared_memory
 
     monkeypatch.setattr(shared_memory, "MAX_SHARE_OF_FREE", 0.0)
     assert shared_memory.create_segment(1 << 20) is None

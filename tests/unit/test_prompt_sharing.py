@@ -1,4 +1,4 @@
-"""Prompt sharing (actors/sequences.py): the rows of one prompt share its forward pass. Log-probs and
+"""Prompt sharing (actors/runtime/sequences.py): the rows of one prompt share its forward pass. Log-probs and
 gradients must be those of one pass per sequence, on more than one architecture; a model whose cache
 cannot be shared falls back. Small random models, built here (no files)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from actors.sequences import PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared, shared_prompt_logits
+from actors.runtime.sequences import PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared, shared_prompt_logits
 from learner.grpo import token_logprobs
 
 

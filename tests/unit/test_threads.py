@@ -1,4 +1,4 @@
-"""The CPU thread budget (cluster/launch/thread_budget.py, actors/threads.py) and the reference placement
+"""The CPU thread budget (cluster/launch/thread_budget.py, actors/runtime/threads.py) and the reference placement
 rule (RunConfig.reference_on_learner)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from actors.config import ReferenceConfig
-from actors.threads import node_cores, use_threads
+from actors.runtime.threads import node_cores, use_threads
 from cluster.config import ConfigError, RunConfig, TrainerConfig, load_config
 from cluster.launch.thread_budget import idle_collect_threads, thread_budget
 from learner.config import AlgoConfig, LearnerConfig

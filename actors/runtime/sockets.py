@@ -1,5 +1,5 @@
 """Sockets for the process groups: the learner ranks' rendezvous (learner/rank_setup.py) and the
-gloo weight transfer (actors/gloo_transfer.py) both listen only on the address their peers were
+gloo weight transfer (actors/transport/gloo_trainer.py) both listen only on the address their peers were
 told, and bind gloo to the interface on the route to it.
 
 torch only, no vLLM: a learner rank sets up its group without the rollout side's packages.

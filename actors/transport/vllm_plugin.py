@@ -1,9 +1,9 @@
 """Loaded in every vLLM process through the general-plugin entry point (setup.py:
-`vllm.general_plugins: raygrpo = actors.vllm_ext:register`).
+`vllm.general_plugins: raygrpo = actors.transport.vllm_plugin:register`).
 
 It does two things, both needed before any weight update can work on a CPU engine:
 
-1. Registers the `gloo` weight-transfer backend (actors/gloo_transfer.py) with vLLM's engine
+1. Registers the `gloo` weight-transfer backend (actors/transport/gloo_trainer.py) with vLLM's engine
    and trainer factories, so `weight_transfer_config={"backend": "gloo"}` resolves.
 2. The CPU re-pack fix. vLLM's CPU linear layers (and the embedding / LM head) compute from a
    packed copy of the weight (oneDNN handle or sgl-kernel layout) built once after loading,
@@ -34,7 +34,7 @@ PACK_ABOVE_ENV = "RAYGRPO_CPU_PACK_ABOVE_ELEMENTS"
 
 def register() -> None:
     """The general-plugin hook: backends + (on CPU) the re-pack fix."""
-    from actors.gloo_transfer import register_engine_backend, register_trainer_backends
+    from actors.transport.gloo_trainer import register_engine_backend, register_trainer_backends
 
     register_engine_backend()
     register_trainer_backends()
@@ -115,7 +115,7 @@ def _packed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         if weight.numel() == 0:
             raise RuntimeError(
                 f"vLLM dropped the weight of {name} after loading, so updates cannot reach it: the "
-                "raygrpo vLLM plugin (actors.vllm_ext:register) was not loaded before the model. "
+                "raygrpo vLLM plugin (actors.transport.vllm_plugin:register) was not loaded before the model. "
                 "Is raygrpo pip-installed in this environment, and does VLLM_PLUGINS (if set) name it?"
             )
         layers.append(module)

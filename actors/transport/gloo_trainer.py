@@ -6,14 +6,14 @@ the trainer), but its built-in backends (nccl, ipc, ...) all need CUDA. This bac
 twin of `vllm/distributed/weight_transfer/nccl_engine.py`: the same handshake and the same
 packed buckets, over a `torch.distributed.ProcessGroupGloo` built on its own `TCPStore`.
 The protocol both sides share (handshake, buckets, the shared-memory transport) is in
-actors/gloo_protocol.py; the engine side is actors/gloo_engine.py.
+actors/transport/gloo_protocol.py; the engine side is actors/transport/gloo_engine.py.
 
 The group is private: it never touches the default (global) process group, so a trainer that
 already runs DeepSpeed/torch.distributed keeps its own world untouched.
 
 Importing this module registers the trainer engine with vLLM's `WeightTransferTrainerFactory`,
 so the learner (which does not load vLLM plugins) can call `WeightTransferTrainerFactory.trainer_init(
-GlooTrainerInitInfo(...), client=..., source=...)` after `import actors.gloo_transfer`.
+GlooTrainerInitInfo(...), client=..., source=...)` after `import actors.transport.gloo_trainer`.
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
-from actors import shared_memory
-from actors.gloo_protocol import (
+from actors.runtime.sockets import listening_store
+from actors.transport import shared_memory
+from actors.transport.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
     RANK_COUNTER,
@@ -51,12 +52,11 @@ from actors.gloo_protocol import (
     plan_buckets,
     wait_work,
 )
-from actors.sockets import listening_store
 
 BACKEND = "gloo"
 # The engine-side class, named (not imported) for vLLM to load lazily in its
 # workers; tests/unit/test_entry_points.py checks the name resolves.
-ENGINE_MODULE, ENGINE_CLASS = "actors.gloo_engine", "GlooWeightTransferEngine"
+ENGINE_MODULE, ENGINE_CLASS = "actors.transport.gloo_engine", "GlooWeightTransferEngine"
 
 
 def default_master_address() -> str:

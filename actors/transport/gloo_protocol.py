@@ -1,6 +1,6 @@
 """The wire protocol of the CPU `gloo` weight-transfer backend: what both sides share.
 
-The trainer side (actors/gloo_transfer.py) and the engine side (actors/gloo_engine.py) import
+The trainer side (actors/transport/gloo_trainer.py) and the engine side (actors/transport/gloo_engine.py) import
 this module; neither imports the other's.
 
 Group layout and handshake (what `GlooTrainerWeightTransferEngine.trainer_init` does):
@@ -24,10 +24,10 @@ One update (`send_weights`): the sender sends the parameter list (names, dtypes,
 `update_weights`, then broadcasts the tensors packed into uint8 buckets of about `bucket_bytes`;
 both sides cut the buckets with the same rule (`plan_buckets`), so no sizes travel per bucket.
 The engine side loads each bucket with `model.load_weights` (or direct copies); its
-`finish_weight_update` re-packs vLLM's CPU linear layers (actors/vllm_ext.py).
+`finish_weight_update` re-packs vLLM's CPU linear layers (actors/transport/vllm_plugin.py).
 
 Same machine: when every engine could map the sender's shared-memory segment at init
-(actors/shared_memory.py), the sender packs each bucket straight into it and the broadcast
+(actors/transport/shared_memory.py), the sender packs each bucket straight into it and the broadcast
 carries only a `header` (bucket index, bytes); a barrier between buckets tells the sender the
 engines are done reading. The update info says which transport an update uses.
 """
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from actors.sockets import local_ip_towards
+from actors.runtime.sockets import local_ip_towards
 
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
@@ -153,7 +153,7 @@ def wait_work(work, timeout_s: float, peer_failed: Callable[[], None] | None = N
     try:
         work.wait()  # re-raises a gloo error
     except Exception:
-        # A peer whose side failed closes the group (actors/gloo_engine.py); its RPC's error
+        # A peer whose side failed closes the group (actors/transport/gloo_engine.py); its RPC's error
         # says why, and arrives a moment later: prefer it to gloo's "connection closed".
         deadline = time.monotonic() + PEER_ERROR_GRACE_S
         while peer_failed is not None and time.monotonic() < deadline:

@@ -1,11 +1,11 @@
 """The engine side of the `gloo` weight-transfer backend: runs inside each vLLM worker.
 
-vLLM creates it (`WeightTransferEngineFactory`, backend "gloo", registered by actors/vllm_ext.py)
+vLLM creates it (`WeightTransferEngineFactory`, backend "gloo", registered by actors/transport/vllm_plugin.py)
 next to the loaded model, and calls it from the worker's RL API: `init_transfer_engine` joins
 the trainer's group, `update_weights` receives the packed buckets into the model, and
 `finish_weight_update` re-packs vLLM's CPU linear layers. The protocol is in
-actors/gloo_protocol.py, the trainer side in actors/gloo_transfer.py; on the sender's machine the
-buckets come through a shared-memory segment instead of the broadcast (actors/shared_memory.py).
+actors/transport/gloo_protocol.py, the trainer side in actors/transport/gloo_trainer.py; on the sender's machine the
+buckets come through a shared-memory segment instead of the broadcast (actors/transport/shared_memory.py).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
-from actors import shared_memory
-from actors.direct_load import DirectLoader, signature_of
-from actors.gloo_protocol import (
+from actors.transport import shared_memory
+from actors.transport.direct_load import DirectLoader, signature_of
+from actors.transport.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
     RANK_COUNTER,
@@ -46,7 +46,7 @@ LAST_UPDATE_PARTS: dict[str, float] = {}
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
     """Receives packed buckets by gloo broadcast and loads them with `model.load_weights`, or by
-    direct copies once the first update showed that to be the same (actors/direct_load.py)."""
+    direct copies once the first update showed that to be the same (actors/transport/direct_load.py)."""
 
     init_info_cls = GlooWeightTransferInitInfo
     update_info_cls = GlooWeightTransferUpdateInfo
@@ -161,7 +161,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     def finish_weight_update(self) -> None:
         # vLLM's CPU linear layers compute from a packed copy made at load time: rebuild it
         # from the weights just loaded, or the engine keeps generating with the old ones.
-        from actors.vllm_ext import repack_cpu_weights
+        from actors.transport.vllm_plugin import repack_cpu_weights
 
         t0 = time.perf_counter()
         repack_cpu_weights(self.model)

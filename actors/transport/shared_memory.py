@@ -5,7 +5,7 @@ took 1.2-1.7 ms on the 2-core bench machines, and the sender's pack and the engi
 on top (docs/benchmarks.md, "Weight sync"). When the engines run on the learner's machine, the
 sender can pack each bucket straight into memory that the engines map too; gloo then carries
 only a 16-byte header per bucket. Engines on other machines cannot map the segment; the sender
-then uses the gloo broadcast for everyone (actors/gloo_transfer.py decides; actors/gloo_protocol.py has the wire format).
+then uses the gloo broadcast for everyone (actors/transport/gloo_trainer.py decides; actors/transport/gloo_protocol.py has the wire format).
 
 The segment is a file in /dev/shm (tmpfs) mapped with MAP_SHARED by `torch.from_file`. The
 sender unlinks it as soon as every engine answered, so nothing is left behind whatever happens
