@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-def at_least(p: list[str], key: str, value, lo, note: str = "") -> None:
-    """The one shape of most range checks: append "<key> must be >= <lo><note>, got <value>" to the
-    problems `p` when value < lo (every config section's problems() uses it)."""
-    if value < lo:
-        p.append(f"{key} must be >= {lo}{note}, got {value}")
+from actors.runtime.checks import at_least
+from actors.transport.registry import BACKENDS
+from actors.transport.vllm_plugin import DEFAULT_PACK_ABOVE_ELEMENTS
 
 
 @dataclass
@@ -39,14 +36,15 @@ class RolloutConfig:
     # actually sampled from). Only differs from raw when temperature != 1 or top-k/top-p are set.
     logprobs_mode: str = "raw_logprobs"
     long_prompt: str = "skip"  # a prompt longer than max_model_len - max_new_tokens: "skip" (counted) or "error"
-    weight_transfer_backend: str = "auto"  # auto: "nccl" (vLLM's) when num_gpus > 0, else "gloo" (ours)
+    # auto: "nccl" (vLLM's) when num_gpus > 0, else "gloo" (ours); actors/transport/registry.py
+    weight_transfer_backend: str = "auto"
     bucket_mb: int = 64  # size of the packed buffers the weights travel in
     enforce_eager: bool | None = None  # None: eager on CPU, CUDA graphs on GPU (actors/runtime/devices.py)
     # CPU, float32: linear weights with more elements than this compute from a oneDNN-packed copy
     # (20-40% faster GEMMs at decode from 2048 x 256 up), rebuilt after every weight update at
     # ~0.4 ms per layer; smaller ones compute from the weight itself, which is as fast for them
     # and needs no rebuild (actors/transport/vllm_plugin.py). 0: pack every layer (vLLM's own behaviour).
-    cpu_pack_above_elements: int = 128 * 1024
+    cpu_pack_above_elements: int = DEFAULT_PACK_ABOVE_ELEMENTS  # 128 * 1024
     num_cpus: float = 0.5  # Ray resources per worker; fractional so a 2-core machine runs everything
     num_gpus: float = 0.0
     threads: int = 0  # torch threads per engine; 0: the thread budget (cluster/launch/thread_budget.py) decides
@@ -93,8 +91,9 @@ class RolloutConfig:
         at_least(p, "rollout.temperature", self.temperature, 0)
         if self.long_prompt not in ("skip", "error"):
             p.append(f"rollout.long_prompt must be 'skip' or 'error', got {self.long_prompt!r}")
-        if self.weight_transfer_backend not in ("auto", "gloo", "nccl"):
-            p.append(f"rollout.weight_transfer_backend must be auto|gloo|nccl, got {self.weight_transfer_backend!r}")
+        if self.weight_transfer_backend not in ("auto", *BACKENDS):  # actors/transport/registry.py
+            p.append(f"rollout.weight_transfer_backend must be {'|'.join(('auto', *BACKENDS))}, "
+                     f"got {self.weight_transfer_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             p.append(f"rollout.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):

@@ -20,8 +20,11 @@ import time
 from dataclasses import dataclass
 
 from actors.config import RolloutConfig
-from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
+from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.threads import node_cores, use_threads
+from actors.transport.base import LAST_UPDATE_PARTS
+from actors.transport.lora_adapter import EngineAdapter
+from actors.transport.registry import backend, resolve_backend
 from actors.transport.vllm_plugin import PACK_ABOVE_ENV
 
 FINISH_REASONS = ("stop", "length")
@@ -80,24 +83,6 @@ def stop_token_ids(model_path: str, eos_token_id: int | None) -> list[int]:
     return list(dict.fromkeys(int(i) for i in ids))
 
 
-def _adapter_dir(tmp: str) -> str:
-    """This process's adapter dir, `raygrpo-lora-<pid>`; those of dead processes (engines killed
-    by Ray, which runs no cleanup) are removed first."""
-    import shutil
-
-    for name in os.listdir(tmp):
-        if name.startswith("raygrpo-lora-") and name[13:].isdigit():
-            try:
-                os.kill(int(name[13:]), 0)
-            except ProcessLookupError:
-                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-            except PermissionError:  # alive, another user's
-                pass
-    path = os.path.join(tmp, f"raygrpo-lora-{os.getpid()}")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 class RolloutWorker:
     """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
 
@@ -134,8 +119,6 @@ class RolloutWorker:
             kwargs |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_PREFILL_BUDGET, cfg.max_model_len)}
         if max_lora_rank > 0:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
-        self._lora = None  # the LoRARequest every generate uses, once an adapter arrived
-        self._adapter_root = None  # this engine's own temp dir for adapter files (vLLM loads from disk)
         t0 = time.perf_counter()
         self.llm = LLM(
             model=self.model_path,
@@ -146,9 +129,10 @@ class RolloutWorker:
             enforce_eager=resolve_enforce_eager(cfg.enforce_eager, gpu),
             tensor_parallel_size=cfg.tensor_parallel_size,
             logprobs_mode=cfg.logprobs_mode,
-            weight_transfer_config={"backend": transfer_backend(cfg.weight_transfer_backend, cfg.num_gpus)},
+            weight_transfer_config=backend(resolve_backend(cfg.weight_transfer_backend, cfg.num_gpus)).engine_config(),
             **kwargs,
         )
+        self._adapter = EngineAdapter(self.llm)  # LoRA adapters from the learner (adapter-mode sync)
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = stop_token_ids(self.model_path, self.tokenizer.eos_token_id)
         self._warm_up()
@@ -227,7 +211,7 @@ class RolloutWorker:
                 params.append(self.sampling_params(group_size, max_new, None if seeds is None else seeds[i], greedy))
                 slots.append(i)
         if requests:
-            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter.request)
             texts = None if detokenize else iter(self.tokenizer.batch_decode(
                 [c.token_ids for out in outputs for c in out.outputs], skip_special_tokens=True))
             for i, out in zip(slots, outputs):
@@ -337,7 +321,7 @@ class RolloutWorker:
                 raise ValueError(f"sequence {i} has {len(ids)} tokens; need 2..{self.cfg.max_model_len - 1}")
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids],
-                                    params, use_tqdm=False, lora_request=self._lora)
+                                    params, use_tqdm=False, lora_request=self._adapter.request)
         return [[float(step[tok].logprob) for tok, step in zip(ids[1:], out.prompt_logprobs[1:])]
                 for ids, out in zip(token_ids, outputs)]
 
@@ -395,8 +379,6 @@ class RolloutWorker:
         """A whole weight update in one call (one round trip from the sender instead of four):
         start, receive and load every bucket (the sender broadcasts meanwhile), finish (CPU re-pack,
         prefix-cache reset) and stamp `weight_version`. Returns the seconds of its parts."""
-        from actors.transport.gloo_engine import LAST_UPDATE_PARTS
-
         LAST_UPDATE_PARTS.clear()
         t0 = time.perf_counter()
         self.start_weight_update()
@@ -417,35 +399,15 @@ class RolloutWorker:
     def load_adapter(self, tensors: dict, adapter_config: str, version: int) -> dict:
         """Serve the learner's LoRA adapter from now on: `tensors` are peft-named adapter weights,
         `adapter_config` the text of peft's adapter_config.json. They arrive through Ray (no shared
-        filesystem); vLLM 0.32 loads adapters only from a path, so they are written to this engine's
-        own temp dir, then loaded in place under one adapter id (every later generate uses it)."""
-        import shutil
-        import tempfile
-
-        from safetensors.torch import save_file
-        from vllm.lora.request import LoRARequest
-
-        if self.llm.llm_engine.vllm_config.lora_config is None:
-            raise RuntimeError("load_adapter on an engine started without LoRA (max_lora_rank=0); "
-                               "start it with learner.lora_rank > 0 and learner.lora_sync=adapter")
+        filesystem); actors/transport/lora_adapter.py writes them to this engine's own temp dir and
+        loads them in place under one adapter id (every later generate uses it)."""
+        self._adapter.check_enabled()
         self._check_not_updating()
         use_threads(self._threads)
         t0 = time.perf_counter()
-        if self._adapter_root is None:
-            self._adapter_root = _adapter_dir(tempfile.gettempdir())
-        path = os.path.join(self._adapter_root, f"v{int(version)}")
-        os.makedirs(path, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(path, "adapter_model.safetensors"))
-        with open(os.path.join(path, "adapter_config.json"), "w") as f:
-            f.write(adapter_config)
-        request = LoRARequest("policy", 1, path, load_inplace=True)
-        self.llm.llm_engine.add_lora(request)  # loads now (not at the next generate), so errors surface here
-        old, self._lora = self._lora, request
-        if not self.llm.reset_prefix_cache():  # cached blocks hold K/V of the previous adapter
-            raise RuntimeError("vLLM could not reset its prefix cache after loading an adapter")
+        path = self._adapter.load(tensors, adapter_config, version)
         self.update_weight_version(version)
-        if old is not None and old.lora_path != path:
-            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self._adapter.drop_previous()
         return {"seconds": time.perf_counter() - t0, "path": path}
 
     # ------------------------------------------------------------------ health

@@ -21,8 +21,9 @@ from typing import Any
 
 import yaml
 
-from actors.config import ReferenceConfig, RewardConfig, RolloutConfig, at_least
+from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
 from actors.envs import env_spec_problems
+from actors.runtime.checks import at_least
 from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from actors.rewards import RewardScorer
-from actors.runtime.devices import transfer_backend
+from actors.transport.registry import resolve_backend
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, model_tokens, save_batch, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.dataset import Example, PromptStream, load_run_data, load_tokenizer
@@ -362,7 +362,7 @@ class Trainer:
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
                                 [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
-        self.backend = transfer_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
+        self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
                                        cfg.rollout.tensor_parallel_size)
         self._resume()

@@ -10,7 +10,7 @@ import contextlib
 import time
 
 from actors.rollout import PromptRollout, split_evenly
-from cluster.launch.ray_cluster import free_port
+from actors.transport.registry import backend as transport_backend
 from cluster.launch.waits import ActorFailed, wait_all, wait_for, wait_restarted
 from learner.batch import TrainBatch
 
@@ -40,13 +40,10 @@ class LearnerGroup:
     def init_weight_sync(self, rollout_handles: list, backend: str, bucket_mb: int, tensor_parallel: int) -> None:
         """(Re)build the transfer group: the sender (learner rank 0) + every vLLM worker of every engine."""
 
-        # master_address: the sender (learner rank 0) fills in its own node's; gloo picks its port there
-        info = {"backend": backend, "master_address": "", "master_port": 0 if backend == "gloo" else free_port(),
-                "world_size": 1 + len(rollout_handles) * tensor_parallel}
-        if backend == "gloo":
-            info |= {"bucket_bytes": bucket_mb << 20, "timeout_s": self.timeout_s}
-        else:  # vLLM's nccl backend: packed buffers of the same size
-            info |= {"packed": True, "packed_buffer_size_bytes": bucket_mb << 20}
+        # Each backend says what its ranks need (actors/transport/registry.py); the sender (learner
+        # rank 0) fills in its own node's address.
+        info = {"backend": backend, **transport_backend(backend).init_info(
+            world_size=1 + len(rollout_handles) * tensor_parallel, bucket_bytes=bucket_mb << 20, timeout_s=self.timeout_s)}
         self._all("init_weight_sync", "connecting to the rollout engines", rollout_handles, info)
 
     def sync_weights(self, version: int) -> dict:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.config import at_least
+from actors.runtime.checks import at_least
 from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
 
 # vLLM 0.32 accepts only these max_lora_rank values (vllm/config/lora.py); an engine is started

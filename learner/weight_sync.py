@@ -1,15 +1,18 @@
 """Send the learner's weights to the vLLM engines through vLLM's RL weight-transfer API.
 
-Three parts:
+The learner's half of weight transport (actors/transport/ holds both halves of every backend):
   DeepSpeedWeightSource   a vLLM `WeightSource` over the DeepSpeed model. Under ZeRO-3 each
                           parameter is a shard on every rank, so a layer group is gathered
                           at a time (a collective: all ranks iterate in lockstep, rank 0's
                           tensors are the ones sent) and never the whole model at once.
                           Under ZeRO-0/1/2 every rank holds whole parameters.
-  WeightSync              the trainer-side transfer engine (`gloo` on CPU from
-                          actors/transport/gloo_trainer.py, vLLM's `nccl` on GPU) with a Ray client
-                          over the RolloutWorkers; `send(version)` runs one full update.
   consolidated_state_dict the same group-wise gather into a CPU state dict (export, tests).
+  WeightSync              the trainer-side transfer engine of the backend the registry names
+                          (actors/transport/registry.py: `gloo` on CPU, vLLM's `nccl` on GPU)
+                          with a Ray client over the RolloutWorkers; `send(version)` runs one
+                          full update.
+  weight_transfer         what a rank sends with: WeightSync, or with LoRA in adapter mode the
+                          adapter alone (actors/transport/lora_adapter.py AdapterSync).
 
 Names: the training model is a transformers model and vLLM's `load_weights` takes HF checkpoint
 names, so names pass through unchanged. With tie_word_embeddings, `named_parameters()` lists
@@ -23,7 +26,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+from actors.transport.client import OneTripRayClient
+from actors.transport.lora_adapter import AdapterSync
+from actors.transport.registry import backend
+from learner.config import LearnerConfig
+from learner.lora import adapter_config_json, adapter_name, hf_name, merge_map, merged
 
 
 def _gathered(params: list[torch.nn.Parameter], zero3: bool):
@@ -85,7 +94,6 @@ class DeepSpeedWeightSource(WeightSource):
         """The tensor sent for `name`, inside its group's gather."""
         p = self._params[name]
         if name in self._merge:
-            from learner.lora import merged
             lora_a, lora_b, scaling = self._merge[name]
             return merged(p.data, lora_a.data, lora_b.data, scaling)  # a new tensor: outlives the gather
         t = p.data.detach()
@@ -126,95 +134,34 @@ def consolidated_state_dict(module: torch.nn.Module, *, zero3: bool, rank: int,
     return out
 
 
-class OneTripRayClient(RayVLLMWeightSyncClient):
-    """The engines' side of an update in ONE Ray call per engine (RolloutWorker.apply_weight_update)
-    instead of vLLM's four in a row (start, update, finish, then the version): about 3 ms of a
-    24 ms update of the 1.0M bench model (docs/benchmarks.md, weight-sync parts).
-
-    vLLM's trainer engines (our gloo one and vLLM's nccl one) call start -> update (beside their
-    broadcast) -> finish; here start and finish do nothing and `update_weights` runs the whole
-    update on every engine, stamping `next_version`. `last_parts` holds engine 0's timings.
-    """
-
-    next_version: str = "0"
-    last_parts: dict | None = None
-
-    def start_weight_update(self) -> None:
-        pass
-
-    def update_weights(self, update_info) -> None:
-        self.submit_update_weights(update_info).join(None)
-
-    def submit_update_weights(self, update_info) -> PendingUpdate:
-        """Issue the update on every engine without waiting (the gloo sender calls this, then
-        broadcasts on the same thread)."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        request = WeightTransferUpdateRequest(update_info=update_info)
-        return PendingUpdate(self, [h.apply_weight_update.remote(request, self.next_version) for h in self.handles])
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        pass
+def hf_source(module: torch.nn.Module, *, zero3: bool, rank: int, lora: bool) -> DeepSpeedWeightSource:
+    """The model's weights under plain HF names (LoRA: adapters merged in, a layer group at a time)."""
+    kw = {"name_map": hf_name, "lora_merge": merge_map(module)} if lora else {}
+    return DeepSpeedWeightSource(module, zero3=zero3, is_sender=rank == 0, **kw)
 
 
-class PendingUpdate:
-    """The engines' update calls in flight: what the gloo sender polls while it broadcasts."""
-
-    def __init__(self, client: OneTripRayClient, refs: list):
-        self.client, self.refs = client, refs
-
-    def raise_if_failed(self) -> None:
-        """Raise an engine's error as soon as its call failed (a finished call is checked)."""
-        import ray
-
-        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
-        if done:
-            ray.get(done)
-
-    def join(self, timeout_s: float | None) -> None:
-        import ray
-
-        try:
-            self.client.last_parts = ray.get(self.refs, timeout=timeout_s)[0]
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"weight-transfer RPC did not return in {timeout_s:.0f}s") from None
-
-
-def trainer_init_info(init_info: dict, rank: int):
-    """The backend's TrainerInitInfo from the driver's plain dict ({"backend": ..., backend fields})."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-
-    fields = dict(init_info)
-    backend = fields.pop("backend")
-    if backend == "gloo":
-        import actors.transport.gloo_trainer  # noqa: F401  (registers the CPU backend with vLLM's factories)
-    registry = WeightTransferTrainerFactory._registry  # no public lookup of a backend's classes
-    if backend not in registry:
-        raise ValueError(f"unknown weight-transfer backend {backend!r}; registered: {sorted(registry)}")
-    return registry[backend]().init_info_cls(**fields, rank=rank)
+def adapter_source(module: torch.nn.Module, *, zero3: bool, rank: int) -> DeepSpeedWeightSource:
+    """The LoRA adapter alone, under peft's saved names (what vLLM and PeftModel load)."""
+    return DeepSpeedWeightSource(module, zero3=zero3, is_sender=rank == 0, name_map=adapter_name)
 
 
 class WeightSync:
-    """Trainer side of the weight broadcast for one DeepSpeed engine (every rank builds one)."""
+    """Trainer side of the weight broadcast for one DeepSpeed engine (every rank builds one), over the
+    backend that the driver's init info names (actors/transport/registry.py)."""
 
     def __init__(self, source: DeepSpeedWeightSource, *, rank: int, rollout_handles: list, init_info: dict):
-        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-
         self.rank = rank
         self.source = source
-        self.backend = init_info["backend"]
+        fields = dict(init_info)
+        self.backend = backend(fields.pop("backend"))
         self.client = OneTripRayClient(list(rollout_handles))
-        info = trainer_init_info(init_info, rank)
+        info = self.backend.trainer_init_info(fields, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
-        from actors.transport.gloo_trainer import GlooTrainerWeightTransferEngine
-
-        self._gloo = self.engine if isinstance(self.engine, GlooTrainerWeightTransferEngine) else None
         if rank == 0:
-            # gloo: why an engine could not map the shared-memory segment (then the bytes are broadcast)
-            refused = self._gloo.refused if self._gloo is not None else []
+            note = self.backend.fallback_note(self.engine)
             print(f"learner: weights go to {len(rollout_handles)} engine(s) via {self.transport()}"
-                  + (f" (no shared memory: {'; '.join(refused)})" if refused else ""), flush=True)
+                  + (f" ({note})" if note else ""), flush=True)
 
     def send(self, version: int) -> dict:
         """One full update: start, stream every parameter, finish + stamp `version`. Every rank."""
@@ -232,9 +179,9 @@ class WeightSync:
                 if self.rank == 0 else {}}
 
     def transport(self) -> str:
-        """How the bytes travel: vLLM's backend name, or for gloo "shared_memory" when every engine
-        is on this machine (actors/transport/shared_memory.py)."""
-        return self._gloo.transport() if self._gloo is not None else self.backend
+        """How the bytes travel: the backend's name, or for gloo "shared_memory" when every engine is
+        on this machine (actors/transport/shared_memory.py)."""
+        return self.backend.transport(self.engine)
 
     def shutdown(self) -> None:
         try:
@@ -243,28 +190,15 @@ class WeightSync:
             pass
 
 
-class AdapterSync:
-    """Adapter-mode LoRA sync: only the adapter travels, through Ray (no shared filesystem, no
-    transfer group). Every rank takes part in the gathers (ZeRO-3); rank 0 puts the tensors in
-    the object store once and has every engine load them (RolloutWorker.load_adapter)."""
-
-    def __init__(self, module: torch.nn.Module, *, rank: int, zero3: bool, rollout_handles: list,
-                 config_json: str, timeout_s: float):
-        from learner.lora import adapter_name
-        self.rank, self.handles, self.config_json, self.timeout_s = rank, list(rollout_handles), config_json, timeout_s
-        self.source = DeepSpeedWeightSource(module, zero3=zero3, is_sender=rank == 0, name_map=adapter_name)
-        self.module, self.zero3 = module, zero3
-
-    def send(self, version: int) -> dict:
-        import ray
-        t0 = time.perf_counter()
-        tensors = consolidated_state_dict(self.module, zero3=self.zero3, rank=self.rank, source=self.source)
-        if self.rank != 0:
-            return {"bytes": 0, "seconds": time.perf_counter() - t0, "weight_version": version}
-        ref = ray.put(tensors)
-        ray.get([h.load_adapter.remote(ref, self.config_json, version) for h in self.handles], timeout=self.timeout_s)
-        return {"bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-                "seconds": time.perf_counter() - t0, "weight_version": version}
-
-    def shutdown(self) -> None:
-        pass
+def weight_transfer(module: torch.nn.Module, cfg: LearnerConfig, *, rank: int, model_path: str, rollout_handles: list,
+                    init_info: dict) -> WeightSync | AdapterSync:
+    """What this rank sends the weights with (every rank builds one): with LoRA in adapter mode only
+    the adapter, through Ray; else the whole model (LoRA: merged) through the registry's backend."""
+    zero3 = cfg.zero_stage == 3
+    if cfg.lora and cfg.lora_sync == "adapter":
+        source = adapter_source(module, zero3=zero3, rank=rank)
+        return AdapterSync(lambda: consolidated_state_dict(module, zero3=zero3, rank=rank, source=source), rank=rank,
+                           rollout_handles=rollout_handles, timeout_s=init_info.get("timeout_s", 600),
+                           config_json=adapter_config_json(module, model_path))
+    return WeightSync(hf_source(module, zero3=zero3, rank=rank, lora=cfg.lora), rank=rank,
+                      rollout_handles=rollout_handles, init_info=init_info)

@@ -314,29 +314,14 @@ class LearnerWorker:
     # ------------------------------------------------------------------ #
     def init_weight_sync(self, rollout_handles: list, init_info: dict) -> None:
         """(Re)build the trainer-side transfer engine towards `rollout_handles`. Every rank is called."""
-        from learner.weight_sync import AdapterSync, WeightSync
+        from learner.weight_sync import weight_transfer
         # The sender (rank 0) listens for the engines where it listens for the other ranks: its
         # node's IP on a cluster, loopback when everything runs on one machine (cluster/launch/placement.py create_actors).
         init_info = {**init_info, "master_address": self.master_addr}
         if self._transfer is not None:
             self._transfer.shutdown()
-        if self.cfg.lora and self.cfg.lora_sync == "adapter":
-            from learner.lora import adapter_config_json
-            self._transfer = AdapterSync(self.engine.module, rank=self.rank, zero3=self.cfg.zero_stage == 3,
-                                         rollout_handles=rollout_handles, timeout_s=init_info.get("timeout_s", 600),
-                                         config_json=adapter_config_json(self.engine.module, self.model_path))
-        else:
-            self._transfer = WeightSync(self._hf_source(), rank=self.rank, rollout_handles=rollout_handles,
-                                        init_info=init_info)
-
-    def _hf_source(self):
-        """The model's weights under plain HF names (LoRA: adapters merged in, a layer group at a time)."""
-        from learner.weight_sync import DeepSpeedWeightSource
-        kw = {}
-        if self.cfg.lora:
-            from learner.lora import hf_name, merge_map
-            kw = {"name_map": hf_name, "lora_merge": merge_map(self.engine.module)}
-        return DeepSpeedWeightSource(self.engine.module, zero3=self.cfg.zero_stage == 3, is_sender=self.rank == 0, **kw)
+        self._transfer = weight_transfer(self.engine.module, self.cfg, rank=self.rank, model_path=self.model_path,
+                                         rollout_handles=rollout_handles, init_info=init_info)
 
     def sync_weights(self, version: int) -> dict:
         """Send the current weights to every engine; their weight version becomes `version`."""
@@ -351,17 +336,17 @@ class LearnerWorker:
 
     def _hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Whole weights in their training dtype under HF names (LoRA: merged) on rank 0. Collective."""
-        from learner.weight_sync import consolidated_state_dict
-        return consolidated_state_dict(self.engine.module, zero3=self.cfg.zero_stage == 3, rank=self.rank,
-                                       source=self._hf_source())
+        from learner.weight_sync import consolidated_state_dict, hf_source
+        zero3 = self.cfg.zero_stage == 3
+        return consolidated_state_dict(self.engine.module, zero3=zero3, rank=self.rank,
+                                       source=hf_source(self.engine.module, zero3=zero3, rank=self.rank, lora=self.cfg.lora))
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter (peft names, as saved by peft) on rank 0, {} elsewhere. Collective."""
-        from learner.lora import adapter_name
-        from learner.weight_sync import DeepSpeedWeightSource, consolidated_state_dict
+        from learner.weight_sync import adapter_source, consolidated_state_dict
         zero3 = self.cfg.zero_stage == 3
-        source = DeepSpeedWeightSource(self.engine.module, zero3=zero3, is_sender=self.rank == 0, name_map=adapter_name)
-        return consolidated_state_dict(self.engine.module, zero3=zero3, rank=self.rank, source=source)
+        return consolidated_state_dict(self.engine.module, zero3=zero3, rank=self.rank,
+                                       source=adapter_source(self.engine.module, zero3=zero3, rank=self.rank))
 
     def sequence_logprobs(self, seqs: list[list[int]]) -> list[list[float]]:
         """log p(token t | tokens < t) for t >= 1 of each sequence, from the training model as it is

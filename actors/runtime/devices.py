@@ -29,11 +29,3 @@ def resolve_enforce_eager(enforce_eager: bool | None, gpu: bool) -> bool:
     (HF generate, dynamic vs static cache; docs/benchmarks.md, "On a GPU")."""
     return (not gpu) if enforce_eager is None else enforce_eager
 
-
-def transfer_backend(configured: str, engine_gpus: float) -> str:
-    """The weight-transfer backend learner and engines use. "auto" is vLLM's NCCL when the engines run
-    on GPUs, else our gloo engine. Decided from the engines' configured GPUs, not from this process's
-    devices: the driver that tells the learners may have no GPU while the engines have."""
-    if configured != "auto":
-        return configured
-    return "nccl" if engine_gpus > 0 else "gloo"

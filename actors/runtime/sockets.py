@@ -12,6 +12,13 @@ import socket
 import torch.distributed as dist
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS picks it; another process may take it before it is used)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def local_ip_towards(address: str) -> str:
     """This machine's IP on the route to `address` (no packet is sent: UDP connect only picks
     the interface). Gloo advertises it to its peers, so it must be reachable from them."""

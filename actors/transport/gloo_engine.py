@@ -18,6 +18,7 @@ import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
 from actors.transport import shared_memory
+from actors.transport.base import LAST_UPDATE_PARTS
 from actors.transport.direct_load import DirectLoader, signature_of
 from actors.transport.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,
@@ -38,10 +39,6 @@ from actors.transport.gloo_protocol import (
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.weight_transfer import WeightTransferConfig
-
-# Seconds of the last update's parts in this process (one engine per process: the engine runs
-# in-process, see actors/rollout.py), read by RolloutWorker.apply_weight_update for the bench.
-LAST_UPDATE_PARTS: dict[str, float] = {}
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):

@@ -3,8 +3,9 @@
 
 It does two things, both needed before any weight update can work on a CPU engine:
 
-1. Registers the `gloo` weight-transfer backend (actors/transport/gloo_trainer.py) with vLLM's engine
-   and trainer factories, so `weight_transfer_config={"backend": "gloo"}` resolves.
+1. Registers every weight-transfer backend of actors/transport/registry.py with vLLM's engine
+   and trainer factories (vLLM's own need nothing; ours, `gloo`, does), so
+   `weight_transfer_config={"backend": "gloo"}` resolves.
 2. The CPU re-pack fix. vLLM's CPU linear layers (and the embedding / LM head) compute from a
    packed copy of the weight (oneDNN handle or sgl-kernel layout) built once after loading,
    and linear layers then *drop* the original tensor (`remove_weight=True`). A later
@@ -24,20 +25,21 @@ import os
 
 import torch
 
+from actors.transport.registry import BACKENDS
+
 _MARK = "_raygrpo_keeps_weight"
 _LIVE = "_raygrpo_live_gemm"
 _PACKED_LAYERS = "_raygrpo_packed_layers"
 # rollout.cpu_pack_above_elements, passed by the RolloutWorker (the plugin runs inside vLLM's
 # model loading, which takes no raygrpo config); vLLM used without a RolloutWorker gets the default.
 PACK_ABOVE_ENV = "RAYGRPO_CPU_PACK_ABOVE_ELEMENTS"
+DEFAULT_PACK_ABOVE_ELEMENTS = 128 * 1024  # rollout.cpu_pack_above_elements' default (actors/config.py)
 
 
 def register() -> None:
     """The general-plugin hook: backends + (on CPU) the re-pack fix."""
-    from actors.transport.gloo_trainer import register_engine_backend, register_trainer_backends
-
-    register_engine_backend()
-    register_trainer_backends()
+    for backend in BACKENDS.values():
+        backend.register()
     if _on_cpu():
         keep_cpu_weights()
 
@@ -79,9 +81,7 @@ def _computes_live(weight: torch.Tensor) -> bool:
     for small float32 weights the packed GEMM is no faster: on a 2-core AMD EPYC the 1.0M bench
     model's shapes (up to 1024 x 128) at M = 32, 256 and 2560 rows took the same time either way
     (within 10%), and whole generate calls at 1.0M and 7.9M -1% to +5% (docs/benchmarks.md)."""
-    from actors.config import RolloutConfig
-
-    above = int(os.environ.get(PACK_ABOVE_ENV, RolloutConfig.cpu_pack_above_elements))
+    above = int(os.environ.get(PACK_ABOVE_ENV, DEFAULT_PACK_ABOVE_ELEMENTS))
     return (weight.dim() == 2 and not weight.is_meta and weight.dtype == torch.float32
             and weight.numel() <= above)
 

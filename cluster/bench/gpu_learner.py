@@ -34,7 +34,7 @@ def measure(model_dir: str, stage: int, steps: int, peak_tflops: float, micro_ba
     import torch
     import torch.distributed as dist
 
-    from cluster.launch.ray_cluster import free_port
+    from actors.runtime.sockets import free_port
     from learner.config import AlgoConfig, LearnerConfig
     from learner.worker import LearnerWorker
 

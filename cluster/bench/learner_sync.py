@@ -6,7 +6,7 @@ import datetime
 import statistics
 import time
 
-from actors.runtime.devices import transfer_backend
+from actors.transport.registry import resolve_backend
 from cluster.bench.report import per_second, progress, ratio
 
 
@@ -26,7 +26,7 @@ def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
 
 def start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
     """`ranks` LearnerWorker actors (the config `lcfg`), ready: parts 2, 4 and 6 train and sync with them."""
-    from cluster.launch.ray_cluster import free_port
+    from actors.runtime.sockets import free_port
     from learner.worker import LearnerWorker
 
     port, master = free_port(), ray.util.get_node_ip_address()
@@ -66,7 +66,7 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
                        "seconds_each": [round(m["seconds"], 4) for m in ms], "loss": [m.get("loss") for m in ms]}
         sync = None
         if rollout_actor is not None and sync_repeats > 0:
-            backend = transfer_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
+            backend = resolve_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
             progress(f"sync: ZeRO-{stage} rank 0 -> RolloutWorker, {backend}, 1 warm-up + {sync_repeats} full updates")
             group.init_weight_sync([rollout_actor], backend, base_cfg.rollout.bucket_mb, 1)
             outs, walls = [], []

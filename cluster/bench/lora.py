@@ -6,7 +6,7 @@ import dataclasses
 import statistics
 import time
 
-from actors.runtime.devices import transfer_backend
+from actors.transport.registry import resolve_backend
 from cluster.bench.learner_sync import start_learners
 from cluster.bench.report import progress
 
@@ -20,7 +20,7 @@ def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeou
     variants = {"full": {"lora_rank": 0},
                 "adapter": {"lora_rank": rank, "lora_sync": "adapter"},
                 "merged": {"lora_rank": rank, "lora_sync": "merged"}}
-    backend = transfer_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
+    backend = resolve_backend(base_cfg.rollout.weight_transfer_backend, base_cfg.rollout.num_gpus)
     out: dict = {"lora_rank": rank, "repeats": repeats, "backend": backend}
     engines: dict = {}
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cluster.launch.ray_cluster import free_port
+from actors.runtime.sockets import free_port
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
 from cluster.launch.waits import wait_for
 

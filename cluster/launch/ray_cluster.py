@@ -1,8 +1,7 @@
-"""Starting or joining a Ray cluster, the environment every Ray worker gets, and free ports."""
+"""Starting or joining a Ray cluster, and the environment every Ray worker gets."""
 from __future__ import annotations
 
 import os
-import socket
 
 # Set in every Ray worker process. No hub access anywhere; keep tokenizers single-threaded so
 # several actors share a small machine without oversubscribing its cores.
@@ -19,12 +18,6 @@ def worker_runtime_env(extra_env: dict[str, str] | None = None) -> dict:
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
     env.update(extra_env or {})
     return {"env_vars": env}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def start_ray(address: str, num_cpus: int) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.launch.ray_cluster import free_port
+from actors.runtime.sockets import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

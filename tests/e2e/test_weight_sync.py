@@ -139,8 +139,8 @@ def test_one_trip_updates_copy_directly_and_match_hf(setup):
     update checked vLLM's loader, the engines copy the weights directly, still exactly."""
     from vllm.distributed.weight_transfer import ModuleSource
 
+    from actors.transport.client import OneTripRayClient
     from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
-    from learner.weight_sync import OneTripRayClient
 
     ray, workers, model, seqs, cfg = setup
     init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0,

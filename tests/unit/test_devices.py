@@ -1,7 +1,8 @@
 """What "auto" means per device: one rule each, shared by engines, reference, learner ranks and driver."""
 import torch
 
-from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager, transfer_backend
+from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
+from actors.transport.registry import resolve_backend
 
 
 def test_auto_dtype_is_bfloat16_on_gpu_float32_on_cpu_and_an_explicit_one_stands():
@@ -25,9 +26,9 @@ def test_enforce_eager_reads_from_yaml_and_overrides():
 
 def test_auto_transfer_backend_follows_the_engines_gpus_not_this_process():
     # the driver may have no GPU while the engines have: only their configured GPUs decide
-    assert transfer_backend("auto", engine_gpus=0) == "gloo"
-    assert transfer_backend("auto", engine_gpus=1) == "nccl" and transfer_backend("auto", engine_gpus=0.5) == "nccl"
-    assert transfer_backend("gloo", engine_gpus=1) == "gloo" and transfer_backend("nccl", engine_gpus=0) == "nccl"
+    assert resolve_backend("auto", engine_gpus=0) == "gloo"
+    assert resolve_backend("auto", engine_gpus=1) == "nccl" and resolve_backend("auto", engine_gpus=0.5) == "nccl"
+    assert resolve_backend("gloo", engine_gpus=1) == "gloo" and resolve_backend("nccl", engine_gpus=0) == "nccl"
 
 
 def test_a_process_without_gpus_asked_runs_on_cpu_even_where_gpus_are_visible(monkeypatch):

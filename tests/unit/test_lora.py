@@ -61,14 +61,14 @@ def test_engine_adapter_dirs_of_dead_processes_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from actors.rollout import _adapter_dir
+    from actors.transport.lora_adapter import adapter_dir
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f"raygrpo-lora-{int(dead.stdout)}"
     (stale / "v3").mkdir(parents=True)
     other = tmp_path / "raygrpo-lora-notapid"
     other.mkdir()
-    mine = _adapter_dir(str(tmp_path))
+    mine = adapter_dir(str(tmp_path))
     assert mine == str(tmp_path / f"raygrpo-lora-{os.getpid()}") and os.path.isdir(mine)
     assert not stale.exists() and other.exists()
-    assert _adapter_dir(str(tmp_path)) == mine  # idempotent: a live process's dir stays
+    assert adapter_dir(str(tmp_path)) == mine  # idempotent: a live process's dir stays

@@ -1,0 +1,62 @@
+"""The Ray client that drives the engines' side of a weight update: one call per engine per update.
+
+vLLM's trainer engines (our gloo one, vLLM's nccl one) drive the engines through a client with
+vLLM's four engine methods; `OneTripRayClient` answers them with one Ray call per engine
+(RolloutWorker.apply_weight_update), and `PendingUpdate` is that call in flight.
+"""
+from __future__ import annotations
+
+from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+
+
+class OneTripRayClient(RayVLLMWeightSyncClient):
+    """The engines' side of an update in ONE Ray call per engine (RolloutWorker.apply_weight_update)
+    instead of vLLM's four in a row (start, update, finish, then the version): about 3 ms of a
+    24 ms update of the 1.0M bench model (docs/benchmarks.md, weight-sync parts).
+
+    vLLM's trainer engines (our gloo one and vLLM's nccl one) call start -> update (beside their
+    broadcast) -> finish; here start and finish do nothing and `update_weights` runs the whole
+    update on every engine, stamping `next_version`. `last_parts` holds engine 0's timings.
+    """
+
+    next_version: str = "0"
+    last_parts: dict | None = None
+
+    def start_weight_update(self) -> None:
+        pass
+
+    def update_weights(self, update_info) -> None:
+        self.submit_update_weights(update_info).join(None)
+
+    def submit_update_weights(self, update_info) -> PendingUpdate:
+        """Issue the update on every engine without waiting (the gloo sender calls this, then
+        broadcasts on the same thread)."""
+        request = WeightTransferUpdateRequest(update_info=update_info)
+        return PendingUpdate(self, [h.apply_weight_update.remote(request, self.next_version) for h in self.handles])
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        pass
+
+
+class PendingUpdate:
+    """The engines' update calls in flight: what the gloo sender polls while it broadcasts."""
+
+    def __init__(self, client: OneTripRayClient, refs: list):
+        self.client, self.refs = client, refs
+
+    def raise_if_failed(self) -> None:
+        """Raise an engine's error as soon as its call failed (a finished call is checked)."""
+        import ray
+
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        if done:
+            ray.get(done)
+
+    def join(self, timeout_s: float | None) -> None:
+        import ray
+
+        try:
+            self.client.last_parts = ray.get(self.refs, timeout=timeout_s)[0]
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"weight-transfer RPC did not return in {timeout_s:.0f}s") from None
