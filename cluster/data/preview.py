@@ -7,7 +7,6 @@ stats. Starts no actor.
 """
 from __future__ import annotations
 
-from cluster.config import RunConfig
 from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
 
 EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"
@@ -22,7 +21,8 @@ def _token(tokenizer, token_id) -> str:
     return "none" if token_id is None else f"{tokenizer.convert_ids_to_tokens(token_id)!r} ({token_id})"
 
 
-def preview(cfg: RunConfig, n: int, out=print) -> None:
+def preview(cfg, n: int, out=print) -> None:
+    """Print what `raygrpo data` shows for `cfg` (a RunConfig, cluster/config.py), `n` prompts of step 1."""
     from actors.reward_functions import ANSWER_CHECKERS
     from actors.rollout import stop_token_ids
 
