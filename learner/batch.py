@@ -76,6 +76,11 @@ class TrainBatch:
         """The most model tokens in one sequence (Dr. GRPO's fallback normaliser)."""
         return max(sum(self.sequence_mask(i)) for i in range(len(self)))
 
+    def norm_length(self) -> int:
+        """Dr. GRPO's constant length normaliser (aggregation seq-mean-token-sum-norm): the sampler's
+        cap, or without one the most model tokens in one sequence here."""
+        return self.max_new_tokens or max(1, self.max_trained_tokens())
+
     def shard(self, rank: int, world_size: int) -> TrainBatch:
         """Rank `rank`'s contiguous 1/world_size of the sequences (every rank gets the same count)."""
         n = len(self)

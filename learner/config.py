@@ -32,7 +32,7 @@ class AlgoConfig:
                                     ("ratio_level", self.ratio_level, RATIO_LEVELS),
                                     ("aggregation", self.aggregation, AGGREGATIONS),
                                     ("kl_estimator", self.kl_estimator, KL_ESTIMATORS)):
-            if value not in allowed:  # the objective's own lists (learner/grpo.py), so they cannot drift
+            if value not in allowed:  # the keys of the objective's own tables (learner/grpo.py): they cannot drift
                 p.append(f"algo.{key} must be {'|'.join(allowed)}, got {value!r}")
         if not (0 <= self.clip_low < 1) or self.clip_high < 0:
             p.append(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got {self.clip_low} and {self.clip_high}")

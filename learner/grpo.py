@@ -22,16 +22,21 @@ Papers behind the knobs:
   TIS       Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
             Off-Policy RL Training": truncated importance sampling between the
             sampler (vLLM) and the trainer's log-probs of the same policy.
-"""
-import torch
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-RATIO_LEVELS = ("token", "sequence")
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+A variant of an option (an advantage estimator, a KL estimator, a ratio level, an aggregation)
+is one function in its section and one entry in that section's table; learner/config.py
+AlgoConfig validates the option's config key against the table's keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
 
 
 def _check_choice(name, value, allowed):
+    """`allowed`: a table of options (its keys are the names)."""
     if value not in allowed:
         raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
 
@@ -95,16 +100,31 @@ def masked_mean(x, mask, dim=None):
 # --------------------------------------------------------------------------- #
 # 2. Group advantages (one scalar per completion, no value network)
 # --------------------------------------------------------------------------- #
+# Each estimator maps rewards r [B, G] (a row per prompt) to advantages [B, G].
+def grpo_advantages(r, eps):
+    """DeepSeekMath:  A_i = (r_i - mean(r)) / (std(r) + eps), std unbiased (Bessel, as TRL and verl do)."""
+    return (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
+
+
+def dr_grpo_advantages(r, eps):
+    """Dr. GRPO:  A_i = r_i - mean(r)   (no std: no difficulty bias)."""
+    return r - r.mean(dim=1, keepdim=True)
+
+
+def rloo_advantages(r, eps):
+    """RLOO:  A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean(r))."""
+    return r - (r.sum(dim=1, keepdim=True) - r) / (r.shape[1] - 1)
+
+
+ADVANTAGE_ESTIMATORS = {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
+
+
 def group_advantages(rewards, group_size, estimator="grpo", eps=1e-6):
     """Advantage of each of the G completions of a prompt, relative to its group.
 
-    rewards: 1-D, length B*G, prompt-major (the G completions of prompt 0 first).
-      grpo     (DeepSeekMath):  A_i = (r_i - mean(r)) / (std(r) + eps), std unbiased
-                                (Bessel, as TRL and verl do).
-      dr_grpo  (Dr. GRPO):      A_i = r_i - mean(r)      (no std: no difficulty bias)
-      rloo     (RLOO):          A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean(r))
-    A group whose rewards are all equal carries no learning signal: its
-    advantages are exactly 0 (not rounding noise divided by eps).
+    rewards: 1-D, length B*G, prompt-major (the G completions of prompt 0 first); `estimator`
+    names one of ADVANTAGE_ESTIMATORS above. A group whose rewards are all equal carries no
+    learning signal: its advantages are exactly 0 (not rounding noise divided by eps).
     """
     _check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
     if group_size < 2:
@@ -115,13 +135,7 @@ def group_advantages(rewards, group_size, estimator="grpo", eps=1e-6):
             f"got shape {tuple(rewards.shape)}")
     r = rewards if rewards.is_floating_point() else rewards.float()
     r = r.view(-1, group_size)                                   # [B, G]
-    mean = r.mean(dim=1, keepdim=True)
-    if estimator == "grpo":
-        adv = (r - mean) / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
-    elif estimator == "dr_grpo":
-        adv = r - mean
-    else:  # rloo
-        adv = r - (r.sum(dim=1, keepdim=True) - r) / (group_size - 1)
+    adv = ADVANTAGE_ESTIMATORS[estimator](r, eps)
     constant = (r == r[:, :1]).all(dim=1, keepdim=True)
     adv = adv.masked_fill(constant, 0.0)
     return adv.reshape(rewards.shape)
@@ -130,70 +144,146 @@ def group_advantages(rewards, group_size, estimator="grpo", eps=1e-6):
 # --------------------------------------------------------------------------- #
 # 3. KL(pi || pi_ref) per token, from tokens sampled from pi
 # --------------------------------------------------------------------------- #
-def kl_penalty(logp, ref_logp, estimator="k3"):
-    """Schulman's estimators of KL(pi || pi_ref), with d = log pi_ref(y) - log pi(y):
-      k1 = -d                     unbiased, high variance, can be negative
-      k2 = d^2 / 2                biased, low variance, >= 0
-      k3 = exp(d) - d - 1         unbiased, low variance, >= 0  (DeepSeekMath's choice)
-    """
-    _check_choice("kl estimator", estimator, KL_ESTIMATORS)
-    d = ref_logp - logp
-    if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d * d
+# Schulman's estimators, of d = log pi_ref(y) - log pi(y).
+def kl_k1(d):
+    """k1 = -d                 unbiased, high variance, can be negative"""
+    return -d
+
+
+def kl_k2(d):
+    """k2 = d^2 / 2            biased, low variance, >= 0"""
+    return 0.5 * d * d
+
+
+def kl_k3(d):
+    """k3 = exp(d) - d - 1     unbiased, low variance, >= 0  (DeepSeekMath's choice)"""
     return torch.expm1(d) - d  # exp(d) - 1 - d, accurate near d = 0
 
 
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_penalty(logp, ref_logp, estimator="k3"):
+    """KL(pi || pi_ref) per token with one of KL_ESTIMATORS above."""
+    _check_choice("kl estimator", estimator, KL_ESTIMATORS)
+    return KL_ESTIMATORS[estimator](ref_logp - logp)
+
+
 # --------------------------------------------------------------------------- #
-# 4. The policy loss
+# 4. The importance ratio pi_theta / pi_old, per token
 # --------------------------------------------------------------------------- #
-def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2,
-                ratio_level="token", aggregation="token-mean", ref_logp=None, beta=0.0,
-                kl_estimator="k3", behavior_logp=None, tis_cap=None, norm_length=None,
-                num_tokens=None, num_seqs=None):
-    """Clipped surrogate loss of GRPO and its variants. Returns (loss, metrics).
+# Each level maps the (padding-zeroed) log-probs lp, old [N,T] and the mask m to ratios [N,T].
+def token_ratio(lp, old, m):
+    """PPO/GRPO:  r_t = exp(logp_t - old_logp_t)"""
+    return torch.exp(lp - old)
+
+
+def sequence_ratio(lp, old, m):
+    """GSPO:  s = exp( (1/|y|) sum_t (logp_t - old_logp_t) ), applied to every token in the
+    GSPO-token form r_t = sg[s] * exp(logp_t - sg[logp_t]) (value s, d r_t / d logp_t = s).
+    Use small clips (GSPO: 3e-4 / 4e-4)."""
+    seq_log_ratio = masked_mean(lp - old, m, dim=-1)                      # [N]
+    return torch.exp(seq_log_ratio.detach().unsqueeze(-1) + lp - lp.detach())
+
+
+RATIO_LEVELS = {"token": token_ratio, "sequence": sequence_ratio}
+
+
+# --------------------------------------------------------------------------- #
+# 5. Aggregation of the per-token losses l over the mask m
+# --------------------------------------------------------------------------- #
+@dataclass
+class LossInputs:
+    """What one (micro-)batch's loss is computed from: its tensors, and the counts of the whole batch.
 
     logp      [N,T]  log pi_theta(y_t), with grad (the policy being trained)
     old_logp  [N,T]  log pi_old(y_t), the trainer's log-probs of the policy that sampled
-    advantages [N]   one per sequence, broadcast over its tokens
+    advantages [N]   one per sequence, broadcast over its tokens (or [N,T])
     mask      [N,T]  1 on completion tokens (bool or float); padding values are ignored
     ref_logp  [N,T]  reference model (needed when beta != 0)
     behavior_logp [N,T]  the sampler's (vLLM's) log-probs, for TIS
 
-    Ratio (ratio_level):
-      token     (PPO/GRPO):  r_t = exp(logp_t - old_logp_t)
-      sequence  (GSPO):      s = exp( (1/|y|) sum_t (logp_t - old_logp_t) ), applied to
-                every token in the GSPO-token form r_t = sg[s] * exp(logp_t - sg[logp_t])
-                (value s, d r_t / d logp_t = s). Use small clips (GSPO: 3e-4 / 4e-4).
-    Per-token loss:
+    Micro-batching: num_tokens (the whole batch's count of masked tokens, for token-mean) and
+    num_seqs (the whole batch's N, for the seq-* forms) make each micro-batch loss its share of
+    the full-batch loss, so the sum of the micro-batch losses (and of their gradients) equals
+    the full-batch ones. None = this batch's own counts. (Data-parallel ranks that average their
+    gradients, as DeepSpeed does, pass the global counts divided by the world size.)
+    norm_length: Dr. GRPO's constant length normaliser (seq-mean-token-sum-norm).
+    """
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+    behavior_logp: torch.Tensor | None = None
+    num_tokens: float | None = None
+    num_seqs: float | None = None
+    norm_length: float | None = None
+
+    def sequences(self) -> float:
+        """N for the seq-* aggregations: the whole batch's, or this batch's own."""
+        return self.logp.shape[0] if self.num_seqs is None else self.num_seqs
+
+
+# Each aggregation maps x = m * l [N,T] (zero on padding), m and the inputs to the loss.
+def token_mean(x, m, inputs):
+    """DAPO:  sum_{i,t} m l / sum_{i,t} m"""
+    den = m.sum() if inputs.num_tokens is None else torch.as_tensor(inputs.num_tokens).to(x)
+    return x.sum() / torch.where(den == 0, torch.ones_like(den), den)
+
+
+def seq_mean_token_mean(x, m, inputs):
+    """GRPO:  (1/N) sum_i [ sum_t m l / sum_t m ]"""
+    return masked_mean(x, m, dim=-1).sum() / max(inputs.sequences(), 1)
+
+
+def seq_mean_token_sum_norm(x, m, inputs):
+    """Dr. GRPO:  sum_{i,t} m l / (N * norm_length)"""
+    if inputs.norm_length is None or inputs.norm_length <= 0:
+        raise ValueError(f"aggregation 'seq-mean-token-sum-norm' needs norm_length > 0, got {inputs.norm_length!r}")
+    return x.sum() / (max(inputs.sequences(), 1) * inputs.norm_length)
+
+
+AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_mean,
+                "seq-mean-token-sum-norm": seq_mean_token_sum_norm}
+
+
+# --------------------------------------------------------------------------- #
+# 6. The policy loss
+# --------------------------------------------------------------------------- #
+class LossSettings(Protocol):
+    """The knobs policy_loss reads (learner/config.py AlgoConfig is one; each defaults there)."""
+
+    clip_low: float  # PPO clip below 1
+    clip_high: float  # above 1; > clip_low is DAPO's clip-higher
+    ratio_level: str  # a key of RATIO_LEVELS
+    aggregation: str  # a key of AGGREGATIONS
+    beta: float  # the KL term's coefficient
+    kl_estimator: str  # a key of KL_ESTIMATORS
+    tis_cap: float | None  # TIS weights' cap; None: no TIS
+
+
+def policy_loss(inputs: LossInputs, algo: LossSettings):
+    """Clipped surrogate loss of GRPO and its variants. Returns (loss, metrics).
+
+    Per-token loss, with the ratio r_t of algo.ratio_level (section 4):
       l_t = -min(r_t A, clip(r_t, 1 - clip_low, 1 + clip_high) A) * w_t + beta * KL_t
-      clip_high > clip_low is DAPO's clip-higher; KL_t = kl_penalty(logp, ref_logp).
+      clip_high > clip_low is DAPO's clip-higher; KL_t = kl_penalty(logp, ref_logp) (section 3).
       w_t = sg[min(exp(old_logp_t - behavior_logp_t), tis_cap)] (TIS) when both
       behavior_logp and tis_cap are given, else 1.
-    Aggregation over the mask m:
-      token-mean               (DAPO):     sum_{i,t} m l / sum_{i,t} m
-      seq-mean-token-mean      (GRPO):     (1/N) sum_i [ sum_t m l / sum_t m ]
-      seq-mean-token-sum-norm  (Dr. GRPO): sum_{i,t} m l / (N * norm_length)
-
-    Micro-batching: pass num_tokens (the whole batch's count of masked tokens,
-    for token-mean) and num_seqs (the whole batch's N, for the seq-* forms).
-    Each micro-batch loss is then its share of the full-batch loss, and the sum
-    of the micro-batch losses (and of their gradients) equals the full-batch
-    ones. None = this batch's own counts. Metrics are means over this batch.
-    (Data-parallel ranks that average their gradients, as DeepSpeed does, should
-    pass the global counts divided by the world size.)
-    An all-zero mask gives loss 0 (with a grad graph), never NaN.
+    The loss: the per-token losses aggregated over the mask by algo.aggregation (section 5).
+    Metrics are means over this batch. An all-zero mask gives loss 0 (with a grad graph), never NaN.
     """
-    _check_choice("ratio_level", ratio_level, RATIO_LEVELS)
-    _check_choice("aggregation", aggregation, AGGREGATIONS)
-    _check_choice("kl estimator", kl_estimator, KL_ESTIMATORS)
-    if aggregation == "seq-mean-token-sum-norm" and (norm_length is None or norm_length <= 0):
-        raise ValueError(f"aggregation 'seq-mean-token-sum-norm' needs norm_length > 0, got {norm_length!r}")
-    if beta != 0.0 and ref_logp is None:
-        raise ValueError(f"beta={beta} needs ref_logp")
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    logp, old_logp, advantages, mask = inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask
+    ref_logp, behavior_logp = inputs.ref_logp, inputs.behavior_logp
+    _check_choice("ratio_level", algo.ratio_level, RATIO_LEVELS)
+    _check_choice("aggregation", algo.aggregation, AGGREGATIONS)
+    _check_choice("kl estimator", algo.kl_estimator, KL_ESTIMATORS)
+    if algo.beta != 0.0 and ref_logp is None:
+        raise ValueError(f"beta={algo.beta} needs ref_logp")
+    if algo.clip_low < 0 or algo.clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {algo.clip_low}, {algo.clip_high}")
     if old_logp.shape != logp.shape or mask.shape != logp.shape or logp.dim() != 2:
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and "
                          f"mask {tuple(mask.shape)} must all be [N, T]")
@@ -207,42 +297,33 @@ def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2
     adv = advantages.to(logp.dtype)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv.masked_fill(pad, 0.0)
 
-    # 4a. importance ratio pi_theta / pi_old
-    if ratio_level == "token":
-        ratio = torch.exp(lp - old)
-    else:
-        seq_log_ratio = masked_mean(lp - old, m, dim=-1)                      # [N]
-        ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + lp - lp.detach())
+    # 6a. importance ratio pi_theta / pi_old
+    ratio = RATIO_LEVELS[algo.ratio_level](lp, old, m)
 
-    # 4b. clipped surrogate (PPO), pessimistic of the two branches
+    # 6b. clipped surrogate (PPO), pessimistic of the two branches
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = -adv * torch.clamp(ratio, 1.0 - algo.clip_low, 1.0 + algo.clip_high)
     pg = torch.maximum(unclipped, clipped)
 
-    # 4c. truncated importance sampling: correct for sampler != trainer numerics
-    tis = behavior_logp is not None and tis_cap is not None
+    # 6c. truncated importance sampling: correct for sampler != trainer numerics
+    tis = behavior_logp is not None and algo.tis_cap is not None
     if tis:
         beh = behavior_logp.masked_fill(pad, 0.0)
-        tis_w = torch.clamp(torch.exp(old - beh), max=tis_cap).detach()
+        tis_w = torch.clamp(torch.exp(old - beh), max=algo.tis_cap).detach()
         pg = pg * tis_w
 
-    # 4d. KL penalty to the reference policy
+    # 6d. KL penalty to the reference policy
     per_token = pg
     if ref_logp is not None:
-        kl = kl_penalty(lp, ref_logp.masked_fill(pad, 0.0), kl_estimator)
-        if beta != 0.0:
-            per_token = pg + beta * kl
+        kl = kl_penalty(lp, ref_logp.masked_fill(pad, 0.0), algo.kl_estimator)
+        if algo.beta != 0.0:
+            per_token = pg + algo.beta * kl
 
-    # 4e. aggregate
+    # 6e. aggregate
+    combine = AGGREGATIONS[algo.aggregation]
+
     def aggregate(x):
-        x = x.masked_fill(pad, 0.0) * m
-        n = x.shape[0] if num_seqs is None else num_seqs
-        if aggregation == "token-mean":
-            den = m.sum() if num_tokens is None else torch.as_tensor(num_tokens).to(x)
-            return x.sum() / torch.where(den == 0, torch.ones_like(den), den)
-        if aggregation == "seq-mean-token-mean":
-            return masked_mean(x, m, dim=-1).sum() / max(n, 1)
-        return x.sum() / (max(n, 1) * norm_length)
+        return combine(x.masked_fill(pad, 0.0) * m, m, inputs)
 
     loss = aggregate(per_token)
 

@@ -191,6 +191,7 @@ class LearnerWorker:
         shard = batch.shard(self.rank, self.world_size)
         num_tokens = batch.num_completion_tokens() / self.world_size
         num_seqs = len(batch) / self.world_size
+        norm_length = batch.norm_length()  # Dr. GRPO's constant normaliser (read by seq-mean-token-sum-norm)
         mbs = shard.micro_batches(cfg.micro_batch_size, by_length=True, share_prompts=self.share_prompts)  # same loss
         to = lambda x: None if x is None else x.to(self.device)  # noqa: E731
 
@@ -216,12 +217,9 @@ class LearnerWorker:
                 old = logp.detach() if old_logps is None else old_logps[j]
                 mask = to(mb.mask)
                 ref = to(mb.ref_logp) if ref_logps is None else ref_logps[j]
-                loss, m = grpo.policy_loss(
-                    logp, old, to(mb.advantages), mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                    ratio_level=algo.ratio_level, aggregation=algo.aggregation, ref_logp=ref,
-                    beta=algo.beta, kl_estimator=algo.kl_estimator, behavior_logp=to(mb.behavior_logp),
-                    tis_cap=algo.tis_cap, norm_length=self._norm_length(batch), num_tokens=num_tokens,
-                    num_seqs=num_seqs)
+                loss, m = grpo.policy_loss(grpo.LossInputs(
+                    logp, old, to(mb.advantages), mask, ref_logp=ref, behavior_logp=to(mb.behavior_logp),
+                    num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length), algo)
                 if not torch.isfinite(loss):
                     # A NaN/inf loss can still give finite gradients (e.g. k3 KL with ref_logp=-inf).
                     # Poison the gradients so DeepSpeed's overflow check skips the update on every
@@ -271,12 +269,6 @@ class LearnerWorker:
                 return [self._forward(mb, with_entropy=False, model=self.reference)[0] for mb in mbs]
             with self.engine.module.disable_adapter():
                 return [self._forward(mb, with_entropy=False)[0] for mb in mbs]
-
-    def _norm_length(self, batch: TrainBatch) -> float | None:
-        """Dr. GRPO's constant length normaliser (only for aggregation seq-mean-token-sum-norm)."""
-        if self.algo.aggregation != "seq-mean-token-sum-norm":
-            return None
-        return batch.max_new_tokens or max(1, batch.max_trained_tokens())
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """engine.step() once; returns (grad norm before clipping, whether the update was applied)."""

@@ -97,10 +97,8 @@ def reference_step(model_dir, batch: TrainBatch, cfg: LearnerConfig, algo: AlgoC
     losses = []
     for _ in range(cfg.mu):
         logp, mask = _seq_logprobs(model, batch)
-        loss, _ = grpo.policy_loss(
-            logp, logp.detach() if old is None else old, adv, mask, clip_low=algo.clip_low,
-            clip_high=algo.clip_high, ratio_level=algo.ratio_level, aggregation=algo.aggregation, ref_logp=ref,
-            beta=algo.beta, kl_estimator=algo.kl_estimator, behavior_logp=beh, tis_cap=algo.tis_cap)
+        loss, _ = grpo.policy_loss(grpo.LossInputs(
+            logp, logp.detach() if old is None else old, adv, mask, ref_logp=ref, behavior_logp=beh), algo)
         opt.zero_grad()
         loss.backward()
         if cfg.grad_clip > 0:

@@ -2,13 +2,11 @@
 TrainBatch, computed by the learner's own code, and an independent one over model tokens only."""
 from __future__ import annotations
 
-import types
-
 import torch
 
 from learner import grpo
 from learner.batch import TrainBatch
-from learner.config import AlgoConfig, LearnerConfig
+from learner.config import AlgoConfig
 
 ALGO = AlgoConfig(beta=0.1, tis_cap=2.0)  # KL and TIS on: every per-token input takes part
 
@@ -31,19 +29,14 @@ def learner_loss_and_grads(model_dir, batch: TrainBatch):
     training) and grpo.policy_loss with the arguments LearnerWorker.train_step passes (mu=1:
     old = logp.detach()); a plain model stands in for the DeepSpeed engine."""
     from learner.forward import completion_logits, logprobs_and_entropy
-    from learner.worker import LearnerWorker
 
     model = _model(model_dir)
-    worker = types.SimpleNamespace(algo=ALGO, cfg=LearnerConfig())
     mb = batch.micro_batches(len(batch), by_length=True, share_prompts=True)[0]
     logp, _ = logprobs_and_entropy(*completion_logits(model, mb, torch.device("cpu"), share_prompts=True),
                                    with_entropy=False)
-    loss, _ = grpo.policy_loss(
-        logp, logp.detach(), mb.advantages, mb.mask, clip_low=ALGO.clip_low, clip_high=ALGO.clip_high,
-        ratio_level=ALGO.ratio_level, aggregation=ALGO.aggregation, ref_logp=mb.ref_logp, beta=ALGO.beta,
-        kl_estimator=ALGO.kl_estimator, behavior_logp=mb.behavior_logp, tis_cap=ALGO.tis_cap,
-        norm_length=LearnerWorker._norm_length(worker, batch), num_tokens=batch.num_completion_tokens(),
-        num_seqs=len(batch))
+    loss, _ = grpo.policy_loss(grpo.LossInputs(
+        logp, logp.detach(), mb.advantages, mb.mask, ref_logp=mb.ref_logp, behavior_logp=mb.behavior_logp,
+        num_tokens=batch.num_completion_tokens(), num_seqs=len(batch), norm_length=batch.norm_length()), ALGO)
     loss.backward()
     return float(loss.detach()), _grads(model)
 
@@ -68,9 +61,7 @@ def model_tokens_only_loss_and_grads(model_dir, batch: TrainBatch):
 
     logp = pad(rows)
     mask = pad([torch.ones(len(r)) for r in rows])
-    loss, _ = grpo.policy_loss(
-        logp, logp.detach(), torch.tensor(batch.advantages), mask, clip_low=ALGO.clip_low, clip_high=ALGO.clip_high,
-        ratio_level=ALGO.ratio_level, aggregation=ALGO.aggregation, ref_logp=pad(ref), beta=ALGO.beta,
-        kl_estimator=ALGO.kl_estimator, behavior_logp=pad(beh), tis_cap=ALGO.tis_cap)
+    loss, _ = grpo.policy_loss(grpo.LossInputs(
+        logp, logp.detach(), torch.tensor(batch.advantages), mask, ref_logp=pad(ref), behavior_logp=pad(beh)), ALGO)
     loss.backward()
     return float(loss.detach()), _grads(model)

@@ -6,14 +6,35 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.grpo import entropy_from_logits, group_advantages, kl_penalty, masked_mean, policy_loss, token_logprobs
+from learner.config import AlgoConfig
+from learner.grpo import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    RATIO_LEVELS,
+    LossInputs,
+    entropy_from_logits,
+    group_advantages,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    token_logprobs,
+)
 
 FAST = settings(max_examples=50, deadline=None)
-AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGGS = list(AGGREGATIONS)
 
 
 def t(x, dtype=torch.float32):
     return torch.tensor(x, dtype=dtype)
+
+
+def loss_of(logp, old_logp, advantages, mask, *, ref_logp=None, behavior_logp=None, num_tokens=None, num_seqs=None,
+            norm_length=None, **knobs):
+    """policy_loss of these tensors and counts, with the knobs of AlgoConfig (TIS off unless tis_cap is given)."""
+    inputs = LossInputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, behavior_logp=behavior_logp,
+                        num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    return policy_loss(inputs, AlgoConfig(**{"tis_cap": None, **knobs}))
 
 
 def close(a, b, atol=1e-5):
@@ -103,11 +124,11 @@ def _two_seq_batch():
 ])
 def test_aggregations_hand_values(aggregation, norm_length, expected):
     logp, old, adv, mask = _two_seq_batch()
-    loss, metrics = policy_loss(logp, old, adv, mask, aggregation=aggregation, norm_length=norm_length)
+    loss, metrics = loss_of(logp, old, adv, mask, aggregation=aggregation, norm_length=norm_length)
     assert close(loss, expected)
     assert close(metrics["pg_loss"], expected)
     assert metrics["clip_frac"] == 0.0 and close(metrics["ratio_mean"], 1.0)
-    bool_loss, _ = policy_loss(logp, old, adv, mask.bool(), aggregation=aggregation, norm_length=norm_length)
+    bool_loss, _ = loss_of(logp, old, adv, mask.bool(), aggregation=aggregation, norm_length=norm_length)
     assert close(bool_loss, expected)
 
 
@@ -118,24 +139,24 @@ def test_clipping_hand_values():
     old = t([[-1.0], [-1.0], [-1.0], [-1.0]])
     logp = old + t([[math.log(1.5)], [math.log(1.5)], [math.log(0.5)], [math.log(0.5)]])
     adv = t([1.0, -1.0, -1.0, 1.0])
-    loss, metrics = policy_loss(logp, old, adv, torch.ones(4, 1))
+    loss, metrics = loss_of(logp, old, adv, torch.ones(4, 1))
     assert close(loss, (-1.2 + 1.5 + 0.8 - 0.5) / 4)   # 0.15
     assert close(metrics["clip_frac"], 0.5)
     assert close(metrics["ratio_mean"], 1.0)
     # DAPO clip-higher: upper bound 1.28 for the first token -> -1.28
-    loss, _ = policy_loss(logp[:1], old[:1], adv[:1], torch.ones(1, 1), clip_high=0.28)
+    loss, _ = loss_of(logp[:1], old[:1], adv[:1], torch.ones(1, 1), clip_high=0.28)
     assert close(loss, -1.28)
 
 
 def test_kl_term_in_loss_hand_values():
     logp = t([[-1.0, -2.0]])
     ref = t([[-2.0, -1.0]])
-    loss, metrics = policy_loss(logp, logp.clone(), t([0.0]), torch.ones(1, 2),
-                                ref_logp=ref, beta=0.1)
+    loss, metrics = loss_of(logp, logp.clone(), t([0.0]), torch.ones(1, 2),
+                            ref_logp=ref, beta=0.1)
     assert close(loss, 0.1 * (0.367879 + 0.718282) / 2)   # 0.054308
     assert close(metrics["kl"], (0.367879 + 0.718282) / 2)
-    _, metrics = policy_loss(logp, logp.clone(), t([0.0]), torch.ones(1, 2),
-                             ref_logp=ref, kl_estimator="k2")
+    _, metrics = loss_of(logp, logp.clone(), t([0.0]), torch.ones(1, 2),
+                         ref_logp=ref, kl_estimator="k2")
     assert close(metrics["kl"], 0.5)
 
 
@@ -143,7 +164,7 @@ def test_kl_term_in_loss_hand_values():
 def test_policy_gradient_at_ratio_one():
     logp, old, adv, mask = _two_seq_batch()
     logp.requires_grad_(True)
-    loss, _ = policy_loss(logp, old, adv, mask)
+    loss, _ = loss_of(logp, old, adv, mask)
     loss.backward()
     # -A / num_tokens on masked tokens: -1/4, +2/4; zero on padding
     assert close(logp.grad, [[-0.25, -0.25, -0.25], [0.5, 0.0, 0.0]])
@@ -153,8 +174,8 @@ def test_gspo_sequence_ratio_value_and_gradient():
     old = t([[-1.0, -2.0, -3.0]])
     logp = (old + t([[0.1, 0.3, 7.0]])).requires_grad_(True)   # third token is padding
     mask = t([[1, 1, 0]])
-    loss, metrics = policy_loss(logp, old, t([1.0]), mask, ratio_level="sequence",
-                                aggregation="seq-mean-token-mean", clip_low=10.0, clip_high=10.0)
+    loss, metrics = loss_of(logp, old, t([1.0]), mask, ratio_level="sequence",
+                            aggregation="seq-mean-token-mean", clip_low=10.0, clip_high=10.0)
     s = math.exp(0.2)                                          # 1.221403
     assert close(loss, -s) and close(metrics["ratio_mean"], s)
     loss.backward()
@@ -165,8 +186,8 @@ def test_gspo_sequence_ratio_value_and_gradient():
     assert close(logp.grad, lp2.grad)
     # with GSPO's tight clip the whole sequence is clipped: no gradient, clip_frac 1
     logp.grad = None
-    loss, metrics = policy_loss(logp, old, t([1.0]), mask, ratio_level="sequence",
-                                clip_low=3e-4, clip_high=4e-4)
+    loss, metrics = loss_of(logp, old, t([1.0]), mask, ratio_level="sequence",
+                            clip_low=3e-4, clip_high=4e-4)
     loss.backward()
     assert metrics["clip_frac"] == 1.0 and close(logp.grad, torch.zeros(1, 3))
 
@@ -175,13 +196,13 @@ def test_tis_weights_value_and_gradient():
     old = t([[-1.0, -1.0]])
     behavior = old - t([[math.log(3.0), math.log(0.5)]])   # old/behavior = [3, 0.5] -> cap 2 -> [2, 0.5]
     logp = old.clone().requires_grad_(True)
-    loss, metrics = policy_loss(logp, old, t([1.0]), torch.ones(1, 2),
-                                behavior_logp=behavior, tis_cap=2.0)
+    loss, metrics = loss_of(logp, old, t([1.0]), torch.ones(1, 2),
+                            behavior_logp=behavior, tis_cap=2.0)
     assert close(loss, (-2.0 - 0.5) / 2) and close(metrics["tis_weight_mean"], 1.25)
     loss.backward()
     assert close(logp.grad, [[-1.0, -0.25]])
     # only active when both are given
-    loss, metrics = policy_loss(logp, old, t([1.0]), torch.ones(1, 2), behavior_logp=behavior)
+    loss, metrics = loss_of(logp, old, t([1.0]), torch.ones(1, 2), behavior_logp=behavior)
     assert close(loss, -1.0) and "tis_weight_mean" not in metrics
 
 
@@ -189,9 +210,9 @@ def test_all_zero_mask_gives_zero_loss_with_grad():
     for agg in AGGS:
         for level in ["token", "sequence"]:
             logp = torch.randn(2, 3).requires_grad_(True)
-            loss, metrics = policy_loss(logp, torch.randn(2, 3), t([1.0, -1.0]), torch.zeros(2, 3),
-                                        aggregation=agg, norm_length=3, ratio_level=level,
-                                        ref_logp=torch.randn(2, 3), beta=0.1)
+            loss, metrics = loss_of(logp, torch.randn(2, 3), t([1.0, -1.0]), torch.zeros(2, 3),
+                                    aggregation=agg, norm_length=3, ratio_level=level,
+                                    ref_logp=torch.randn(2, 3), beta=0.1)
             loss.backward()
             assert loss.item() == 0.0 and torch.isfinite(logp.grad).all()
             assert all(math.isfinite(v) for v in metrics.values())
@@ -203,9 +224,9 @@ def test_nan_and_inf_in_padding_are_ignored():
     logp.requires_grad_(True)
     ref = torch.full((2, 3), float("-inf"))
     ref[mask.bool()] = -1.0
-    loss, metrics = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.1,
-                                behavior_logp=torch.full((2, 3), float("nan")).masked_fill(mask.bool(), 0.0),
-                                tis_cap=2.0)
+    loss, metrics = loss_of(logp, old, adv, mask, ref_logp=ref, beta=0.1,
+                            behavior_logp=torch.full((2, 3), float("nan")).masked_fill(mask.bool(), 0.0),
+                            tis_cap=2.0)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(math.isfinite(v) for v in metrics.values())
@@ -217,11 +238,11 @@ def test_nan_and_inf_in_padding_are_ignored():
     (lambda: group_advantages(t([1.0, 2.0]), 1), "group_size must be >= 2"),
     (lambda: group_advantages(t([1.0, 2.0]), 2, "ppo"), r"'ppo'.*'grpo', 'dr_grpo', 'rloo'"),
     (lambda: kl_penalty(t([0.0]), t([0.0]), "k4"), r"'k4'.*'k1', 'k2', 'k3'"),
-    (lambda: policy_loss(*_two_seq_batch(), ratio_level="seq"), r"'seq'.*'token', 'sequence'"),
-    (lambda: policy_loss(*_two_seq_batch(), aggregation="mean"), r"'mean'.*'token-mean'"),
-    (lambda: policy_loss(*_two_seq_batch(), kl_estimator="k9"), r"'k9'.*'k3'"),
-    (lambda: policy_loss(*_two_seq_batch(), aggregation="seq-mean-token-sum-norm"), "norm_length"),
-    (lambda: policy_loss(*_two_seq_batch(), beta=0.1), "ref_logp"),
+    (lambda: loss_of(*_two_seq_batch(), ratio_level="seq"), r"'seq'.*'token', 'sequence'"),
+    (lambda: loss_of(*_two_seq_batch(), aggregation="mean"), r"'mean'.*'token-mean'"),
+    (lambda: loss_of(*_two_seq_batch(), kl_estimator="k9"), r"'k9'.*'k3'"),
+    (lambda: loss_of(*_two_seq_batch(), aggregation="seq-mean-token-sum-norm"), "norm_length"),
+    (lambda: loss_of(*_two_seq_batch(), beta=0.1), "ref_logp"),
 ])
 def test_value_errors(call, match):
     with pytest.raises(ValueError, match=match):
@@ -277,11 +298,11 @@ def test_loss_invariant_to_padding(seed, n, tlen, pad, agg, level, tis):
 
     common = dict(aggregation=agg, norm_length=8, ratio_level=level)
     lp1 = logp.clone().requires_grad_(True)
-    loss1, m1 = policy_loss(lp1, old, adv, mask, **common, **kw)
+    loss1, m1 = loss_of(lp1, old, adv, mask, **common, **kw)
     lp2 = padded(logp).requires_grad_(True)
     kw2 = {k: padded(v) if torch.is_tensor(v) else v for k, v in kw.items()}
-    loss2, m2 = policy_loss(lp2, padded(old), adv, torch.cat([mask, torch.zeros(n, pad).double()], 1),
-                            **common, **kw2)
+    loss2, m2 = loss_of(lp2, padded(old), adv, torch.cat([mask, torch.zeros(n, pad).double()], 1),
+                        **common, **kw2)
     assert torch.allclose(loss1, loss2, atol=1e-10)
     for k in m1:
         assert math.isclose(m1[k], m2[k], abs_tol=1e-10)
@@ -298,8 +319,8 @@ def test_clipping_never_increases_objective(seed, n, tlen, clip_low, clip_high, 
     logp, old, adv, mask, kw = _batch(seed, n, tlen, tis)
     kw["beta"] = 0.0
     common = dict(aggregation=agg, norm_length=8, ratio_level=level, **kw)
-    clipped, _ = policy_loss(logp, old, adv, mask, clip_low=clip_low, clip_high=clip_high, **common)
-    free, m = policy_loss(logp, old, adv, mask, clip_low=1e9, clip_high=1e9, **common)
+    clipped, _ = loss_of(logp, old, adv, mask, clip_low=clip_low, clip_high=clip_high, **common)
+    free, m = loss_of(logp, old, adv, mask, clip_low=1e9, clip_high=1e9, **common)
     assert clipped >= free - 1e-12 and m["clip_frac"] == 0.0
     # per token: the loss of every single masked token
     for i in range(n):
@@ -307,8 +328,8 @@ def test_clipping_never_increases_objective(seed, n, tlen, clip_low, clip_high, 
             if mask[i, j] and level == "token":
                 one = torch.zeros_like(mask)
                 one[i, j] = 1
-                c, _ = policy_loss(logp, old, adv, one, clip_low=clip_low, clip_high=clip_high, **common)
-                f, _ = policy_loss(logp, old, adv, one, clip_low=1e9, clip_high=1e9, **common)
+                c, _ = loss_of(logp, old, adv, one, clip_low=clip_low, clip_high=clip_high, **common)
+                f, _ = loss_of(logp, old, adv, one, clip_low=1e9, clip_high=1e9, **common)
                 assert c >= f - 1e-12
 
 
@@ -321,14 +342,14 @@ def test_micro_batches_sum_to_full_batch(seed, n, tlen, data, agg, level, tis):
     bounds = [0, *cuts, n]
     common = dict(aggregation=agg, norm_length=8, ratio_level=level)
     lp_full = logp.clone().requires_grad_(True)
-    full, _ = policy_loss(lp_full, old, adv, mask, **common, **kw)
+    full, _ = loss_of(lp_full, old, adv, mask, **common, **kw)
     full.backward()
     lp_micro = logp.clone().requires_grad_(True)
     total = 0.0
     for a, b in zip(bounds[:-1], bounds[1:]):
         kw_mb = {k: v[a:b] if torch.is_tensor(v) else v for k, v in kw.items()}
-        part, _ = policy_loss(lp_micro[a:b], old[a:b], adv[a:b], mask[a:b], **common, **kw_mb,
-                              num_tokens=int(mask.sum().item()), num_seqs=n)
+        part, _ = loss_of(lp_micro[a:b], old[a:b], adv[a:b], mask[a:b], **common, **kw_mb,
+                          num_tokens=int(mask.sum().item()), num_seqs=n)
         part.backward()
         total = total + part.detach()
     assert torch.allclose(total, full.detach(), atol=1e-10)
@@ -367,3 +388,12 @@ def _check_token_logprobs(seed, n, tlen, v, scale, bf16):
             z = sum(p)
             h = -sum(pk / z * math.log(pk / z) for pk in p if pk > 0)
             assert math.isclose(float(entropy_from_logits(logits)[i, j]), h, abs_tol=1e-4)
+
+
+def test_every_option_of_the_config_is_a_key_of_grpos_tables():
+    """AlgoConfig validates against grpo.py's tables, so a new variant is its function + a table entry."""
+    for key, table in (("advantage_estimator", ADVANTAGE_ESTIMATORS), ("ratio_level", RATIO_LEVELS),
+                       ("aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)):
+        for name in table:
+            assert not AlgoConfig(**{key: name}).problems()
+        assert AlgoConfig(**{key: "nope"}).problems() == [f"algo.{key} must be {'|'.join(table)}, got 'nope'"]
