@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import time
 from dataclasses import dataclass
 
+import torch
+
 from actors.config import RolloutConfig
+from actors.envs import EnvPool
+from actors.multiturn import ChatTokens, run_trajectories
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
@@ -142,9 +147,6 @@ class RolloutWorker:
         self.llm.update_weight_version("0")  # vLLM's own default is the string "default"
         self._chat = self._envs = None
         if cfg.env:  # multi-turn: refuse a non-prefix-preserving template now, start the environment processes
-            from actors.envs import EnvPool
-            from actors.multiturn import ChatTokens
-
             self._chat = ChatTokens(self.tokenizer, chat_template_kwargs)
             self._envs = EnvPool(cfg.env, cfg.env_num_procs, cfg.env_timeout_s)
             self._env_keys = 0
@@ -227,8 +229,6 @@ class RolloutWorker:
         """`group_size` multi-turn trajectories per conversation (a list of chat messages), driven
         turn by turn with `cfg.env` answering each turn; `fields[i]` build conversation i's
         environments. Returns one actors.multiturn.MultiTurnRollout per conversation."""
-        from actors.multiturn import run_trajectories
-
         self._check_not_updating()
         use_threads(self._threads)
         if self._envs is None:
@@ -420,9 +420,6 @@ class RolloutWorker:
                 node_id = ray.get_runtime_context().get_node_id()
         except Exception:  # noqa: BLE001 - info must answer even outside Ray
             pass
-        import socket
-
-        import torch
 
         return {
             "node_id": node_id,

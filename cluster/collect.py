@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from cluster.data.dataset import Example
 
@@ -144,8 +145,6 @@ _RAGGED = {"prompt_ids": torch.int64, "completion_ids": torch.int64, "behavior_l
 
 def save_batch(batch: Batch, directory: str | Path) -> None:
     """Write `batch` into `directory` so that load_batch gives it back value for value."""
-    from safetensors.torch import save_file
-
     tensors = {"rewards": torch.tensor(batch.rewards, dtype=torch.float64)}
     for name, dtype in _RAGGED.items():
         rows = getattr(batch, name)
@@ -162,8 +161,6 @@ def save_batch(batch: Batch, directory: str | Path) -> None:
 
 def load_batch(directory: str | Path) -> Batch | None:
     """The batch save_batch wrote into `directory`; None if there is none."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     if not (directory / NEXT_BATCH_JSON).is_file():
         return None

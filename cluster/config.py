@@ -24,6 +24,7 @@ import yaml
 from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
 from actors.envs import env_spec_problems
 from actors.runtime.checks import at_least
+from cluster.data.files import path_problem, split_paths
 from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
 
 
@@ -99,8 +100,6 @@ class DataConfig:
     long_prompts: str = "filter"  # prompts over the limit: filter (counted, reported once at load) | error
 
     def problems(self) -> list[str]:
-        from cluster.data.files import path_problem, split_paths
-
         p = []
         at_least(p, "data.num_eval", self.num_eval, 0)
         at_least(p, "data.task_digits", self.task_digits, 1)

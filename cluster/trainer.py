@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from actors.envs import EnvPool
+from actors.multiturn import ChatTokens, TemplateError
 from actors.rewards import RewardScorer
 from actors.transport.registry import resolve_backend
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, model_tokens, save_batch, trim_to_ranks
@@ -46,9 +48,6 @@ def check_multiturn(cfg: RunConfig) -> None:
     """Before any actor starts: the environment class loads (in a throwaway process, as on the engines)
     and the model's chat template can extend a conversation token-exactly."""
     from transformers import AutoTokenizer
-
-    from actors.envs import EnvPool
-    from actors.multiturn import ChatTokens, TemplateError
 
     try:
         EnvPool(cfg.rollout.env, 1, cfg.rollout.env_timeout_s).close()

@@ -25,6 +25,8 @@ import json
 import sys
 from pathlib import Path
 
+from cluster.data.files import raise_problems, read_rows
+
 INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'
 
 
@@ -46,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--question-key", default="question")
     p.add_argument("--answer-key", default="answer")
     args = p.parse_args(argv)
-
-    from cluster.data.files import raise_problems, read_rows
 
     problems: list[str] = []
     try:

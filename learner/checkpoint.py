@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub import save_torch_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -353,8 +354,6 @@ def safe_torch_load():
 def write_hf_dir(state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike, meta_dir: str | os.PathLike) -> str:
     """A plain HF model directory: safetensors weights (sharded past 5 GB) + config + tokenizer from
     `meta_dir` (the original model path or a checkpoint's hf-config/). Loads in transformers and vLLM."""
-    from huggingface_hub import save_torch_state_dict
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_hf_meta(str(meta_dir), out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from actors.runtime.checks import at_least
+from learner.checkpoint import verify
 from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
 
 # vLLM 0.32 accepts only these max_lora_rank values (vllm/config/lora.py); an engine is started
@@ -152,8 +153,7 @@ class CheckpointConfig:
         at_least(p, "checkpoint.every", self.every, 0)
         at_least(p, "checkpoint.keep", self.keep, 1)
         if self.resume not in ("auto", "none"):
-            from learner.checkpoint import verify  # a path: verified exactly as `auto` verifies what it picks
-
+            # a path: verified exactly as `auto` verifies what it picks
             if not self.resume:
                 p.append("checkpoint.resume is empty: use auto, none or a checkpoint directory")
             else:

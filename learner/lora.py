@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from learner.config import LearnerConfig
 
@@ -99,8 +100,6 @@ def adapter_config_json(model: torch.nn.Module, base_model_path: str) -> str:
 
 def write_adapter_dir(tensors: dict[str, torch.Tensor], config_json: str, out_dir: str | Path) -> str:
     """An adapter directory in peft format (PeftModel.from_pretrained / vLLM LoRARequest load it)."""
-    from safetensors.torch import save_file
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(out / "adapter_model.safetensors"))

@@ -7,9 +7,12 @@ import os
 import random
 
 import numpy as np
+import psutil
 import torch
+import torch.distributed as dist
 
 from actors.runtime.devices import resolve_dtype
+from actors.runtime.sockets import listening_store, local_ip_towards
 from learner.config import LearnerConfig
 
 
@@ -76,10 +79,7 @@ def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: i
     """The ranks' torch.distributed world, listening on `master_addr` only: rank 0 serves the
     rendezvous store there (torch's env:// store would listen on every interface), and gloo's
     own sockets use the interface that holds this node's address on the way to it."""
-    import torch.distributed as dist
     from deepspeed.constants import default_pg_timeout
-
-    from actors.runtime.sockets import listening_store, local_ip_towards
 
     timeout = default_pg_timeout  # what deepspeed.init_distributed would use
     if rank == 0:
@@ -96,8 +96,6 @@ def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: i
 
 def interface_of(ip: str) -> str | None:
     """The name of the network interface that holds `ip` (gloo binds by interface name)."""
-    import psutil
-
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address == ip for a in addrs):
             return name

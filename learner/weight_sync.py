@@ -21,12 +21,13 @@ skips lm_head.weight as an alias of the embedding anyway.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
 import torch
-from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource  # noqa: TID253 (vLLM side)
+from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory  # noqa: TID253 (vLLM side)
 
 from actors.transport.client import OneTripRayClient
 from actors.transport.lora_adapter import AdapterSync
@@ -40,7 +41,6 @@ def _gathered(params: list[torch.nn.Parameter], zero3: bool):
     if zero3:
         import deepspeed
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-    import contextlib
     return contextlib.nullcontext()
 
 

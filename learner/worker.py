@@ -25,10 +25,12 @@ import torch
 from actors.runtime.devices import on_gpu, resolve_dtype
 from actors.runtime.sequences import PromptSharingUnsupported
 from actors.runtime.threads import node_cores, use_threads
-from learner import grpo
+from learner import checkpoint, grpo
 from learner.batch import MicroBatch, TrainBatch
+from learner.checkpoint import naming_save_errors, write_hf_dir
 from learner.config import AlgoConfig, LearnerConfig
 from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
+from learner.lora import adapter_config_json, apply_lora, param_counts, write_adapter_dir
 from learner.rank_setup import build_ds_config, init_process_group, lr_factor, param_groups, seed_everything
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
@@ -89,7 +91,6 @@ class LearnerWorker:
             if cfg.lora:
                 model.enable_input_require_grads()
         if cfg.lora:
-            from learner.lora import apply_lora
             model = apply_lora(model, cfg)
         model.train()
 
@@ -111,7 +112,6 @@ class LearnerWorker:
         self.last_checkpoint: str | None = None
         self._transfer = None  # trainer-side weight-transfer engine (learner/weight_sync.py)
         self.init_seconds = time.perf_counter() - t0
-        from learner.lora import param_counts
         self.param_counts = param_counts(self.engine.module)
         if rank == 0:
             c = self.param_counts
@@ -359,7 +359,6 @@ class LearnerWorker:
 
     def export_hf(self, out_dir: str) -> None:
         """A plain HF model directory (safetensors + config + tokenizer); rank 0 writes. Collective."""
-        from learner.checkpoint import naming_save_errors, write_hf_dir
         sd = self._hf_state_dict()
         adapter = self.adapter_state_dict() if self.cfg.lora else {}
         if self.rank == 0:
@@ -370,7 +369,6 @@ class LearnerWorker:
         self._barrier()
 
     def _write_adapter(self, tensors: dict, out_dir: str) -> None:
-        from learner.lora import adapter_config_json, write_adapter_dir
         write_adapter_dir(tensors, adapter_config_json(self.engine.module, self.model_path), out_dir)
 
     def optimizer_state_bytes(self) -> int:
@@ -390,7 +388,6 @@ class LearnerWorker:
     # ------------------------------------------------------------------ #
     def save_checkpoint(self, path: str, tag: str) -> None:
         """Model, optimizer and LR schedule (DeepSpeed's files) + this rank's RNG and counters (JSON)."""
-        from learner import checkpoint
         with checkpoint.naming_save_errors(path):
             self.engine.save_checkpoint(path, tag=tag, client_state={}, save_latest=False)
             adapter = self.adapter_state_dict() if self.cfg.lora else {}
@@ -405,7 +402,6 @@ class LearnerWorker:
 
     def load_checkpoint(self, path: str, tag: str) -> None:
         """Restore what save_checkpoint wrote. Call on fresh workers (ZeRO-3 needs an unpartitioned start)."""
-        from learner import checkpoint
         with checkpoint.safe_torch_load():
             load_path, _ = self.engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
                                                        load_lr_scheduler_states=True)

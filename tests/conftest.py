@@ -13,23 +13,22 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# After the switches above: huggingface_hub reads them when it is first imported.
+from cluster.demo.tinychat import TinyChatSpec, build_tiny_chat_model  # noqa: E402
+from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
+
 # Built once per machine and reused across sessions (the builder is deterministic and caches).
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
-
     return build_tiny_model(CACHE / "tiny-qwen2-h128-l2", TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
 
 
 @pytest.fixture(scope="session")
 def tiny_chat_model_dir() -> Path:
     """A Qwen2 chat model: byte-level BPE tokenizer, ChatML template, EOS `<|im_end|>`, pad `<|endoftext|>`."""
-    from cluster.demo.tinychat import TinyChatSpec, build_tiny_chat_model
-    from cluster.demo.tinymodel import TinyModelSpec
-
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
     return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2", spec)
 
@@ -37,8 +36,5 @@ def tiny_chat_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_chat_nopad_model_dir() -> Path:
     """The same chat model whose tokenizer declares no pad token (as some base models ship)."""
-    from cluster.demo.tinychat import TinyChatSpec, build_tiny_chat_model
-    from cluster.demo.tinymodel import TinyModelSpec
-
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0), pad_token=False)
     return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2-nopad", spec)

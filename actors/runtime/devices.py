@@ -5,12 +5,13 @@ all take it (docs/DESIGN.md, layering).
 """
 from __future__ import annotations
 
+import torch
+
 
 def on_gpu(num_gpus: float) -> bool:
     """Whether a process that Ray gave `num_gpus` runs on a GPU (it asked for one and can see one)."""
     if num_gpus <= 0:
         return False
-    import torch
 
     return torch.cuda.is_available()
 

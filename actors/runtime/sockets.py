@@ -1,12 +1,13 @@
 """Sockets for the process groups: the learner ranks' rendezvous (learner/rank_setup.py) and the
 gloo weight transfer (actors/transport/gloo_trainer.py) both listen only on the address their peers were
-told, and bind gloo to the interface on the route to it.
+told, and bind gloo to the interface on the route to it (`new_gloo_group`: the transfer's group).
 
 torch only, no vLLM: a learner rank sets up its group without the rollout side's packages.
 """
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 
 import torch.distributed as dist
@@ -50,3 +51,14 @@ def listening_store(host: str, port: int, timeout: datetime.timedelta) -> dist.T
         raise
     return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
                          master_listen_fd=sock.detach())
+
+
+def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeout_s: float):
+    """A ProcessGroupGloo over `store` (blocks until all `world_size` ranks joined)."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        opts._devices = [dist.ProcessGroupGloo.create_device(interface=os.environ["GLOO_SOCKET_IFNAME"])]
+    else:
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip_towards(master_address))]
+    return dist.ProcessGroupGloo(store, rank, world_size, opts)

@@ -6,8 +6,8 @@ vLLM's four engine methods; `OneTripRayClient` answers them with one Ray call pe
 """
 from __future__ import annotations
 
-from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest  # noqa: TID253 (vLLM side)
+from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient  # noqa: TID253 (vLLM side)
 
 
 class OneTripRayClient(RayVLLMWeightSyncClient):

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from vllm.distributed.weight_transfer.base import WeightTransferEngine
+from vllm.distributed.weight_transfer.base import WeightTransferEngine  # noqa: TID253 (vLLM side)
 
+from actors.runtime.sockets import new_gloo_group
 from actors.transport import shared_memory
 from actors.transport.base import LAST_UPDATE_PARTS
 from actors.transport.direct_load import DirectLoader, signature_of
@@ -30,15 +31,15 @@ from actors.transport.gloo_protocol import (
     GlooWeightTransferUpdateInfo,
     header,
     nbytes,
-    new_gloo_group,
     plan_buckets,
     unpack_bucket,
     wait_work,
 )
+from actors.transport.vllm_plugin import repack_cpu_weights
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.config import VllmConfig  # noqa: TID253 (vLLM side)
+    from vllm.config.weight_transfer import WeightTransferConfig  # noqa: TID253 (vLLM side)
 
 
 class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
@@ -158,7 +159,6 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     def finish_weight_update(self) -> None:
         # vLLM's CPU linear layers compute from a packed copy made at load time: rebuild it
         # from the weights just loaded, or the engine keeps generating with the old ones.
-        from actors.transport.vllm_plugin import repack_cpu_weights
 
         t0 = time.perf_counter()
         repack_cpu_weights(self.model)

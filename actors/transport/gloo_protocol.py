@@ -33,18 +33,17 @@ engines are done reading. The update info says which transport an update uses.
 """
 from __future__ import annotations
 
-import datetime
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
-from vllm.distributed.weight_transfer.base import ParamMeta, WeightTransferInitInfo, WeightTransferUpdateInfo
-
-from actors.runtime.sockets import local_ip_towards
+from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
+    ParamMeta,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
 
 DEFAULT_BUCKET_BYTES = 64 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 600.0
@@ -118,17 +117,6 @@ class BucketBuffers:
         if self._buffers[i] is None or self._buffers[i].numel() < size:
             self._buffers[i] = torch.empty(size, dtype=torch.uint8)
         return self._buffers[i][:size]
-
-
-def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeout_s: float):
-    """A ProcessGroupGloo over `store` (blocks until all `world_size` ranks joined)."""
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = datetime.timedelta(seconds=timeout_s)
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
-        opts._devices = [dist.ProcessGroupGloo.create_device(interface=os.environ["GLOO_SOCKET_IFNAME"])]
-    else:
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip_towards(master_address))]
-    return dist.ProcessGroupGloo(store, rank, world_size, opts)
 
 
 def wait_work(work, timeout_s: float, peer_failed: Callable[[], None] | None = None) -> None:

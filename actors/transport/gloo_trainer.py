@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-from vllm.distributed.weight_transfer.base import (
+from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
     ParamMeta,
     TrainerInitInfo,
     TrainerWeightTransferEngine,
@@ -35,7 +35,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightSource,
 )
 
-from actors.runtime.sockets import listening_store
+from actors.runtime.sockets import listening_store, new_gloo_group
 from actors.transport import shared_memory
 from actors.transport.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,
@@ -48,7 +48,6 @@ from actors.transport.gloo_protocol import (
     header,
     max_bucket_bytes,
     nbytes,
-    new_gloo_group,
     plan_buckets,
     wait_work,
 )

@@ -12,6 +12,7 @@ from cluster.bench.learner_sync import (
     bench_raw_broadcast,
     fixed_batch,
 )
+from cluster.bench.lora import bench_lora
 from cluster.bench.report import (
     fmt_value,
     format_table,
@@ -27,6 +28,11 @@ from cluster.bench.report import (
 from cluster.bench.rollout import bench_rollout, current_niceness, direct_vllm_main
 from cluster.bench.schedule import bench_schedule, heldout_accuracy, heldout_examples
 from cluster.bench.trl import bench_trl, parse_threads, trl_main, trl_settings
+from cluster.config import load_config
+from cluster.data.dataset import load_splits
+from cluster.demo.tinymodel import build_tiny_model, num_parameters
+from cluster.demo.warmstart import WarmStartSpec, warm_start
+from cluster.launch.ray_cluster import start_ray
 
 
 def run_bench(args) -> int:
@@ -45,12 +51,6 @@ def run_bench(args) -> int:
 
 def _run_bench(args, res: dict) -> int:
     import ray
-
-    from cluster.config import load_config
-    from cluster.data.dataset import load_splits
-    from cluster.demo.tinymodel import build_tiny_model, num_parameters
-    from cluster.demo.warmstart import WarmStartSpec, warm_start
-    from cluster.launch.ray_cluster import start_ray
 
     setting = resolve_setting(args.setting, args.hidden_size, args.num_layers, args.warm_start_steps, args.parts)
     t_start = time.perf_counter()
@@ -138,7 +138,6 @@ def _run_bench(args, res: dict) -> int:
             if not res["learner"]:
                 res.pop("learner")
             if "lora" in parts:  # 6. LoRA sync and optimizer memory vs full fine-tuning
-                from cluster.bench.lora import bench_lora
                 res["lora"] = bench_lora(ray, str(base), cfg, batch, args.lora_rank, args.sync_repeats, timeout_s)
         if rollout_actor is not None:
             ray.kill(rollout_actor)

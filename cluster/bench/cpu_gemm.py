@@ -15,6 +15,12 @@ import argparse
 import statistics
 import time
 
+import torch
+
+import actors.transport.vllm_plugin as ext
+from actors.config import RolloutConfig
+from actors.rollout import RolloutWorker
+
 # (N, K) of qkv, o, gate_up, down, LM head for the bench's three model sizes
 SHAPES = {
     "1.0M": [(256, 128), (128, 128), (1024, 128), (128, 512), (128, 128)],
@@ -33,7 +39,6 @@ def _ms(fn, n: int = 30) -> float:
 
 
 def gemm_table(threads: int) -> None:
-    import torch
     from vllm import _custom_ops as ops
 
     torch.set_num_threads(threads)
@@ -53,10 +58,6 @@ def gemm_table(threads: int) -> None:
 
 def generate_ab(model_dir: str, threads: int, tokens: int, rounds: int) -> None:
     import vllm.model_executor.layers.utils as layer_utils
-
-    import actors.transport.vllm_plugin as ext
-    from actors.config import RolloutConfig
-    from actors.rollout import RolloutWorker
 
     cfg = RolloutConfig(max_model_len=256, max_new_tokens=tokens, min_new_tokens=tokens, threads=threads)
     worker = RolloutWorker(model_dir, cfg)

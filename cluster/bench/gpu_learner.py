@@ -19,10 +19,17 @@ import random
 import tempfile
 import time
 
+import torch
+import torch.distributed as dist
+
+from actors.runtime.sockets import free_port
+from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
+from learner.batch import TrainBatch
+from learner.config import AlgoConfig, LearnerConfig
+from learner.worker import LearnerWorker
+
 
 def _batch(n: int, prompt: int, completion: int, vocab: int):
-    from learner.batch import TrainBatch
-
     g = random.Random(0)
     comps = [[g.randrange(3, vocab) for _ in range(completion)] for _ in range(n)]
     return TrainBatch(prompt_ids=[[g.randrange(3, vocab) for _ in range(prompt)] for _ in range(n)],
@@ -31,13 +38,6 @@ def _batch(n: int, prompt: int, completion: int, vocab: int):
 
 
 def measure(model_dir: str, stage: int, steps: int, peak_tflops: float, micro_batch: int = 16) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    from actors.runtime.sockets import free_port
-    from learner.config import AlgoConfig, LearnerConfig
-    from learner.worker import LearnerWorker
-
     cfg = LearnerConfig(num_gpus=1, zero_stage=stage, micro_batch_size=micro_batch, lr=1e-6)
     rank = LearnerWorker(model_dir, cfg, AlgoConfig(), rank=0, world_size=1, master_addr="127.0.0.1",
                          master_port=free_port(), total_steps=steps + 1, seed=0)
@@ -64,8 +64,6 @@ def measure(model_dir: str, stage: int, steps: int, peak_tflops: float, micro_ba
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--stages", default="2")

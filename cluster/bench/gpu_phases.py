@@ -27,6 +27,10 @@ import statistics
 import tempfile
 import time
 
+import torch
+
+from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
+
 
 def _timed(fn, sync) -> float:
     sync()
@@ -37,7 +41,6 @@ def _timed(fn, sync) -> float:
 
 
 def measure(model_dir: str, dtype_name: str, repeats: int, device: str, static_cache: bool = False) -> dict:
-    import torch
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, dtype_name)
@@ -89,10 +92,6 @@ def measure(model_dir: str, dtype_name: str, repeats: int, device: str, static_c
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="float32,bfloat16", help="comma-separated torch dtypes")
     p.add_argument("--repeats", type=int, default=3)

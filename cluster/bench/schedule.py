@@ -2,25 +2,27 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
+import torch
+
 from cluster.bench.report import progress, schedule_summary
+from cluster.config import load_config
+from cluster.data.dataset import load_splits
+from cluster.demo.warmstart import greedy_accuracy
+from cluster.trainer import Trainer
 
 
 def heldout_examples(data: dict, seed: int):
-    from cluster.data.dataset import load_splits
-
     return load_splits(data["train"], data["eval"], data["num_eval"], data["task_digits"], seed)[1]
 
 
 def heldout_accuracy(model_dir: str, data: dict, seed: int, max_new_tokens: int) -> float | None:
     """Greedy exact-match accuracy of a saved model on the held-out split, with HF generate on one
     thread: the one procedure applied to the starting model, raygrpo's result and TRL's result."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from cluster.demo.warmstart import greedy_accuracy
 
     examples = heldout_examples(data, seed)
     if not examples:
@@ -36,11 +38,6 @@ def heldout_accuracy(model_dir: str, data: dict, seed: int, max_new_tokens: int)
 
 def bench_schedule(config_overrides: list[str], mode: str, run_dir: Path) -> tuple[dict, list[dict]]:
     """A short `Trainer(cfg).run()` in `mode`; returns (summary, metrics rows)."""
-    import shutil
-
-    from cluster.config import load_config
-    from cluster.trainer import Trainer
-
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cfg = load_config(None, [*config_overrides, f"trainer.mode={mode}", f"trainer.run_dir={run_dir}"])

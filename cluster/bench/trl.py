@@ -1,15 +1,20 @@
 """5. TRL's GRPOTrainer on the same task, in its own environment (.venv-bench)."""
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import os
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from actors.rewards import exact_match
 from cluster.bench.report import (
     BENCH_VENV,
     SUBPROCESS_MODULE,
@@ -20,6 +25,9 @@ from cluster.bench.report import (
 )
 from cluster.bench.rollout import renice_to
 from cluster.bench.schedule import heldout_examples
+from cluster.data.dataset import PromptStream, load_splits
+from cluster.demo.warmstart import greedy_accuracy
+from cluster.launch.ray_cluster import WORKER_ENV
 from cluster.paths import PROJECT_ROOT
 
 
@@ -49,9 +57,6 @@ def ensure_bench_venv(root: Path = PROJECT_ROOT, log=progress) -> tuple[Path | N
     needs that is missing here. Every package already installed here is pinned by a constraints
     file, so the install cannot move transformers or torch; this is checked afterwards.
     """
-    import importlib.metadata as md
-    import sysconfig
-
     py = bench_venv_python(root)
     version = _trl_version(py)
     if version and version.startswith("1.16"):
@@ -130,15 +135,11 @@ def trl_settings(cfg, model: str, threads: int) -> dict:
 def trl_main(spec_path: str, out_path: str) -> int:
     """Subprocess (.venv-bench's python): TRL's GRPOTrainer on the prompts our trainer takes."""
     s = json.loads(Path(spec_path).read_text())
-    import torch
 
     torch.set_num_threads(s["threads"])
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from actors.rewards import exact_match
-    from cluster.data.dataset import PromptStream, load_splits
 
     d = s["data"]
     train, _ = load_splits(d["train"], d["eval"], d["num_eval"], d["task_digits"], s["seed"])
@@ -181,7 +182,6 @@ def trl_main(spec_path: str, out_path: str) -> int:
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
-    from cluster.demo.warmstart import greedy_accuracy
 
     heldout = heldout_examples(d, s["seed"])  # none with data.num_eval=0 (--setting long)
     torch.set_num_threads(1)  # the same evaluation as raygrpo's model gets (cluster.bench.heldout_accuracy)
@@ -217,7 +217,6 @@ def bench_trl(settings: dict, workdir: Path, skip: bool, timeout_s: float, nicen
     out.unlink(missing_ok=True)
     progress(f"TRL: GRPOTrainer, {settings['steps']} steps x {settings['prompts_per_step']} prompts x "
              f"G={settings['group_size']}, {settings['threads']} thread(s) (log {log})")
-    from cluster.launch.ray_cluster import WORKER_ENV
 
     env = {**os.environ, **WORKER_ENV, "OMP_NUM_THREADS": str(settings["threads"]), "CUDA_VISIBLE_DEVICES": ""}
     with open(log, "w") as f:

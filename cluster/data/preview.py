@@ -7,6 +7,8 @@ stats. Starts no actor.
 """
 from __future__ import annotations
 
+from actors.reward_functions import ANSWER_CHECKERS
+from actors.rollout import stop_token_ids
 from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
 
 EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"
@@ -23,9 +25,6 @@ def _token(tokenizer, token_id) -> str:
 
 def preview(cfg, n: int, out=print) -> None:
     """Print what `raygrpo data` shows for `cfg` (a RunConfig, cluster/config.py), `n` prompts of step 1."""
-    from actors.reward_functions import ANSWER_CHECKERS
-    from actors.rollout import stop_token_ids
-
     tok = load_tokenizer(cfg.model.path)
     data = load_run_data(cfg, tok)
     r = cfg.rollout

@@ -13,9 +13,13 @@ import shutil
 import time
 from pathlib import Path
 
+from cluster.config import load_config
+from cluster.data.dataset import load_splits
 from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model, num_parameters
 from cluster.demo.warmstart import WarmStartSpec, warm_start, warm_start_result
 from cluster.paths import PROJECT_ROOT
+from cluster.run.metrics import plot_run
+from cluster.trainer import Trainer
 
 DEMO_CONFIG = PROJECT_ROOT / "examples" / "cpu_demo.yaml"
 # Chosen so GRPO has room to improve: big enough to learn 2-digit addition, warm start stopped
@@ -37,11 +41,6 @@ def noise_verdict(before: float, after: float, n: int) -> str:
 
 
 def run_demo(args) -> int:
-    from cluster.config import load_config
-    from cluster.data.dataset import load_splits
-    from cluster.run.metrics import plot_run
-    from cluster.trainer import Trainer
-
     t0 = time.time()
     cache = Path(args.cache_dir)
     base = build_tiny_model(cache / "base-qwen2-h128-l4", DEMO_MODEL)

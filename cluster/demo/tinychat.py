@@ -15,13 +15,19 @@ directory built from the same spec is reused.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 from pathlib import Path
 
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from cluster.config import load_config
+from cluster.data.dataset import load_run_data, load_tokenizer
 from cluster.demo.tinymodel import TinyModelSpec, is_cached, write_model_dir
-from cluster.demo.wordproblems import conversational_rows
+from cluster.demo.warmstart import WarmStartSpec, warm_start
+from cluster.demo.wordproblems import conversational_rows, write_jsonl
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
@@ -63,7 +69,6 @@ def _training_corpus(n: int) -> list[str]:
 
 def build_bpe_tokenizer(spec: TinyChatSpec):
     """A byte-level BPE `PreTrainedTokenizerFast` trained on `_training_corpus`, with ChatML."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -107,13 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m cluster.demo.tinychat`: build the chat model, write the word-problem JSONL files that
     examples/chat_cpu.yaml trains on, and warm-start a copy of the model on them (supervised, cached),
     so that GRPO starts from a model that is sometimes right."""
-    import argparse
-
-    from cluster.config import load_config
-    from cluster.data.dataset import load_run_data, load_tokenizer
-    from cluster.demo.warmstart import WarmStartSpec, warm_start
-    from cluster.demo.wordproblems import conversational_rows, write_jsonl
-
     p = argparse.ArgumentParser(prog="python -m cluster.demo.tinychat", description=main.__doc__)
     p.add_argument("--model-dir", default=".cache/chat/tiny-chat-qwen2", help="where the base model goes (cached)")
     p.add_argument("--data-dir", default="examples/data", help="where wordproblems_{train,eval}.jsonl go")

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import string
 import tempfile
 from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 SPEC_FILE = "raygrpo_tiny_spec.json"
 PAD, EOS = "<pad>", "<eos>"
@@ -50,7 +55,6 @@ class TinyModelSpec:
 
 def build_tokenizer():
     """A character-level tokenizer: every character of ALPHABET is one token."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {PAD: 0, EOS: 1, "<unk>": 2}
@@ -98,7 +102,6 @@ def write_model_dir(out: Path, spec: TinyModelSpec, tokenizer, spec_json: str, *
     Written to a temporary sibling and renamed, so a crash never leaves a half-built model
     that a later call would take for a cached one.
     """
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -133,9 +136,5 @@ def write_model_dir(out: Path, spec: TinyModelSpec, tokenizer, spec_json: str, *
 
 def num_parameters(model_dir: str | os.PathLike) -> int:
     """Parameter count read from the safetensors header (tied embeddings counted once)."""
-    import math
-
-    from safetensors import safe_open
-
     with safe_open(str(Path(model_dir) / "model.safetensors"), "pt") as f:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())

@@ -20,6 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+
+from actors.rewards import exact_match
 from cluster.data.dataset import Example
 
 SPEC_FILE = "raygrpo_warmstart_spec.json"
@@ -40,8 +44,6 @@ class WarmStartSpec:
 
 
 def _encode(tok, examples: list[Example]):
-    import torch
-
     seqs, masks = [], []
     for e in examples:
         # a rendered example (chat template applied at load) brings its ids; a task prompt is encoded here
@@ -60,10 +62,6 @@ def _encode(tok, examples: list[Example]):
 
 def greedy_accuracy(model, tok, examples: list[Example], max_new_tokens: int = 8) -> float:
     """Fraction of prompts whose greedy completion's final number equals the answer (HF generate)."""
-    import torch
-
-    from actors.rewards import exact_match
-
     tok.padding_side = "left"
     correct = 0
     with torch.no_grad():
@@ -81,8 +79,6 @@ def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: l
                spec: WarmStartSpec = WarmStartSpec(), progress: bool = True) -> Path:
     """Fine-tune `base_dir` on `train` (spec.steps, or until spec.target_accuracy); write (or reuse) `out_dir`.
     `warm_start_result(out_dir)` then says how many steps it took and the accuracy it reached."""
-    import torch
-
     out = Path(out_dir)
     first = train[0].prompt if train else ""
     key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train), "first": first},
@@ -101,7 +97,6 @@ def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: l
 
 
 def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSpec, key: str, progress: bool) -> Path:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(spec.seed)
@@ -119,8 +114,6 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
     steps = range(spec.steps)
     tty = sys.stderr.isatty()
     if progress and tty:
-        from tqdm import tqdm
-
         steps = tqdm(steps, desc="warm start (supervised)", unit="step")
     taken, accuracy, reached = spec.steps, None, 0
     for step in steps:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from actors.reference import ReferenceActor
+from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
 from cluster.launch.waits import wait_for
+from learner.worker import LearnerWorker
 
 
 @dataclass
@@ -30,10 +33,6 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from actors.reference import ReferenceActor
-    from actors.rollout import RolloutWorker
-    from learner.worker import LearnerWorker
 
     r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
 

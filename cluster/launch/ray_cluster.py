@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
+
 # Set in every Ray worker process. No hub access anywhere; keep tokenizers single-threaded so
 # several actors share a small machine without oversubscribing its cores.
 WORKER_ENV = {
@@ -39,8 +41,6 @@ def join_cluster(address: str) -> None:
     """Connect this driver to a running cluster ("auto" or HOST:PORT of its GCS) in the cluster's
     authentication mode (token discovery as `submit`: cluster/launch/auth.py)."""
     import ray
-
-    from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
 
     gcs = resolve_gcs_address(address)
     use_cluster_auth_mode(gcs_auth_mode(gcs), gcs)

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 # What the learner reports for a step that a step's line carries.
 # train_threads_max: the most torch threads a rank trained with (more than its share where the
 # collecting side lent its idle cores, cluster/launch/thread_budget.py).
@@ -62,8 +64,6 @@ class MetricsLogger:
             except ImportError:
                 print("metrics.wandb=true but wandb is not installed; logging to JSONL/TensorBoard only", file=sys.stderr)
         if sys.stderr.isatty():
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
     def log_step(self, m: dict) -> None:

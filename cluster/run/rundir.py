@@ -25,7 +25,10 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import yaml
+
+from learner import checkpoint
 
 LOCK = "raygrpo.lock"
 HEARTBEAT_S = 10.0  # how often a holder touches its lock
@@ -143,8 +146,6 @@ def _read_lock(path: Path) -> dict | None:
 
 def _start_time(pid: int) -> float | None:
     """When process `pid` started (seconds since the epoch, 10 ms ticks); None if it cannot be read."""
-    import psutil
-
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
@@ -170,8 +171,6 @@ def _alive(pid, started: float | None = None) -> bool:
 
 def claim(cfg, overwrite: bool = False) -> RunDirClaim:
     """Lock `cfg.trainer.run_dir` for this run and check that continuing in it loses nothing."""
-    from learner import checkpoint
-
     run_dir = Path(cfg.trainer.run_dir)
     lock = RunDirClaim(run_dir)
     try:

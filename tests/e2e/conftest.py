@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from cluster.launch.ray_cluster import worker_runtime_env
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():
@@ -11,8 +13,6 @@ def ray_cluster():
     and mostly wait on each other, as in the real system on a small machine.
     """
     import ray
-
-    from cluster.launch.ray_cluster import worker_runtime_env
 
     ray.init(num_cpus=8, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
     yield ray

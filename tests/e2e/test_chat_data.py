@@ -7,7 +7,7 @@ on the variant of the model that has no pad token.
 """
 from __future__ import annotations
 
-import datasets
+import datasets  # noqa: TID253 - the test writes parquet and save_to_disk data with it
 import pytest
 
 from cluster.config import load_config

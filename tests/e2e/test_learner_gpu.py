@@ -14,16 +14,16 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 from test_learner_helpers import free_port, make_batch, max_weight_diff, reference_step
 
 from learner.config import AlgoConfig, LearnerConfig
+from learner.worker import LearnerWorker
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 def _rank(model_dir, cfg: LearnerConfig, algo: AlgoConfig, reference_on_learner=False):
-    from learner.worker import LearnerWorker
-
     return LearnerWorker(str(model_dir), cfg, algo, rank=0, world_size=1, master_addr="127.0.0.1",
                          master_port=free_port(), total_steps=10, seed=0, reference_on_learner=reference_on_learner)
 
@@ -38,7 +38,6 @@ def _teardown():
     """The product runs one rank per process; these tests start two ranks in turn in one process, so
     DeepSpeed's cached groups of the first (deepspeed.utils.groups) must go with its process group,
     or the second's deepspeed.initialize asks a destroyed group for its rank."""
-    import torch.distributed as dist
     from deepspeed.utils import groups
 
     if dist.is_initialized():

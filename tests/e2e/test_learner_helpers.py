@@ -10,6 +10,7 @@ import torch
 from learner import grpo
 from learner.batch import TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
+from learner.worker import LearnerWorker
 
 
 def free_port() -> int:
@@ -21,8 +22,6 @@ def free_port() -> int:
 def start_ranks(ray, model_dir, cfg: LearnerConfig, algo: AlgoConfig, *, total_steps=10, seed=0, lendable=False):
     """cfg.num_ranks LearnerWorker actors that form one DeepSpeed group (constructor finished).
     `lendable`: with the "lend" concurrency group, as cluster/launch/placement.py starts them in async on CPU."""
-    from learner.worker import LearnerWorker
-
     actor = ray.remote(num_cpus=0.5, **({"concurrency_groups": {"lend": 1}} if lendable else {}))(LearnerWorker)
     port = free_port()
     ranks = [actor.remote(str(model_dir), cfg, algo, rank=r, world_size=cfg.num_ranks, master_addr="127.0.0.1",

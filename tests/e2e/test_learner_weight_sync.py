@@ -10,6 +10,8 @@ import pytest
 import torch
 from test_learner_helpers import make_batch, on_all, start_ranks, stop
 
+from actors.config import RolloutConfig
+from actors.rollout import RolloutWorker
 from learner.config import AlgoConfig, LearnerConfig
 from learner.grpo import token_logprobs
 
@@ -35,9 +37,6 @@ def max_diff(a, b):
 
 @pytest.fixture(scope="module")
 def setup(ray_cluster, tiny_model_dir):
-    from actors.config import RolloutConfig
-    from actors.rollout import RolloutWorker
-
     ray = ray_cluster
     rcfg = RolloutConfig(max_model_len=128, max_new_tokens=16, bucket_mb=1, cpu_kv_cache_mb=64)
     rollout = ray.remote(num_cpus=0.5)(RolloutWorker).remote(str(tiny_model_dir), rcfg)
@@ -78,9 +77,6 @@ def test_rollout_restart_then_reinit_and_sync(setup, tiny_model_dir, tmp_path):
     """The rollout worker dies: the next sync fails fast on rank 0 without leaving rank 1 stuck in
     a ZeRO-3 gather. A replacement engine, started from the learner's export_hf directory (so that
     export must load in vLLM with the trained weights), is re-attached with init_weight_sync."""
-    from actors.config import RolloutConfig
-    from actors.rollout import RolloutWorker
-
     ray, ranks, rollout, seqs = setup
     out = tmp_path / "export"
     on_all(ray, ranks, "export_hf", str(out))

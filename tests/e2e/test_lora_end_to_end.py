@@ -15,7 +15,10 @@ from test_learner_helpers import make_batch, on_all, start_ranks, stop
 from test_learner_weight_sync import TOL, _init_info, max_diff
 from test_train import config, train_rows
 
+from actors.config import RolloutConfig
+from actors.rollout import RolloutWorker
 from cluster.trainer import Trainer
+from learner.checkpoint import export_checkpoint
 from learner.config import AlgoConfig, LearnerConfig
 
 pytestmark = pytest.mark.timeout(900)
@@ -25,9 +28,6 @@ RANK = 4
 @pytest.fixture(scope="module")
 def engines(ray_cluster, tiny_model_dir):
     """One engine with vLLM LoRA (adapter mode) and one without (merged mode), shared by the tests."""
-    from actors.config import RolloutConfig
-    from actors.rollout import RolloutWorker
-
     ray = ray_cluster
     rcfg = RolloutConfig(max_model_len=128, max_new_tokens=16, bucket_mb=1, cpu_kv_cache_mb=32)
     lcfg = LearnerConfig(lora_rank=RANK)
@@ -86,8 +86,6 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
     transformers (merged) and peft (adapter/)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-
-    from learner.checkpoint import export_checkpoint
 
     length = tmp_path / "length_reward.py"  # a reward that varies within a group: every step learns
     length.write_text("def reward(prompt, completion, **kw):\n    return len(completion) / 10\n")

@@ -7,10 +7,21 @@ Examples with a `mode` field make their environment raise, hang or break the con
 """
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
+from test_multiturn_helpers import learner_loss_and_grads, model_tokens_only_loss_and_grads
+
+from actors.config import RolloutConfig
+from actors.rollout import RolloutWorker
+from cluster.run.metrics import read_metrics
+from learner.batch import TrainBatch
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -45,9 +56,6 @@ G = 2
 
 @pytest.fixture(scope="module")
 def engine(ray_cluster, tiny_chat_model_dir, tmp_path_factory):
-    from actors.config import RolloutConfig
-    from actors.rollout import RolloutWorker
-
     env_file = tmp_path_factory.mktemp("env") / "scripted_env.py"
     env_file.write_text(ENV)
     cfg = RolloutConfig(max_model_len=256, max_new_tokens=MAX_NEW, cpu_kv_cache_mb=64, env=f"{env_file}:Scripted",
@@ -145,11 +153,6 @@ def test_a_failing_environment_ends_only_its_trajectory(rollouts):
 def test_env_tokens_are_out_of_the_learner_loss(rollouts, tiny_chat_model_dir):
     """The learner's loss and gradients on real trajectories ignore every value at environment positions,
     and equal a loss taken over the model tokens alone."""
-    import torch
-    from test_multiturn_helpers import learner_loss_and_grads, model_tokens_only_loss_and_grads
-
-    from learner.batch import TrainBatch
-
     trajs = rollouts[0].trajectories + rollouts[4].trajectories
 
     def batch(env_value):
@@ -193,13 +196,6 @@ NUDGED_CALCULATOR = textwrap.dedent('''
 def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model_dir, tmp_path):
     """`raygrpo train` for 3 steps with a calculator environment. Honest note: turns_mean > 1 here
     comes from the env's nudge after the first turn, not from the model calling the tool."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from cluster.run.metrics import read_metrics
-
     env_file = tmp_path / "nudged_calculator.py"
     env_file.write_text(NUDGED_CALCULATOR)
     reward_file = tmp_path / "conversation_reward.py"  # sees the whole conversation; varies, so advantages do

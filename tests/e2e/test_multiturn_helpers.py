@@ -7,6 +7,7 @@ import torch
 from learner import grpo
 from learner.batch import TrainBatch
 from learner.config import AlgoConfig
+from learner.forward import completion_logits, logprobs_and_entropy
 
 ALGO = AlgoConfig(beta=0.1, tis_cap=2.0)  # KL and TIS on: every per-token input takes part
 
@@ -28,8 +29,6 @@ def learner_loss_and_grads(model_dir, batch: TrainBatch):
     """One micro-batch through the learner's forward (learner/forward.py, prompts shared as in
     training) and grpo.policy_loss with the arguments LearnerWorker.train_step passes (mu=1:
     old = logp.detach()); a plain model stands in for the DeepSpeed engine."""
-    from learner.forward import completion_logits, logprobs_and_entropy
-
     model = _model(model_dir)
     mb = batch.micro_batches(len(batch), by_length=True, share_prompts=True)[0]
     logp, _ = logprobs_and_entropy(*completion_logits(model, mb, torch.device("cpu"), share_prompts=True),

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from actors.config import ReferenceConfig
+from actors.reference import ReferenceActor
+from actors.runtime.sequences import pack_sequences
 from learner.grpo import token_logprobs
 
 TOL = 1e-5
@@ -13,8 +15,6 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def reference(ray_cluster, tiny_model_dir):
     import ray
-
-    from actors.reference import ReferenceActor
 
     cfg = ReferenceConfig(micro_batch_size=3)
     actor = ray.remote(num_cpus=cfg.num_cpus)(ReferenceActor).remote(str(tiny_model_dir), cfg)
@@ -66,8 +66,6 @@ def test_matches_plain_hf_forward(reference, batch, tiny_model_dir):
 
 
 def test_pack_sequences_layout():
-    from actors.runtime.sequences import pack_sequences
-
     ids, mask, pos, comp = pack_sequences([[5, 6], [7]], [[8], [9, 10, 11]], pad_id=0)
     assert ids.tolist() == [[5, 6, 8, 0], [7, 9, 10, 11]]
     assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]

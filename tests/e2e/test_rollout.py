@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from actors.config import RolloutConfig
-from actors.rollout import split_evenly
+from actors.rollout import RolloutWorker, split_evenly
+from cluster.demo.tinymodel import build_tokenizer
 
 EOS = 1  # cluster/demo/tinymodel.py
 MAX_NEW = 16
@@ -18,8 +19,6 @@ PROMPTS = ["1+2=", "3+4=", "10+20=", "7*8=", "99-9="]
 @pytest.fixture(scope="module")
 def workers(ray_cluster, tiny_model_dir):
     import ray
-
-    from actors.rollout import RolloutWorker
 
     def start(index, long_prompt):
         cfg = RolloutConfig(max_model_len=128, max_new_tokens=MAX_NEW, cpu_kv_cache_mb=64, long_prompt=long_prompt)
@@ -43,8 +42,6 @@ def test_split_evenly():
 
 
 def test_group_of_completions(workers):
-    from cluster.demo.tinymodel import build_tokenizer
-
     tokenizer = build_tokenizer()
     ray, skip, _ = workers
     rollouts = ray.get(skip.generate.remote(PROMPTS, 4, seeds=list(range(len(PROMPTS)))))
@@ -159,7 +156,6 @@ def test_min_new_tokens_keeps_sampling_past_eos(workers, tiny_model_dir):
     greedy calls are not affected. Same prompts and seeds as a worker without it, which does stop
     early (the random tiny model emits EOS now and then: 19 of 40 samples within 64 tokens)."""
     ray, skip, _ = workers
-    from actors.rollout import RolloutWorker
 
     n = 64
     cfg = RolloutConfig(max_model_len=128, max_new_tokens=n, min_new_tokens=n, cpu_kv_cache_mb=64)
@@ -186,8 +182,6 @@ def test_text_without_stop_strings_is_vllms_own(ray_cluster, model, request):
     vLLM's detokenizing back on, for the same seeds and so the same tokens. The chat model is
     byte-level BPE at random weights: split UTF-8 sequences and special tokens."""
     import ray
-
-    from actors.rollout import RolloutWorker
 
     model_dir = str(request.getfixturevalue(model))
     make = lambda stop, i: ray.remote(num_cpus=0.5)(RolloutWorker).remote(  # noqa: E731

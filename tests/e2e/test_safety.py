@@ -16,6 +16,9 @@ import pytest
 import yaml
 from test_train import ROOT, config, kill_while_learning, run_cli
 
+from cluster.launch.waits import ActorFailed
+from cluster.run.health import TrainingHalted
+from cluster.trainer import Trainer
 from learner import checkpoint
 
 pytestmark = pytest.mark.timeout(900)
@@ -100,9 +103,6 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
 def test_constant_reward_halts_with_a_checkpoint_and_a_diagnosis(tiny_model_dir, ray_cluster, tmp_path):
     """Every group's rewards equal for trainer.halt_after steps: checkpoint, then a diagnosis. The same run
     shows the learner-vs-vLLM log-prob mismatch per step (fp32 on CPU: near zero)."""
-    from cluster.run.health import TrainingHalted
-    from cluster.trainer import Trainer
-
     const = tmp_path / "const_reward.py"
     const.write_text("def reward(prompt, completion, **kw):\n    return 1.0\n")
     run_dir = tmp_path / "const"
@@ -124,9 +124,6 @@ def test_constant_reward_halts_with_a_checkpoint_and_a_diagnosis(tiny_model_dir,
 def test_rollout_worker_past_its_restart_budget_fails_the_run_at_once(tiny_model_dir, ray_cluster, tmp_path):
     """rollout.max_restarts=0 and the engine is SIGKILLed: Ray will not restart it, so the driver says so
     at once instead of polling a dead actor for trainer.actor_timeout_s."""
-    from cluster.launch.waits import ActorFailed
-    from cluster.trainer import Trainer
-
     cfg = config(tiny_model_dir, tmp_path / "budget", "rollout.max_restarts=0", "trainer.steps=3",
                  "trainer.actor_timeout_s=240")
     trainer = Trainer(cfg)

@@ -4,8 +4,11 @@
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
+from cluster.demo.tinychat import ENDOFTEXT, IM_END
 from cluster.demo.tinymodel import EOS, PAD, num_parameters
 
 
@@ -31,8 +34,6 @@ def test_vllm_loads_and_generates(ray_cluster, tiny_model_dir):
 
     def _vllm_generate(model_dir: str) -> list[str]:
         """Runs inside a Ray task (nested: pickled by value): stock vllm.LLM, in-process engine, no RolloutWorker."""
-        import os
-
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM, SamplingParams
 
@@ -56,8 +57,6 @@ CHAT = [{"role": "system", "content": "Solve the problem."},
 def test_chat_model_loads_in_transformers(tiny_chat_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from cluster.demo.tinychat import ENDOFTEXT, IM_END
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_chat_model_dir, dtype=torch.float32).eval()
     assert tokenizer.eos_token == IM_END and tokenizer.pad_token == ENDOFTEXT
@@ -77,8 +76,6 @@ def test_chat_model_loads_in_vllm(ray_cluster, tiny_chat_model_dir):
     from transformers import AutoTokenizer
 
     def _vllm_chat(model_dir: str, conversation: list) -> tuple[list[int], int, list[int]]:
-        import os
-
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt

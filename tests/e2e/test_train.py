@@ -10,10 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from actors.runtime.threads import node_cores
 from cluster.config import load_config
 from cluster.run.metrics import read_metrics
 from cluster.trainer import Trainer
@@ -55,8 +58,6 @@ def kill_while_learning(trainer: Trainer, at_step: int, role: str) -> list[int]:
 def listeners_while_learning(trainer: Trainer, at_step: int, role: str) -> list[tuple[str, int]]:
     """(address, port) of every listening TCP socket of actor `role`, read once when the driver
     starts training with `trainer.step == at_step`."""
-    import psutil
-
     learn, seen = trainer._learn, []
 
     def learn_and_look(batch, sw):
@@ -93,8 +94,6 @@ def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluste
     """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal. The
     reference runs on the learner rank (reference.placement auto, on CPU) and gives the KL the
     reference actor gives; every actor computes with the thread budget's count."""
-    from actors.runtime.threads import node_cores
-
     full = tmp_path / "full"
     trainer = Trainer(config(tiny_model_dir, full, "algo.beta=0.05", "checkpoint.every=2"))
     threads = threads_while_learning(trainer, at_step=0)
@@ -144,8 +143,6 @@ def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster,
     """SIGKILL an engine's process while step 3's generation is in flight (async: it overlaps
     step 2's training): Ray restarts it, the driver re-syncs it and re-sends its prompts. With a KL
     term: in async, reference.placement auto is the actor, which scores each batch as it is collected."""
-    from actors.runtime.threads import node_cores
-
     run_dir = tmp_path / "async"
     cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2",
                  "algo.beta=0.05")
@@ -231,8 +228,6 @@ def test_a_dead_rank_of_two_restarts_the_run_without_waiting_out_the_timeout(tin
     """SIGKILL learner rank 1 of 2 while it trains step 4: rank 0 is left in a collective with a dead
     peer, yet the driver sees the death at once (not after trainer.actor_timeout_s, which here would
     fail the test), restarts every actor and resumes from step 2."""
-    import time
-
     run_dir = tmp_path / "rank_dies"
     trainer = Trainer(config(tiny_model_dir, run_dir, "learner.num_ranks=2", "checkpoint.every=2",
                              "trainer.max_learner_restarts=1", "trainer.actor_timeout_s=240"))

@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from actors.config import RolloutConfig
+from actors.rollout import RolloutWorker
+from actors.transport.client import OneTripRayClient
 from learner.grpo import token_logprobs
 
 TOL = 1e-4  # float32 on both sides
@@ -42,8 +44,6 @@ def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 def setup(ray_cluster, tiny_model_dir):
     import ray
     from transformers import AutoModelForCausalLM
-
-    from actors.rollout import RolloutWorker
 
     # bucket_mb=1 with a ~1.2 MB model: the weights travel in two buckets.
     cfg = RolloutConfig(max_model_len=256, max_new_tokens=16, bucket_mb=1, cpu_kv_cache_mb=64)
@@ -139,7 +139,6 @@ def test_one_trip_updates_copy_directly_and_match_hf(setup):
     update checked vLLM's loader, the engines copy the weights directly, still exactly."""
     from vllm.distributed.weight_transfer import ModuleSource
 
-    from actors.transport.client import OneTripRayClient
     from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
 
     ray, workers, model, seqs, cfg = setup

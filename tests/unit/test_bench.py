@@ -2,12 +2,15 @@
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
 from cluster import bench
 from cluster.bench import command, learner_sync, report, rollout, schedule, trl  # noqa: F401
 from cluster.cli import build_parser
+from cluster.config import load_config
 
 
 def test_ratio_handles_missing_and_zero():
@@ -144,8 +147,6 @@ def test_model_spec_sizes():
 
 
 def test_trl_settings_mirror_our_config():
-    from cluster.config import load_config
-
     cfg = load_config(None, [*report.BENCH_SETTINGS, "model.path=/x", "trainer.steps=7"], validate_paths=False)
     s = trl.trl_settings(cfg, "/x", threads=2)
     t = cfg.trainer
@@ -185,16 +186,11 @@ def test_table_lists_extra_trl_thread_runs():
 
 
 def test_bench_settings_are_a_valid_config_without_dynamic_sampling():
-    from cluster.config import load_config
-
     cfg = load_config(None, [*report.BENCH_SETTINGS, "model.path=/x"], validate_paths=False)
     assert not cfg.trainer.dynamic_sampling and cfg.learner.mu == 1 and cfg.trainer.mode == "sync"
 
 
 def test_renice_to_runs_a_subprocess_at_the_given_niceness():
-    import subprocess
-    import sys
-
     assert rollout.renice_to(None) is None
     want = min(19, rollout.current_niceness() + 3)
     out = subprocess.run([sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],

@@ -1,10 +1,12 @@
 """`raygrpo bench --setting long` and `rollout.min_new_tokens`: resolution and validation (no runs)."""
 import pytest
+import torch
 
 from actors.config import RolloutConfig
 from cluster.bench import report, trl
 from cluster.cli import build_parser
 from cluster.config import ConfigError, load_config
+from cluster.demo.tinymodel import _padded_vocab, build_tokenizer
 
 
 def test_min_new_tokens_is_validated():
@@ -59,10 +61,7 @@ def test_long_setting_refuses_a_warm_start_and_unknown_parts():
 
 
 def test_long_model_has_at_least_30m_parameters():
-    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from cluster.demo.tinymodel import _padded_vocab, build_tokenizer
 
     spec = report.model_spec(report.LONG_MODEL["hidden_size"], report.LONG_MODEL["num_layers"])
     config = Qwen2Config(vocab_size=_padded_vocab(len(build_tokenizer())), hidden_size=spec.hidden_size,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from learner import checkpoint as ck
+from learner.checkpoint import SaveError, naming_save_errors
 
 
 def _fake_save(tmp_dir, ranks=2, payload=b"x" * 1000):
@@ -157,10 +158,6 @@ def test_prune_keeps_the_one_just_written_and_leaves_corrupt_ones(tmp_path):
 
 def test_a_full_disk_during_a_save_names_the_path():
     """/dev/full answers every write with ENOSPC: torch.save's own error says only 'unexpected pos'."""
-    import torch
-
-    from learner.checkpoint import SaveError, naming_save_errors
-
     with pytest.raises(SaveError) as e:
         with naming_save_errors("/dev/full"):
             torch.save({"w": torch.zeros(1 << 20)}, "/dev/full")

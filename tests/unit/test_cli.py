@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from cluster.cli import build_parser, main
+from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
 
 COMMANDS = ["train", "data", "submit", "export", "plot", "demo", "bench"]
 
@@ -45,8 +46,6 @@ def test_submit_refuses_a_config_outside_the_project(tmp_path, capsys):
 
 
 def test_unknown_reward_function_is_a_config_error(tmp_path, capsys):
-    from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
-
     model = build_tiny_model(tmp_path / "m", TinyModelSpec(num_layers=1))
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: {{path: {model}}}\nreward: {{functions: [no_such_reward]}}\n"

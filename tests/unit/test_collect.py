@@ -4,11 +4,14 @@ The driver's neighbours (the rollout pool, the prompt stream, the reward scorer)
 collecting logic is the real `Trainer._collect`."""
 import math
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+import cluster.trainer as trainer_module
 from actors.rewards import RewardResult
 from actors.rollout import Completion, PromptRollout
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
@@ -17,6 +20,7 @@ from cluster.data.dataset import Example
 from cluster.run.metrics import MULTITURN_KEYS, STEP_KEYS
 from cluster.trainer import Trainer
 from cluster.workers import Stopwatch
+from learner import checkpoint
 
 G = 2
 
@@ -89,8 +93,6 @@ def test_without_dynamic_sampling_every_group_is_kept_and_counted():
 def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatch):
     """With a reference actor, its log-probs are part of the collected batch (in the async schedule
     they are then computed while the learner trains), for exactly the rows the learner gets."""
-    import cluster.trainer as trainer_module
-
     calls = []
 
     class FakeReference:
@@ -196,8 +198,6 @@ def test_batch_from_no_groups_carries_the_current_version():
 def test_a_saved_batch_loads_value_for_value(tmp_path):
     """The async checkpoint's next batch: every field back, NaN environment log-probs, float32 log-probs,
     messages prompts and the counters included; an empty batch too; none saved, None."""
-    import numpy as np
-
     t = trainer([[1, 0], [0, 1], [1, 0]])
     b = t._collect(step=0)
     b.behavior_logp[0] = [float(np.float32(-0.123456789)), float("nan")]
@@ -227,8 +227,6 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
 
 def checkpointing_trainer(tmp_path, rewards_per_prompt):
     """A trainer whose learners write a marker file: enough for save_checkpoint and _resume's driver side."""
-    from learner import checkpoint
-
     t = trainer(rewards_per_prompt)
     t.ckpt_root = tmp_path / "checkpoints"
     t.learners = SimpleNamespace(save=lambda d, tag: (Path(d) / "learner.bin").write_text("w"),
@@ -240,8 +238,6 @@ def checkpointing_trainer(tmp_path, rewards_per_prompt):
 def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tmp_path):
     """The batch collected for step k+1 (generated with weights k-1) is saved with checkpoint k, and the
     data position is past its prompts; _resume hands that very batch to the training loop."""
-    from concurrent.futures import Future
-
     t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
     t.step, t.position_before_pending = 2, t.stream.state()
     batch = t._collect(step=2)  # what the collector thread does for the pending future
@@ -267,8 +263,6 @@ def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tm
 def test_a_failed_next_batch_still_saves_the_checkpoint_before_it(tmp_path, capsys):
     """Nothing done is lost: if the batch being collected fails, checkpoint k is saved without it, at
     the data position before its prompts, and says so."""
-    from concurrent.futures import Future
-
     t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
     t.step, t.position_before_pending = 2, {"pos": 0}
     t.stream.take(3)  # the failed collection had taken its prompts

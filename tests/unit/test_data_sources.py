@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cluster.config import load_config
+from cluster.config import ConfigError, load_config
 from cluster.data.dataset import DataError, load_examples, load_run_data
 from cluster.data.render import PromptFormat, render
 from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
@@ -144,8 +144,6 @@ def test_eval_is_capped_after_filtering_and_tasks_still_work(tmp_path, tokenizer
 
 
 def test_config_checks_dataset_paths(tmp_path):
-    from cluster.config import ConfigError
-
     (tmp_path / "d.csv").write_text("prompt\nx\n")
     with pytest.raises(ConfigError) as e:
         load_config(None, [f"data.train={tmp_path / 'd.csv'}, {tmp_path / 'missing.jsonl'}", "data.long_prompts=drop",

@@ -1,8 +1,11 @@
 """What "auto" means per device: one rule each, shared by engines, reference, learner ranks and driver."""
 import torch
 
+from actors.config import RolloutConfig
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.transport.registry import resolve_backend
+from actors.transport.vllm_plugin import PACK_ABOVE_ENV, _computes_live
+from cluster.config import load_config
 
 
 def test_auto_dtype_is_bfloat16_on_gpu_float32_on_cpu_and_an_explicit_one_stands():
@@ -16,8 +19,6 @@ def test_default_enforce_eager_is_eager_on_cpu_and_cuda_graphs_on_gpu():
 
 
 def test_enforce_eager_reads_from_yaml_and_overrides():
-    from cluster.config import load_config
-
     assert load_config(None, ["model.path=/x"], validate_paths=False).rollout.enforce_eager is None
     for text, want in (("false", False), ("true", True), ("null", None)):
         cfg = load_config(None, ["model.path=/x", f"rollout.enforce_eager={text}"], validate_paths=False)
@@ -42,11 +43,6 @@ def test_a_process_without_gpus_asked_runs_on_cpu_even_where_gpus_are_visible(mo
 def test_small_float32_cpu_layers_compute_from_the_live_weight(monkeypatch):
     """actors/transport/vllm_plugin.py: which vLLM-CPU layers skip the oneDNN-packed copy (and its re-pack at
     every weight update), per rollout.cpu_pack_above_elements."""
-    import torch
-
-    from actors.config import RolloutConfig
-    from actors.transport.vllm_plugin import PACK_ABOVE_ENV, _computes_live
-
     default = RolloutConfig.cpu_pack_above_elements
     monkeypatch.delenv(PACK_ABOVE_ENV, raising=False)
     assert _computes_live(torch.empty(default // 128, 128))

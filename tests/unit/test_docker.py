@@ -4,6 +4,8 @@ from pathlib import Path
 
 import yaml
 
+from cluster.config import load_config
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -53,7 +55,5 @@ def test_kuberay_job_and_slurm_script_run_the_cli():
 
 
 def test_example_configs_are_valid():
-    from cluster.config import load_config
-
     for path in (ROOT / "examples").glob("*.yaml"):
         load_config(path, validate_paths=False)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster import cli, job_entry
+from cluster.bench import command, report
 from cluster.paths import PROJECT_ROOT
 
 
@@ -41,8 +43,6 @@ def test_setup_py_entry_points_resolve(group):
 
 
 def test_submit_entry_script_and_the_module_it_runs_resolve():
-    from cluster import cli, job_entry
-
     script = cli.JOB_ENTRY.read_text()  # submit's entrypoint: `sh <JOB_ENTRY relative to the project> train ...`
     assert cli.JOB_ENTRY.resolve().is_relative_to(PROJECT_ROOT)
     modules = re.findall(r"-m ([\w.]+)", script)
@@ -51,8 +51,6 @@ def test_submit_entry_script_and_the_module_it_runs_resolve():
 
 
 def test_bench_subprocess_module_has_a_main_that_dispatches():
-    from cluster.bench import command, report
-
     assert report.SUBPROCESS_MODULE == "cluster.bench"
     assert importlib.util.find_spec(f"{report.SUBPROCESS_MODULE}.__main__") is not None
     assert command.main(["no-such-part"]) == 2  # unknown subcommands get the usage line, not a traceback

@@ -6,19 +6,31 @@ like RayVLLMWeightSyncClient, fans each call out to every engine concurrently.
 """
 from __future__ import annotations
 
+import datetime
 import os
+import threading as th
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm.distributed.weight_transfer.base import ModuleSource, WeightTransferInitRequest
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.base import ModuleSource, WeightTransferInitRequest  # noqa: TID253 (vLLM side)
+from vllm.distributed.weight_transfer.factory import (  # noqa: TID253 (vLLM side)
+    WeightTransferEngineFactory,
+    WeightTransferTrainerFactory,
+)
 
+import actors.transport.vllm_plugin
+from actors.runtime.sockets import new_gloo_group
+from actors.transport import shared_memory
 from actors.transport.gloo_engine import GlooWeightTransferEngine
 from actors.transport.gloo_protocol import BucketBuffers, plan_buckets
-from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
+from actors.transport.gloo_trainer import (  # noqa: TID253 - the gloo backend under test
+    GlooTrainerInitInfo,
+    GlooTrainerWeightTransferEngine,
+)
 
 
 class RecordingModel(torch.nn.Module):
@@ -215,8 +227,6 @@ def test_source_that_disagrees_with_its_metadata_fails_fast():
 
 
 def test_backends_registered():
-    import actors.transport.vllm_plugin
-
     actors.transport.vllm_plugin.register()
     actors.transport.vllm_plugin.register()  # idempotent
     assert WeightTransferEngineFactory._registry["gloo"]() is GlooWeightTransferEngine
@@ -225,13 +235,6 @@ def test_backends_registered():
 
 def test_explicit_rank_offset():
     """A payload with rank_offset (the NCCL convention) places the worker at offset + its rank."""
-    import datetime
-    import threading as th
-
-    import torch.distributed as dist
-
-    from actors.transport.gloo_protocol import new_gloo_group
-
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=30))
     engine = make_engine()
@@ -258,8 +261,6 @@ def test_shared_segment_is_unlinked_after_init_and_refusals_fall_back_to_gloo(mo
     """The segment's file is gone once the engines answered (nothing left in /dev/shm whatever
     happens later); an engine that cannot map it (another machine) makes every update go by gloo,
     and the sender says why."""
-    from actors.transport import shared_memory
-
     created = []
     real_create = shared_memory.create_segment
 
@@ -285,8 +286,6 @@ def test_shared_segment_is_unlinked_after_init_and_refusals_fall_back_to_gloo(mo
 
 
 def test_attach_checks_the_nonce_and_size():
-    from actors.transport import shared_memory
-
     path, nonce, tensor = shared_memory.create_segment(1000)
     try:
         mapped, why = shared_memory.attach_segment(path, 1000, nonce)
@@ -301,8 +300,6 @@ def test_attach_checks_the_nonce_and_size():
 
 
 def test_no_segment_when_shm_is_too_small(monkeypatch):
-    from actors.transport import shared_memory
-
     monkeypatch.setattr(shared_memory, "MAX_SHARE_OF_FREE", 0.0)
     assert shared_memory.create_segment(1 << 20) is None
 

@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import learner.grpo as grpo
 from learner.config import AlgoConfig
 from learner.grpo import (
     ADVANTAGE_ESTIMATORS,
@@ -361,7 +362,6 @@ def test_micro_batches_sum_to_full_batch(seed, n, tlen, data, agg, level, tis):
        scale=st.floats(0.1, 30.0), bf16=st.booleans(), chunk=st.sampled_from([None, 1, 7]))
 def test_token_logprobs_matches_naive(seed, n, tlen, v, scale, bf16, chunk):
     """chunk: CHUNK_ELEMENTS small enough that the rows go in several chunks (1: one row each)."""
-    import learner.grpo as grpo
     if chunk is not None:
         old, grpo.CHUNK_ELEMENTS = grpo.CHUNK_ELEMENTS, chunk
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from actors.runtime.sequences import micro_batch_order, slots
 from learner.batch import TrainBatch
 from learner.rank_setup import lr_factor
 
@@ -63,8 +64,6 @@ def test_the_order_with_fewer_slots_wins_when_completions_vary_more_than_prompts
     """Short prompts, completions of very different lengths within each group (as when some answers
     run to max_new_tokens): completions by length pads least, prompts are still shared where rows of
     one prompt meet."""
-    from actors.runtime.sequences import micro_batch_order, slots
-
     prompts = [[1, 2]] * 4 + [[3, 4]] * 4
     comps = [[5] * n for n in (1, 8, 1, 8, 1, 8, 1, 8)]
     order = micro_batch_order(prompts, comps, 4, share=True)

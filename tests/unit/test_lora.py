@@ -1,9 +1,14 @@
 """LoRA config checks and the learner's LoRA naming / merge helpers (peft on a tiny model, no DeepSpeed)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from actors.transport.lora_adapter import adapter_dir
 from learner.config import LearnerConfig
 from learner.lora import adapter_name, apply_lora, hf_name, merge_map, merged, param_counts
 
@@ -57,12 +62,6 @@ def test_unknown_target_module_is_named(tiny_model_dir):
 
 
 def test_engine_adapter_dirs_of_dead_processes_are_removed(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from actors.transport.lora_adapter import adapter_dir
-
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f"raygrpo-lora-{int(dead.stdout)}"
     (stale / "v3").mkdir(parents=True)

@@ -2,6 +2,7 @@ import json
 import math
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cluster.run.metrics import STEP_KEYS, MetricsLogger, plot_run, read_metrics
 
@@ -79,8 +80,6 @@ def test_an_undeclared_step_metric_is_refused(tmp_path):
 def test_tensorboard_shows_a_redone_step_once(tmp_path, start_step):
     """A run that crashed after step 4 and resumes from the checkpoint of `start_step` (0: none):
     TensorBoard shows every step once, the redone ones with their new values."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     first = MetricsLogger(tmp_path, total_steps=4, tensorboard=True)
     first.log_eval(0, {"accuracy": 0.1})
     for step in (1, 2, 3, 4):

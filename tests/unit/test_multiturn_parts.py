@@ -2,19 +2,27 @@
 the loss mask's token counts, the config's checks."""
 from __future__ import annotations
 
-import pytest
+import itertools
+from pathlib import Path
 
-from actors.config import RewardConfig
-from actors.multiturn import ChatTokens, TemplateError, Trajectory
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from actors.config import RewardConfig, RolloutConfig
+from actors.multiturn import ChatTokens, MultiTurnRollout, TemplateError, Trajectory, run_trajectories
 from actors.rewards import RewardScorer
+from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
 from cluster.config import ConfigError, load_config
+from cluster.data.dataset import Example
+from cluster.data.render import conversation
+from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
+from cluster.trainer import check_multiturn, multiturn_format
 from learner.batch import TrainBatch
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
-
     return build_bpe_tokenizer(TinyChatSpec(corpus_size=200))
 
 
@@ -121,11 +129,6 @@ class _FakeEnvs:
 
 
 def _run(tokenizer, llm, envs, **cfg):
-    import itertools
-
-    from actors.config import RolloutConfig
-    from actors.multiturn import run_trajectories
-
     counter = itertools.count()
     config = RolloutConfig(env="calculator", **cfg)
     return run_trajectories(llm, ChatTokens(tokenizer), envs, config, [[{"role": "user", "content": "q"}]], [{}], 2,
@@ -159,10 +162,6 @@ def test_finish_reasons_and_budget(tokenizer, case):
 
 
 def test_collect_reads_trajectories_like_completions():
-    from actors.multiturn import MultiTurnRollout
-    from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
-    from cluster.data.dataset import Example
-
     def traj(prompt, ids, mask, error=None):
         return Trajectory(prompt_ids=prompt, token_ids=ids, loss_mask=mask, logprobs=[-0.5] * sum(mask), turns=2,
                           tool_calls=1, env_tokens=len(mask) - sum(mask), env_error=error, text="t",
@@ -194,11 +193,6 @@ def test_an_environment_that_fails_at_reset_ends_its_trajectory_before_any_turn(
 
 
 def test_the_driver_refuses_a_bad_template_or_env_before_any_actor(tokenizer, tmp_path):
-    import torch
-    from safetensors.torch import save_file
-
-    from cluster.trainer import check_multiturn
-
     model = tmp_path / "model"
     tokenizer.save_pretrained(model)
     (model / "config.json").write_text("{}")
@@ -217,8 +211,6 @@ def test_the_driver_refuses_a_bad_template_or_env_before_any_actor(tokenizer, tm
 
 
 def test_the_calculator_example_config_is_valid():
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "examples" / "calculator.yaml", validate_paths=False)  # model and data are the user's
     assert cfg.rollout.env == "calculator" and cfg.rollout.max_turns > 1
@@ -226,9 +218,6 @@ def test_the_calculator_example_config_is_valid():
 
 def test_multiturn_conversations_open_like_single_turn_prompts(tokenizer):
     """data.system_prompt and data.chat_template_kwargs reach multi-turn rollouts too."""
-    from cluster.data.render import conversation
-    from cluster.trainer import multiturn_format
-
     cfg = load_config(None, ["rollout.env=calculator", "data.system_prompt=Use calc.",
                              "data.chat_template_kwargs={enable_thinking: false}"], validate_paths=False)
     fmt = multiturn_format(cfg)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 import time
 
@@ -133,8 +134,6 @@ def test_user_function_from_file(user_file):
                                    weights=[1.0, 0.0], num_procs=1)) as scorer:
         res = scorer.score(["p", "p"], ["7", "8"], [{"answer": 7, "other": 1}, {"answer": 7}])
         assert res.rewards == [1.0, 0.0] and res.errors == 0
-        import os
-
         assert os.getpid() not in res.per_function[f"{user_file}:pid"]  # ran in another process
 
 

@@ -1,13 +1,18 @@
 """A run dir belongs to one run (cluster/run/rundir.py): lock, config continuity, unusable checkpoints."""
 import json
+import os
 import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 
+import psutil
 import pytest
 
 from cluster.config import load_config, save_config
+from cluster.run import rundir
 from cluster.run.rundir import LOCK, RunDirError, claim
 from learner.checkpoint import export_checkpoint
 
@@ -39,10 +44,6 @@ def test_a_live_holder_refuses_a_second_run_and_a_dead_one_is_taken_over(tmp_pat
 def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path, capsys):
     """A restarted container runs the new `raygrpo train` with the old one's hostname and, often, pid:
     the lock records the holder's start time, so a pid now held by another process is not the holder."""
-    import os
-
-    import psutil
-
     cfg = cfg_for(tmp_path)
     lock = tmp_path / "run" / LOCK
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -119,11 +120,6 @@ def _foreign_lock(path, **extra):
 
 
 def test_a_live_claim_touches_its_lock_until_released(tmp_path, monkeypatch):
-    import os
-    import time
-
-    from cluster.run import rundir
-
     monkeypatch.setattr(rundir, "HEARTBEAT_S", 0.05)
     lock = claim(cfg_for(tmp_path))
     path = tmp_path / "run" / LOCK
@@ -136,11 +132,6 @@ def test_a_live_claim_touches_its_lock_until_released(tmp_path, monkeypatch):
 
 
 def test_a_lock_from_another_host_is_taken_over_only_when_its_heartbeat_stopped(tmp_path, monkeypatch, capsys):
-    import os
-    import threading
-
-    from cluster.run import rundir
-
     monkeypatch.setattr(rundir, "STALE_AFTER_S", 0.6)
     cfg = cfg_for(tmp_path)
     path = tmp_path / "run" / LOCK

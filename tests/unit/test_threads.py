@@ -10,8 +10,9 @@ import torch
 from actors.config import ReferenceConfig
 from actors.runtime.threads import node_cores, use_threads
 from cluster.config import ConfigError, RunConfig, TrainerConfig, load_config
-from cluster.launch.thread_budget import idle_collect_threads, thread_budget
+from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
 from learner.config import AlgoConfig, LearnerConfig
+from learner.forward import model_blocks
 
 
 def actors(cores: int, node: str = "a", engines: int = 1, ranks: int = 1, reference: bool = False) -> list[dict]:
@@ -59,8 +60,6 @@ def test_idle_collecting_cores_go_to_the_learner_ranks_of_that_node():
 
 
 def test_only_cpu_async_learners_without_a_thread_override_are_lent_cores():
-    from cluster.launch.thread_budget import lends_idle_cores
-
     cfg = RunConfig()
     cfg.trainer.mode = "async"
     assert lends_idle_cores(cfg)
@@ -123,8 +122,6 @@ def test_lent_threads_are_taken_at_every_block_of_any_architecture():
     inside a peft wrapper as well."""
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from learner.forward import model_blocks
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=32, n_head=2, vocab_size=64, n_positions=32))
     neox = GPTNeoXForCausalLM(GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,

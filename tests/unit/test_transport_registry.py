@@ -4,6 +4,7 @@ import pytest
 
 from actors.config import RolloutConfig
 from actors.transport.registry import BACKENDS, backend
+from actors.transport.vllm_plugin import register
 
 
 def test_the_config_accepts_exactly_auto_and_the_registered_backends():
@@ -32,7 +33,6 @@ def test_the_vllm_plugin_registers_our_backend_and_the_trainer_init_info_resolve
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
     from actors.transport.gloo_trainer import GlooTrainerInitInfo
-    from actors.transport.vllm_plugin import register
 
     register()
     register()  # vLLM may call a plugin more than once
