@@ -4,8 +4,9 @@ A plain class: the driver (and the tests) wrap it with `ray.remote(...)`. Ray ru
 calls one at a time, so a weight update never lands in the middle of a `generate`.
 
 The engine is `vllm.LLM`, which carries vLLM's RL weight-update API; this class exposes that
-API under the same names, so the learner drives every engine with vLLM's own
-`RayVLLMWeightSyncClient([handles])` (see actors/transport/gloo_trainer.py for the CPU backend).
+API under the same names, and `apply_weight_update` runs a whole update in one call, which the
+learner's client drives (actors/transport/client.py; the backends are in actors/transport/).
+What generate returns is in actors/completions.py.
 
 On CPU the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the default would add
 an engine-core process and a worker process per engine, which on a 2-core machine costs
@@ -18,10 +19,10 @@ import copy
 import os
 import socket
 import time
-from dataclasses import dataclass
 
 import torch
 
+from actors.completions import PromptRollout, completion_from_vllm, stop_token_ids
 from actors.config import RolloutConfig
 from actors.envs import EnvPool
 from actors.multiturn import ChatTokens, run_trajectories
@@ -32,60 +33,7 @@ from actors.transport.lora_adapter import EngineAdapter
 from actors.transport.registry import backend, resolve_backend
 from actors.transport.vllm_plugin import PACK_ABOVE_ENV
 
-FINISH_REASONS = ("stop", "length")
 CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]
-    logprobs: list[float]  # behaviour log-prob of each sampled token, from vLLM
-    text: str  # decoded without special tokens (no <|im_end|>): what reward functions see
-    finish_reason: str  # "stop" (EOS, an eos_token_id of generation_config.json, a stop string) | "length"
-
-
-@dataclass
-class PromptRollout:
-    prompt: str | list[int]  # as given to generate(): token ids (the driver's) or a string
-    prompt_ids: list[int]
-    completions: list[Completion]  # G of them; empty when the prompt was skipped
-    weight_version: int
-    skipped: str | None = None  # why the prompt was skipped (e.g. too long)
-
-    def training_rows(self) -> list[tuple]:
-        """Per completion, what the learner trains on: (prompt_ids, completion_ids, behavior_logp,
-        loss_mask); loss_mask None = every completion token is the model's (multi-turn rollouts,
-        actors/multiturn.py, answer the same call with their environment tokens masked)."""
-        return [(self.prompt_ids, c.token_ids, c.logprobs, None) for c in self.completions]
-
-
-def split_evenly(items: list, n: int) -> list[list]:
-    """Split `items` into `n` contiguous chunks whose sizes differ by at most one (the first
-    chunks take the extra items). Concatenating the per-chunk results in order,
-    `[x for chunk in results for x in chunk]`, restores the original order."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    size, extra = divmod(len(items), n)
-    chunks, start = [], 0
-    for i in range(n):
-        end = start + size + (1 if i < extra else 0)
-        chunks.append(list(items[start:end]))
-        start = end
-    return chunks
-
-
-def stop_token_ids(model_path: str, eos_token_id: int | None) -> list[int]:
-    """The tokenizer's EOS and every `eos_token_id` listed in generation_config.json (chat models
-    list several, e.g. Qwen2.5's `<|im_end|>` and `<|endoftext|>`)."""
-    ids = [] if eos_token_id is None else [eos_token_id]
-    try:
-        from transformers import GenerationConfig
-
-        listed = GenerationConfig.from_pretrained(model_path).eos_token_id
-    except OSError:  # no generation_config.json
-        listed = None
-    ids += listed if isinstance(listed, list) else ([] if listed is None else [listed])
-    return list(dict.fromkeys(int(i) for i in ids))
 
 
 class RolloutWorker:
@@ -218,7 +166,7 @@ class RolloutWorker:
                 [c.token_ids for out in outputs for c in out.outputs], skip_special_tokens=True))
             for i, out in zip(slots, outputs):
                 rollouts[i].prompt_ids = list(out.prompt_token_ids)  # what the engine itself saw (== the ids sent)
-                completions = [self._completion(c, None if texts is None else next(texts)) for c in out.outputs]
+                completions = [completion_from_vllm(c, None if texts is None else next(texts)) for c in out.outputs]
                 if greedy:  # G identical samples: copies of the one greedy completion
                     completions = [copy.deepcopy(completions[0]) for _ in range(group_size)]
                 rollouts[i].completions = completions
@@ -262,7 +210,7 @@ class RolloutWorker:
                                     use_tqdm=False)
         out = []
         for o in outputs:
-            c = self._completion(o.outputs[0])  # checks log-probs and finish reason
+            c = completion_from_vllm(o.outputs[0])  # checks log-probs and finish reason
             out.append((c.token_ids, c.logprobs, c.finish_reason))
         return out
 
@@ -295,18 +243,6 @@ class RolloutWorker:
         if self._updating:
             raise RuntimeError("a weight update is in progress on this engine (start_weight_update without "
                                "finish_weight_update): generation must wait for finish_weight_update")
-
-    @staticmethod
-    def _completion(c, text: str | None = None) -> Completion:
-        """A vLLM CompletionOutput as a Completion; `text` replaces c.text (a request with detokenize=False)."""
-        token_ids = list(c.token_ids)
-        # logprobs=0 returns, per position, a dict holding (at least) the sampled token.
-        logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, c.logprobs or [])]
-        if len(logprobs) != len(token_ids):
-            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens")
-        if c.finish_reason not in FINISH_REASONS:  # e.g. "abort": never a sample to train on
-            raise RuntimeError(f"vLLM ended a request with finish_reason {c.finish_reason!r}")
-        return Completion(token_ids, logprobs, c.text if text is None else text, c.finish_reason)
 
     def prompt_logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
         """vLLM's log-prob of each token given the ones before it (positions 1..L-1), computed

@@ -100,7 +100,7 @@ def _shell_quote(s: str) -> str:
 
 
 def cmd_export(args) -> int:
-    from learner.checkpoint import export_checkpoint
+    from learner.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out_dir, args.model_path, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} -> {out} (load with transformers' from_pretrained or vLLM"

@@ -1,14 +1,15 @@
 """What collecting one step's batch produces: scored groups, the counters, the batch the learner gets.
 
-The driver (`Trainer._collect`) does the generating and scoring; everything here is plain data and
-pure functions, so the rules (what counts, what is trimmed, how groups become a batch) are unit-tested
-without engines.
+The driver (`Trainer._collect`) does the generating; everything here is plain data and functions
+(scoring goes through the scorer handed in), so the rules (what counts, what is trimmed, how groups
+become a batch) are unit-tested without engines.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -19,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from cluster.data.dataset import Example
 
 if TYPE_CHECKING:
-    from actors.rollout import PromptRollout
+    from actors.completions import PromptRollout
 
 
 class ScoredGroup(NamedTuple):
@@ -184,3 +185,34 @@ def load_batch(directory: str | Path) -> Batch | None:
 def model_tokens(rollout) -> int:
     """Tokens the model sampled in a rollout's completions (environment tokens not counted)."""
     return sum(len(ids) if mask is None else sum(mask) for _, ids, _, mask in rollout.training_rows())
+
+
+def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
+    """Per-request vLLM seed: generation is reproducible across restarts and resumes.
+    (Two requests may share a seed in huge batches; they hold different prompts, so no harm.)"""
+    return (seed * 1_000_003 + step * 10_007 + round_ * 101 + i) % (2**31)
+
+
+def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tokens: int,
+                 dynamic_sampling: bool) -> list[ScoredGroup]:
+    """Rewards for every completion of `live` (example, rollout) pairs, G completions each, from
+    `scorer` (actors/rewards.py RewardScorer); every group is counted in `stats`, and with dynamic
+    sampling the groups without signal are not returned."""
+    if not live:
+        return []
+    # one call for the whole round: user reward code fans out over the scorer's processes
+    res = scorer.score([ex.prompt for ex, _ in live for _ in range(G)],
+                       [c for _, ro in live for c in ro.completions],
+                       [ex.fields for ex, _ in live for _ in range(G)],
+                       max_new_tokens=max_new_tokens)
+    stats.reward_errors += res.errors
+    stats.error_samples = stats.error_samples or res.error_samples
+    groups = []
+    for g, (ex, ro) in enumerate(live):
+        rewards = res.rewards[g * G:(g + 1) * G]
+        failed = bool(res.errors) and all(any(math.isnan(v[i]) for v in res.per_function.values())
+                                          for i in range(g * G, (g + 1) * G))
+        stats.add_group(rewards, model_tokens(ro), failed)
+        if not (dynamic_sampling and max(rewards) == min(rewards)):
+            groups.append(ScoredGroup(ex, ro, rewards))
+    return groups

@@ -9,7 +9,6 @@ how old it may be).
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,10 +20,10 @@ from actors.envs import EnvPool
 from actors.multiturn import ChatTokens, TemplateError
 from actors.rewards import RewardScorer
 from actors.transport.registry import resolve_backend
-from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, model_tokens, save_batch, trim_to_ranks
+from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, sample_seed, save_batch, score_groups, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.dataset import Example, PromptStream, load_run_data, load_tokenizer
-from cluster.data.render import PromptFormat, conversation
+from cluster.data.render import conversation, multiturn_format
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
@@ -38,12 +37,6 @@ from learner.batch import TrainBatch
 from learner.grpo import group_advantages
 
 
-def multiturn_format(cfg: RunConfig) -> PromptFormat:
-    """How a multi-turn conversation opens: the data's messages (a string prompt as one user turn) with
-    data.system_prompt, rendered with data.chat_template_kwargs, as single-turn prompts are."""
-    return PromptFormat(True, cfg.data.system_prompt, dict(cfg.data.chat_template_kwargs))
-
-
 def check_multiturn(cfg: RunConfig) -> None:
     """Before any actor starts: the environment class loads (in a throwaway process, as on the engines)
     and the model's chat template can extend a conversation token-exactly."""
@@ -54,12 +47,6 @@ def check_multiturn(cfg: RunConfig) -> None:
         ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path), cfg.data.chat_template_kwargs)
     except (ValueError, TypeError, TemplateError) as e:
         raise ConfigError([str(e)], "rollout.env") from None
-
-
-def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
-    """Per-request vLLM seed: generation is reproducible across restarts and resumes.
-    (Two requests may share a seed in huge batches; they hold different prompts, so no harm.)"""
-    return (seed * 1_000_003 + step * 10_007 + round_ * 101 + i) % (2**31)
 
 
 class Trainer:
@@ -259,7 +246,8 @@ class Trainer:
         with sw("reward"):
             live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
             stats.skipped_prompts += len(examples) - len(live)
-            groups = self._score(live, stats)
+            groups = score_groups(self.scorer, live, G, stats, max_new_tokens=self.cfg.rollout.model_token_cap(),
+                                  dynamic_sampling=t.dynamic_sampling)
         if stats.every_group_failed():
             raise RuntimeError(
                 f"every reward call failed at step {step + 1} ({stats.reward_errors} errors), e.g. "
@@ -283,29 +271,6 @@ class Trainer:
         if stats is not None:
             stats.add_trajectories(rollouts)
         return rollouts
-
-    def _score(self, live: list, stats: CollectStats) -> list[ScoredGroup]:
-        """Rewards for every completion of `live` (example, rollout) pairs; with dynamic sampling the
-        groups without signal are counted but not returned."""
-        if not live:
-            return []
-        G = self.cfg.trainer.group_size
-        # one call for the whole round: user reward code fans out over the scorer's processes
-        res = self.scorer.score([ex.prompt for ex, _ in live for _ in range(G)],
-                                [c for _, ro in live for c in ro.completions],
-                                [ex.fields for ex, _ in live for _ in range(G)],
-                                max_new_tokens=self.cfg.rollout.model_token_cap())
-        stats.reward_errors += res.errors
-        stats.error_samples = stats.error_samples or res.error_samples
-        groups = []
-        for g, (ex, ro) in enumerate(live):
-            rewards = res.rewards[g * G:(g + 1) * G]
-            failed = bool(res.errors) and all(any(math.isnan(v[i]) for v in res.per_function.values())
-                                              for i in range(g * G, (g + 1) * G))
-            stats.add_group(rewards, model_tokens(ro), failed)
-            if not (self.cfg.trainer.dynamic_sampling and max(rewards) == min(rewards)):
-                groups.append(ScoredGroup(ex, ro, rewards))
-        return groups
 
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
         """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from actors.rollout import PromptRollout, split_evenly
+from actors.completions import PromptRollout, split_evenly
 from actors.transport.registry import backend as transport_backend
 from cluster.launch.waits import ActorFailed, wait_all, wait_for, wait_restarted
 from learner.batch import TrainBatch

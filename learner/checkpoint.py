@@ -1,4 +1,5 @@
-"""Checkpoints: an atomic directory per step, verified on resume, exportable to a plain HF model.
+"""Checkpoints: an atomic directory per step, verified on resume (learner/export.py turns one
+into a plain HF model).
 
 Layout of one checkpoint (`root/step-00000010`):
     learner/                 DeepSpeed's files (model, optimizer, LR schedule; tag = LEARNER_TAG)
@@ -39,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from huggingface_hub import save_torch_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -346,115 +346,3 @@ def safe_torch_load():
         yield
     finally:
         torch.load = original
-
-
-# --------------------------------------------------------------------------- #
-# HF export
-# --------------------------------------------------------------------------- #
-def write_hf_dir(state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike, meta_dir: str | os.PathLike) -> str:
-    """A plain HF model directory: safetensors weights (sharded past 5 GB) + config + tokenizer from
-    `meta_dir` (the original model path or a checkpoint's hf-config/). Loads in transformers and vLLM."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_hf_meta(str(meta_dir), out)
-    aliases = _tied_aliases(str(meta_dir))
-    # Own storage per tensor: zero_to_fp32 hands out views into flat partitions, which safetensors
-    # refuses to save. Tied aliases (lm_head.weight) are left out, as save_pretrained does; HF and
-    # vLLM re-tie them on load.
-    sd = {k: v.detach().to("cpu").clone() for k, v in state_dict.items()
-          if not (k in aliases and aliases[k] in state_dict)}
-    save_torch_state_dict(sd, out, max_shard_size="5GB", safe_serialization=True)
-    return str(out)
-
-
-def _tied_aliases(meta_dir: str) -> dict[str, str]:
-    """{alias: target} of the weights the model ties (e.g. lm_head.weight -> embed_tokens), or {}."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(meta_dir)
-    if not getattr(config, "tie_word_embeddings", False):
-        return {}
-    try:
-        tied = AutoModelForCausalLM._model_mapping[type(config)]._tied_weights_keys or {}
-    except (KeyError, AttributeError):
-        tied = {}
-    if isinstance(tied, dict):
-        return dict(tied)
-    return {"lm_head.weight": "model.embed_tokens.weight"}  # older list form: the usual pair
-
-
-def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                      model_path: str | os.PathLike | None = None, overwrite: bool = False) -> str:
-    """Consolidate a checkpoint's weights into a HF directory, without Ray or DeepSpeed processes.
-
-    ckpt_dir: a checkpoint (root/step-N) or its DeepSpeed folder; model_path: where config and
-    tokenizer come from (default: the checkpoint's own hf-config/). A non-empty `out_dir` is
-    refused unless `overwrite`; then it is replaced whole once the new export is written (no stale
-    shards of an older model stay behind)."""
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out} is not empty: choose an empty or new directory, or pass --overwrite to "
-                              "replace what is there")
-    ckpt = Path(ckpt_dir)
-    if not (ckpt / LEARNER_TAG).is_dir() and ckpt.name == LEARNER_TAG:
-        ckpt = ckpt.parent
-    if not (ckpt / LEARNER_TAG).is_dir():
-        raise FileNotFoundError(f"{ckpt} is not a raygrpo checkpoint (no {LEARNER_TAG}/ folder)")
-    problems = verify(ckpt)
-    if problems:
-        raise ValueError(f"checkpoint {ckpt} does not verify: " + "; ".join(problems[:5]))
-    meta = Path(model_path) if model_path is not None else ckpt / HF_META_DIR
-    if not (meta / "config.json").is_file():
-        raise FileNotFoundError(f"no config.json in {meta}; pass the original model path")
-    if (ckpt / ADAPTER_DIR / "adapter_config.json").is_file():
-        def write(target):
-            return _export_lora(ckpt / ADAPTER_DIR, target, meta, model_path)
-    else:
-        with safe_torch_load():
-            sd = _consolidated_from_deepspeed(ckpt)
-
-        def write(target):
-            return write_hf_dir(sd, target, meta)
-    if not out.exists():
-        return write(out)
-    # --overwrite: write beside it, then replace it whole (no stale shards of an older model stay behind)
-    staging = out.with_name(f".{out.name}.export-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    write(staging)
-    if out.is_dir():
-        shutil.rmtree(out)
-    else:
-        out.unlink()
-    os.replace(staging, out)
-    return str(out)
-
-
-def _consolidated_from_deepspeed(ckpt: Path) -> dict[str, torch.Tensor]:
-    ds_dir = ckpt / LEARNER_TAG
-    if list(ds_dir.glob("*optim_states.pt")):  # ZeRO 1/2/3: merge the fp32 partitions
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=LEARNER_TAG)
-    # ZeRO-0: rank 0's model file holds the whole module
-    files = sorted(ds_dir.glob("mp_rank_*_model_states.pt"))
-    if not files:
-        raise FileNotFoundError(f"no DeepSpeed model states in {ds_dir}")
-    return {k: v.float() for k, v in torch.load(files[0], map_location="cpu", weights_only=True)["module"].items()}
-
-
-def _export_lora(adapter_dir: Path, out_dir: str | os.PathLike, meta: Path, model_path) -> str:
-    """A LoRA checkpoint: the base model with the adapter merged (plain HF dir) + the adapter itself
-    under out_dir/adapter/. Base weights come from `model_path`, else from the path the run trained
-    from (the adapter config's base_model_name_or_path): only the adapters were trained."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base_path = Path(model_path) if model_path is not None else \
-        Path(json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"])
-    if not (base_path / "config.json").is_file():
-        raise FileNotFoundError(f"LoRA checkpoint: the base model {base_path} is gone; "
-                                "pass its path (raygrpo export --model-path)")
-    base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    out = write_hf_dir(merged.state_dict(), out_dir, meta)
-    shutil.copytree(adapter_dir, Path(out) / ADAPTER_DIR, dirs_exist_ok=True)
-    return out

@@ -1,5 +1,5 @@
-"""Setting up one learner rank: its torch.distributed world, the DeepSpeed config, AdamW's
-parameter groups, the LR schedule and the seeds (learner/worker.py runs the rank)."""
+"""Setting up one learner rank: its torch.distributed world, the DeepSpeed config, the model it
+trains, AdamW's parameter groups, the LR schedule and the seeds (learner/worker.py runs the rank)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +14,7 @@ import torch.distributed as dist
 from actors.runtime.devices import resolve_dtype
 from actors.runtime.sockets import listening_store, local_ip_towards
 from learner.config import LearnerConfig
+from learner.lora import apply_lora
 
 
 def lr_factor(update: int, *, warmup: int, total: int, schedule: str) -> float:
@@ -27,6 +28,44 @@ def lr_factor(update: int, *, warmup: int, total: int, schedule: str) -> float:
     if schedule == "linear":
         return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def scheduler_factory(cfg: LearnerConfig, total_steps: int):
+    """What DeepSpeed builds the LR schedule with: lr_factor over optimizer updates (the LR moves
+    once per update, mu per step)."""
+    warmup, horizon = cfg.warmup_steps * cfg.mu, total_steps * cfg.mu
+
+    def make_scheduler(optimizer):
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda u: lr_factor(u, warmup=warmup, total=horizon, schedule=cfg.lr_schedule))
+
+    return make_scheduler
+
+
+def build_model(model_path: str, cfg: LearnerConfig, dtype: torch.dtype, ds_config: dict):
+    """The model this rank trains, in train mode: with gradient checkpointing and LoRA adapters as
+    configured. Under ZeRO-3 its weights load straight into partitions: returns (model,
+    HfDeepSpeedConfig), which must stay referenced while the model lives (transformers keeps a
+    weakref); else (model, None)."""
+    from transformers import AutoModelForCausalLM
+
+    hf_ds_config = None
+    if cfg.zero_stage == 3:  # must exist before from_pretrained (DESIGN.md)
+        from transformers.integrations import HfDeepSpeedConfig
+
+        hf_ds_config = HfDeepSpeedConfig(ds_config)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model.config.use_cache = False
+    if cfg.gradient_checkpointing:
+        # peft + ZeRO-3 needs reentrant checkpointing, and then inputs that require grad
+        # (frozen embeddings would otherwise cut the graph); DESIGN.md.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": cfg.lora})
+        if cfg.lora:
+            model.enable_input_require_grads()
+    if cfg.lora:
+        model = apply_lora(model, cfg)
+    model.train()
+    return model, hf_ds_config
 
 
 def build_ds_config(cfg: LearnerConfig, *, world_size: int, on_gpu: bool) -> dict:

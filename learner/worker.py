@@ -27,11 +27,12 @@ from actors.runtime.sequences import PromptSharingUnsupported
 from actors.runtime.threads import node_cores, use_threads
 from learner import checkpoint, grpo
 from learner.batch import MicroBatch, TrainBatch
-from learner.checkpoint import naming_save_errors, write_hf_dir
+from learner.checkpoint import naming_save_errors
 from learner.config import AlgoConfig, LearnerConfig
+from learner.export import write_hf_dir
 from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
-from learner.lora import adapter_config_json, apply_lora, param_counts, write_adapter_dir
-from learner.rank_setup import build_ds_config, init_process_group, lr_factor, param_groups, seed_everything
+from learner.lora import adapter_config_json, param_counts, write_adapter_dir
+from learner.rank_setup import build_ds_config, build_model, init_process_group, param_groups, scheduler_factory, seed_everything
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
 # then / tokens, averaged over the mu passes). Entropy and logprob_diff_mean are too, measured on the first pass only.
@@ -76,35 +77,14 @@ class LearnerWorker:
         if reference_on_learner and not cfg.lora:  # loaded before ZeRO-3's config exists: a whole, unpartitioned copy
             self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device)
             self.reference.eval().requires_grad_(False)
-        self._hf_ds_config = None
-        if cfg.zero_stage == 3:
-            # Must exist (and stay referenced: transformers keeps a weakref) before from_pretrained,
-            # so the weights are loaded straight into ZeRO-3 partitions (DESIGN.md).
-            from transformers.integrations import HfDeepSpeedConfig
-            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
-        model.config.use_cache = False
-        if cfg.gradient_checkpointing:
-            # peft + ZeRO-3 needs reentrant checkpointing, and then inputs that require grad
-            # (frozen embeddings would otherwise cut the graph); DESIGN.md.
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": cfg.lora})
-            if cfg.lora:
-                model.enable_input_require_grads()
-        if cfg.lora:
-            model = apply_lora(model, cfg)
-        model.train()
-
-        warmup, horizon = cfg.warmup_steps * cfg.mu, total_steps * cfg.mu  # the LR moves once per optimizer update
-
-        def make_scheduler(optimizer):
-            return torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda u: lr_factor(u, warmup=warmup, total=horizon, schedule=cfg.lr_schedule))
-
+        # _hf_ds_config (ZeRO-3) must stay referenced while the model lives: transformers keeps a weakref.
+        model, self._hf_ds_config = build_model(self.model_path, cfg, dtype, self.ds_config)
         # Prompt sharing needs the model's KV cache in training: gradient checkpointing turns it off,
         # and under ZeRO-3 the second pass would gather every parameter again.
         self.share_prompts = cfg.prompt_sharing and not cfg.gradient_checkpointing and cfg.zero_stage != 3
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay),
-                                               config=self.ds_config, lr_scheduler=make_scheduler)
+                                               config=self.ds_config,
+                                               lr_scheduler=scheduler_factory(cfg, total_steps))
         self.step = 0  # train_step calls completed (the driver's step on resume)
         if not self.on_gpu:
             call_at_every_block(model, self._step_threads)  # lent threads are taken mid-micro-batch

@@ -14,19 +14,17 @@ from cluster.bench.learner_sync import (
 )
 from cluster.bench.lora import bench_lora
 from cluster.bench.report import (
-    fmt_value,
-    format_table,
     load_average,
     machine_info,
     model_spec,
     progress,
     ratio,
     resolve_setting,
-    table_rows,
     write_json,
 )
 from cluster.bench.rollout import bench_rollout, current_niceness, direct_vllm_main
 from cluster.bench.schedule import bench_schedule, heldout_accuracy, heldout_examples
+from cluster.bench.table import fmt_value, format_table, table_rows
 from cluster.bench.trl import bench_trl, parse_threads, trl_main, trl_settings
 from cluster.config import load_config
 from cluster.data.dataset import load_splits

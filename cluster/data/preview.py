@@ -7,8 +7,8 @@ stats. Starts no actor.
 """
 from __future__ import annotations
 
+from actors.completions import stop_token_ids
 from actors.reward_functions import ANSWER_CHECKERS
-from actors.rollout import stop_token_ids
 from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
 
 EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"

@@ -116,3 +116,10 @@ def length_filter(items: list, lengths: list[int], limit: int, policy: str, name
     report.longest_filtered = max((lengths[i] for i in long), default=0)
     drop = set(long)
     return [x for i, x in enumerate(items) if i not in drop], report
+
+
+def multiturn_format(cfg) -> PromptFormat:
+    """How a multi-turn conversation opens (`cfg`: the RunConfig): the data's messages (a string
+    prompt as one user turn) with data.system_prompt, rendered with data.chat_template_kwargs, as
+    single-turn prompts are."""
+    return PromptFormat(True, cfg.data.system_prompt, dict(cfg.data.chat_template_kwargs))

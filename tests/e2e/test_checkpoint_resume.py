@@ -13,6 +13,7 @@ from test_learner_helpers import make_batch, on_all, start_ranks, stop
 
 from learner import checkpoint
 from learner.config import AlgoConfig, LearnerConfig
+from learner.export import export_checkpoint
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -71,7 +72,7 @@ def test_resume_reproduces_the_next_step(ray_cluster, tiny_model_dir, tmp_path, 
 
     # Exports: the live one (export_hf, step 2) and the offline one (export_checkpoint, step 1).
     assert _max_diff(_hf_weights(out_live), w2) == 0.0
-    out = checkpoint.export_checkpoint(final, tmp_path / "export-offline")
+    out = export_checkpoint(final, tmp_path / "export-offline")
     assert _max_diff(_hf_weights(out), w1) == 0.0
     assert (Path(out) / "tokenizer.json").is_file()
 
@@ -106,4 +107,4 @@ def test_corrupt_and_partial_checkpoints_are_skipped(ray_cluster, tiny_model_dir
     assert "step-00000005" in text and "COMPLETE" in text
     assert "step-00000004" in text and "optim_states.pt" in text
     with pytest.raises(ValueError, match="does not verify"):
-        checkpoint.export_checkpoint(corrupt, tmp_path / "never")
+        export_checkpoint(corrupt, tmp_path / "never")

@@ -18,8 +18,8 @@ from test_train import config, train_rows
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
 from cluster.trainer import Trainer
-from learner.checkpoint import export_checkpoint
 from learner.config import AlgoConfig, LearnerConfig
+from learner.export import export_checkpoint
 
 pytestmark = pytest.mark.timeout(900)
 RANK = 4

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from actors.completions import split_evenly
 from actors.config import RolloutConfig
-from actors.rollout import RolloutWorker, split_evenly
+from actors.rollout import RolloutWorker
 from cluster.demo.tinymodel import build_tokenizer
 
 EOS = 1  # cluster/demo/tinymodel.py

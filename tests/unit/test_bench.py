@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from cluster import bench
-from cluster.bench import command, learner_sync, report, rollout, schedule, trl  # noqa: F401
+from cluster.bench import command, learner_sync, report, rollout, schedule, table, trl  # noqa: F401
 from cluster.cli import build_parser
 from cluster.config import load_config
 
@@ -76,11 +76,11 @@ def test_none_values_in_rows_count_as_zero():
     (None, "n/a"), (True, "yes"), (1234567, "1,234,567"), (12345.6, "12,346"), (123.4, "123"), (12.34, "12.3"),
     (1.234, "1.23"), (0.01234, "0.0123"), (0.0, "0"), (float("inf"), "n/a"), ("x", "x")])
 def test_fmt_value(value, text):
-    assert report.fmt_value(value) == text
+    assert table.fmt_value(value) == text
 
 
 def test_format_table_is_aligned_markdown():
-    out = report.format_table([("1 rollout", "direct", 12345.6, "tokens/s"), ("2 sync", "ratio", 1.5, "")])
+    out = table.format_table([("1 rollout", "direct", 12345.6, "tokens/s"), ("2 sync", "ratio", 1.5, "")])
     lines = out.splitlines()
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1
     assert lines[0].startswith("| part") and set(lines[1]) <= set("|-: ")
@@ -107,7 +107,7 @@ def _fake_results():
 
 
 def test_table_rows_ratios():
-    rows = {(part, measure): value for part, measure, value, _ in report.table_rows(_fake_results())}
+    rows = {(part, measure): value for part, measure, value, _ in table.table_rows(_fake_results())}
     assert rows[("1 rollout", "Ray actor / direct")] == 0.8
     assert rows[("2 sync", "full update / raw broadcast")] == pytest.approx(4.0)
     assert rows[("2 sync", "full update (ZeRO-2) MB/s")] == pytest.approx(4 * 2**20 / 0.2 / 1e6)
@@ -115,16 +115,16 @@ def test_table_rows_ratios():
     assert rows[("3 schedule", "async / sync step time")] == pytest.approx(0.75)
     assert rows[("5 vs TRL", "raygrpo / TRL step time")] == pytest.approx(0.5)
     assert rows[("4 learner", "ZeRO-3 (2 rank(s))")] == 4000.0
-    assert "MFU 25.0%" in report.format_table(report.table_rows(_fake_results()))
+    assert "MFU 25.0%" in table.format_table(table.table_rows(_fake_results()))
     assert rows[("5 vs TRL", "held-out accuracy, raygrpo")] == 0.35
     assert rows[("5 vs TRL", "held-out accuracy, TRL")] == 0.33
 
 
 def test_table_rows_with_parts_missing_or_skipped():
     res = {"model": {"parameters": 10}, "trl": {"status": "skipped", "message": "--skip-trl"}}
-    rows = report.table_rows(res)
+    rows = table.table_rows(res)
     assert rows[-1][0] == "5 vs TRL" and rows[-1][2] is None and "skipped: --skip-trl" in rows[-1][3]
-    assert report.format_table(rows)  # renders with n/a
+    assert table.format_table(rows)  # renders with n/a
 
 
 def test_write_json_turns_nan_into_null(tmp_path):
@@ -181,7 +181,7 @@ def test_table_lists_extra_trl_thread_runs():
     res = _fake_results()
     res["trl"]["torch_threads"] = 1
     res["trl_2threads"] = {"status": "ok", "step_s_median": 16.0, "torch_threads": 2}
-    measures = [m for _, m, _, _ in report.table_rows(res)]
+    measures = [m for _, m, _, _ in table.table_rows(res)]
     assert "TRL s/step (1 thread, median)" in measures and "TRL s/step (2 threads, median)" in measures
 
 
@@ -216,6 +216,6 @@ def test_lora_rows():
                             "total_params": 1000}
     res = {"lora": {"lora_rank": 16, "full": v(4000, 0.2, 12000, 1000), "adapter": v(400, 0.02, 1200, 100),
                     "merged": v(4000, 0.25, 1200, 100)}}
-    rows = {(r[0], r[1]): r for r in report.table_rows(res)}
+    rows = {(r[0], r[1]): r for r in table.table_rows(res)}
     assert rows[("6 lora", "sync adapter seconds")][2] == 0.02 and "10.0% of full" in rows[("6 lora", "sync adapter seconds")][3]
     assert rows[("6 lora", "optimizer state LoRA / full")][2] == pytest.approx(0.1)

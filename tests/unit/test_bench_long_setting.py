@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from actors.config import RolloutConfig
-from cluster.bench import report, trl
+from cluster.bench import report, table, trl
 from cluster.cli import build_parser
 from cluster.config import ConfigError, load_config
 from cluster.demo.tinymodel import _padded_vocab, build_tokenizer
@@ -96,10 +96,10 @@ def test_table_shows_async_against_trl():
            "schedules": {"sync": {"step_s_median": 10.0}, "async": {"step_s_median": 6.0}},
            "trl": {"status": "ok", "step_s_median": 20.0, "torch_threads": 1},
            "trl_2threads": {"status": "ok", "step_s_median": 12.0, "torch_threads": 2}}
-    rows = {m: v for _, m, v, _ in report.table_rows(res)}
+    rows = {m: v for _, m, v, _ in table.table_rows(res)}
     assert rows["raygrpo / TRL step time"] == 0.5 and rows["raygrpo async / TRL (1 thread)"] == 0.3
     assert rows["raygrpo async / TRL (2 threads)"] == 0.5 and rows["raygrpo sync / TRL (2 threads)"] == 10 / 12
     assert rows["best raygrpo / best TRL"] == 0.5  # async 6.0 vs TRL with 2 threads 12.0
     res["schedules"]["async"]["step_s_median"] = 30.0  # now sync is the faster schedule, TRL 2 threads still
-    assert {m: v for _, m, v, _ in report.table_rows(res)}["best raygrpo / best TRL"] == 10 / 12
-    assert "random weights" in report.table_rows(res)[0][3]
+    assert {m: v for _, m, v, _ in table.table_rows(res)}["best raygrpo / best TRL"] == 10 / 12
+    assert "random weights" in table.table_rows(res)[0][3]

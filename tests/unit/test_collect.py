@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import cluster.trainer as trainer_module
+from actors.completions import Completion, PromptRollout
 from actors.rewards import RewardResult
-from actors.rollout import Completion, PromptRollout
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data.dataset import Example

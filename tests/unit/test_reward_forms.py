@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from actors.completions import Completion
 from actors.config import RewardConfig
 from actors.reward_pool import is_batched
 from actors.rewards import RewardScorer, gsm8k, math_verify
-from actors.rollout import Completion
 
 
 # --------------------------------------------------------------------------- gsm8k

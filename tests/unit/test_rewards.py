@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from actors.completions import Completion
 from actors.config import RewardConfig
 from actors.reward_pool import STARTUP_TIMEOUT_S
 from actors.rewards import REWARDS, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty, register
-from actors.rollout import Completion
 
 
 # --------------------------------------------------------------------------- built-ins

@@ -14,7 +14,7 @@ import pytest
 from cluster.config import load_config, save_config
 from cluster.run import rundir
 from cluster.run.rundir import LOCK, RunDirError, claim
-from learner.checkpoint import export_checkpoint
+from learner.export import export_checkpoint
 
 
 def cfg_for(tmp_path, *overrides):
