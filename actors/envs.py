@@ -11,27 +11,20 @@ The contract (`rollout.env: path/to/file.py:ClassName`, or a built-in name from 
 
 Tools are the environment's business: it reads the assistant's text and answers in messages.
 
-Environment code runs in `num_procs` separate processes (the reward pool's process shell,
-actors/rewards.py), with `timeout_s` per call. A call that raises, returns something outside
-the contract, exceeds the timeout (its process is killed and replaced) or kills its process
-fails *its* trajectory only: the caller ends that trajectory and counts an env error. An
-environment is stateful and lives in one process; when that process is replaced, the other
-environments it hosted are rebuilt there by replaying their calls (constructor, reset, steps).
+Environment code runs in separate processes (actors/env_pool.py), with a deadline per call: a
+call that raises, returns something outside the contract, passes its deadline or kills its
+process fails *its* trajectory only: the caller ends that trajectory and counts an env error.
 
 Deliberately light: no torch import, so the processes start fast.
 """
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import numbers
 import os
 import re
-import time
-from collections import deque
-from multiprocessing.connection import wait as wait_connections
 
-from actors.reward_pool import STARTUP_TIMEOUT_S, WorkerProcess, close_workers, load_file_function, serve
+from actors.reward_pool import load_file_function
 
 ROLES = ("system", "user", "assistant", "tool")
 ENVS: dict[str, type] = {}
@@ -153,177 +146,3 @@ def check_step(result) -> dict:
         reward = float(reward)
     return {"messages": check_messages(result.get("messages"), "step()"), "done": result["done"],
             "reward": reward or 0.0}
-
-
-# --------------------------------------------------------------------------- #
-# The isolated processes
-# --------------------------------------------------------------------------- #
-def _env_main(conn, specs: list[str]) -> None:
-    """Load the environment class, say "ready", then serve (key, method, payload) calls."""
-    (spec,) = specs
-    try:
-        cls, error = load_env_class(spec), None
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        cls, error = None, f"{type(e).__name__}: {e}"
-    conn.send(("ready", {spec: error} if error else {}))
-    envs: dict = {}
-
-    def answer(msg: tuple) -> tuple:
-        key, method, payload = msg
-        try:
-            if method == "open":
-                envs[key] = cls(**payload)
-                value = check_messages(envs[key].reset(), "reset()")
-            elif method == "step":
-                value = check_step(envs[key].step(payload))
-            else:  # close
-                envs.pop(key, None)
-                value = None
-            return ("result", key, True, value)
-        except BaseException as e:  # noqa: BLE001 - environment code may raise anything
-            return ("result", key, False, f"{type(e).__name__}: {e}"[:500])
-
-    serve(conn, answer)
-
-
-class EnvPool:
-    """Environments in `num_procs` processes; `run` serves one batch of calls, each bounded by `timeout_s`.
-
-    A key (the caller's trajectory id) is bound to one process at its "open". Calls of one process
-    are served in order, one at a time; different processes work in parallel.
-    """
-
-    def __init__(self, spec: str, num_procs: int, timeout_s: float):
-        self.spec, self.timeout_s = spec, timeout_s
-        self.ctx = mp.get_context("spawn")  # forking a process that holds threads (Ray, vLLM) is unsafe
-        self.workers = [self._start() for _ in range(num_procs)]
-        self.slot: dict = {}  # key -> process index
-        self.history: dict = {}  # key -> the calls that built its current state (replayed after a restart)
-        self.broken: dict = {}  # key -> why its environment is gone
-        self.replaced = 0
-        self._pending_replays: dict[int, list] = {}  # process index -> keys to rebuild there before its next call
-        self._await_ready()
-
-    def _start(self) -> WorkerProcess:
-        return WorkerProcess(self.ctx, [self.spec], target=_env_main, name="raygrpo-env")
-
-    def _await_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not all(w.ready for w in self.workers):
-            if time.monotonic() > deadline:
-                self.close()
-                raise TimeoutError(f"environment processes did not start in {STARTUP_TIMEOUT_S:.0f}s")
-            for conn in wait_connections([w.conn for w in self.workers if not w.ready], timeout=0.5):
-                w = next(w for w in self.workers if w.conn is conn)
-                try:
-                    _, w.load_errors = conn.recv()
-                except (EOFError, OSError):
-                    self.close()
-                    raise RuntimeError(f"an environment process died at start (loading {self.spec})") from None
-                w.ready = True
-        errors = self.workers[0].load_errors
-        if errors:
-            self.close()
-            raise ValueError(f"cannot load environment {self.spec}: {errors[self.spec]}")
-
-    def _replace(self, index: int, lost_key) -> None:
-        """Kill process `index`, start a new one, and mark its other environments for a replay."""
-        self.workers[index].kill()
-        self.workers[index] = self._start()
-        self.replaced += 1
-        for key, slot in self.slot.items():
-            if slot == index and key != lost_key and key not in self.broken:
-                self._pending_replays.setdefault(index, []).append(key)
-
-    def run(self, calls: list[tuple]) -> list[tuple[bool, object]]:
-        """calls: (key, "open" | "step" | "close", payload) -> per call (True, value) or (False, error text).
-
-        open: payload = the example's fields; value = reset()'s messages. step: payload = the assistant's
-        text; value = {"messages", "done", "reward"}. close: forget the environment."""
-        results: list = [None] * len(calls)
-        queues = [deque() for _ in self.workers]
-        for idx, (key, method, _) in enumerate(calls):
-            if method == "open":
-                load = [0] * len(self.workers)
-                for s in self.slot.values():
-                    load[s] += 1
-                self.slot[key] = load.index(min(load))
-                self.history[key] = []
-                self.broken.pop(key, None)
-            if key not in self.slot:
-                results[idx] = (True, None) if method == "close" else (False, "no environment open for this trajectory")
-                continue
-            queues[self.slot[key]].append((idx, *calls[idx]))
-        busy: dict[int, tuple] = {}  # process index -> (queue entry, deadline)
-        while any(queues) or busy:
-            for i, w in enumerate(self.workers):
-                if i in busy or not w.ready:
-                    continue
-                if i in self._pending_replays:  # rebuild the environments this process lost, in call order
-                    replay = [(None, k, m, p) for k in self._pending_replays.pop(i) for m, p in self.history[k]]
-                    queues[i].extendleft(reversed(replay))
-                while queues[i]:
-                    entry = queues[i].popleft()
-                    idx, key, method, payload = entry
-                    if key in self.broken and method != "close":
-                        if idx is not None:
-                            results[idx] = (False, self.broken[key])
-                        continue
-                    w.conn.send((key, method, payload))
-                    busy[i] = (entry, time.monotonic() + self.timeout_s)
-                    break
-            self._poll(busy, results)
-        for key, method, _ in calls:
-            if method == "close":
-                self.slot.pop(key, None)
-                self.history.pop(key, None)
-                self.broken.pop(key, None)
-        return results
-
-    def _poll(self, busy: dict, results: list) -> None:
-        wait_s = min((dl for _, dl in busy.values()), default=time.monotonic() + 0.1) - time.monotonic()
-        by_conn = {w.conn: i for i, w in enumerate(self.workers)}
-        for conn in wait_connections(list(by_conn), timeout=min(max(wait_s, 0.0), 0.5)):
-            i = by_conn[conn]
-            w = self.workers[i]
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                w.proc.join(1)  # reaped, so its exit code is known
-                if i in busy:
-                    (idx, key, _, _), _ = busy.pop(i)
-                    self._fail(idx, key, f"environment process died (exit code {w.proc.exitcode})", results)
-                    self._replace(i, key)
-                else:
-                    self._replace(i, None)
-                continue
-            if msg[0] == "ready":
-                w.ready, w.load_errors = True, msg[1]
-                continue
-            if i not in busy:
-                continue
-            (idx, key, method, payload), _ = busy.pop(i)
-            ok, value = msg[2], msg[3]
-            if ok and method in ("open", "step"):
-                self.history[key].append((method, payload))
-            if not ok:
-                self._fail(idx, key, value, results)
-            elif idx is not None:
-                results[idx] = (True, value)
-        now = time.monotonic()
-        for i, ((idx, key, method, _), deadline) in list(busy.items()):
-            if now > deadline:
-                busy.pop(i)
-                self._fail(idx, key, f"{method} timed out after {self.timeout_s:g}s", results)
-                self._replace(i, key)
-
-    def _fail(self, idx, key, error: str, results: list) -> None:
-        if idx is None:  # a replay failed: the environment cannot be rebuilt
-            error = f"environment lost when its process was replaced (replaying it failed: {error})"
-        self.broken[key] = error
-        if idx is not None:
-            results[idx] = (False, error)
-
-    def close(self) -> None:
-        close_workers(self.workers)
-        self.workers = []

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 #   length         the environment said done after a turn cut at rollout.max_new_tokens
 #   max_turns      rollout.max_turns model turns and the environment was not done
 #   max_model_len  the next turn or the environment's messages did not fit in rollout.max_model_len
+#                  (the latter: Trajectory.env_overflow_tokens > 0, counted as env_overflows)
 #   env_error      the environment raised, hung, died or broke the contract (counted as env_errors)
 TRAJECTORY_FINISH_REASONS = ("stop", "length", "max_turns", "max_model_len", "env_error")
 
@@ -48,6 +49,9 @@ class Trajectory:
     env_reward: float = 0.0  # sum of the environment's step rewards
     env_tokens: int = 0
     env_error: str | None = None
+    # the environment's last messages did not fit in rollout.max_model_len: their token count (the
+    # trajectory ended there, finish_reason "max_model_len"; counted as env_overflows)
+    env_overflow_tokens: int = 0
     turn_ended: bool = True  # the last model turn ended with the end-of-turn token (not cut at max_new_tokens)
 
     def model_logprobs_full(self) -> list[float]:
@@ -231,6 +235,7 @@ def run_trajectories(sample, chat: ChatTokens, envs, cfg, conversations: list[li
                 continue
             if len(traj.prompt_ids) + len(traj.token_ids) + len(suffix) >= budget:
                 traj.finish_reason = "max_model_len"  # no room for the messages and a token of reply
+                traj.env_overflow_tokens = len(suffix)
                 continue
             traj.token_ids += suffix
             traj.loss_mask += [0] * len(suffix)

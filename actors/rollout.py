@@ -24,7 +24,7 @@ import torch
 
 from actors.completions import PromptRollout, completion_from_vllm, stop_token_ids
 from actors.config import RolloutConfig
-from actors.envs import EnvPool
+from actors.env_pool import EnvPool
 from actors.multiturn import ChatTokens, run_trajectories
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.threads import node_cores, use_threads

@@ -52,6 +52,7 @@ class CollectStats:
     turns: int = 0  # assistant turns
     tool_calls: int = 0  # "tool" messages the environments answered with
     env_errors: int = 0  # environment calls that raised / hung / broke the contract (each ended its trajectory)
+    env_overflows: int = 0  # trajectories ended because the environment's messages did not fit in max_model_len
     env_s: float = 0.0  # seconds the engines waited on environments (summed over engines)
     env_tokens: int = 0  # environment tokens (context, not trained on)
 
@@ -64,6 +65,7 @@ class CollectStats:
                 self.turns += t.turns
                 self.tool_calls += t.tool_calls
                 self.env_errors += t.env_error is not None
+                self.env_overflows += t.env_overflow_tokens > 0
                 self.env_tokens += t.env_tokens
 
     def add_group(self, rewards: list[float], gen_tokens: int, failed: bool) -> None:
@@ -91,7 +93,35 @@ class CollectStats:
             return {}
         n = self.trajectories
         return {"turns_mean": self.turns / n, "tool_calls_mean": self.tool_calls / n, "env_errors": self.env_errors,
-                "env_s": self.env_s, "env_tokens_mean": self.env_tokens / n}
+                "env_overflows": self.env_overflows, "env_s": self.env_s, "env_tokens_mean": self.env_tokens / n}
+
+    def every_trajectory_failed(self) -> bool:
+        """Every trajectory of the batch ended on an environment error: what the health guard watches."""
+        return self.trajectories > 0 and self.env_errors == self.trajectories
+
+
+class EnvironmentNotes:
+    """What the console says about environments, as it says reward errors: failures when they happen
+    (how many, and the first one's text), and once per run that the environment's messages overflowed."""
+
+    def __init__(self, max_model_len: int):
+        self.max_model_len, self.overflow_said = max_model_len, False
+
+    def lines(self, rollouts: list, what: str) -> list[str]:
+        """Lines for one round of multi-turn rollouts (actors.multiturn.MultiTurnRollout); `what`: "step 3"."""
+        trajectories = [t for ro in rollouts for t in ro.trajectories]
+        failed = [t.env_error for t in trajectories if t.env_error is not None]
+        out = []
+        if failed:
+            out.append(f"environment: {len(failed)} of {len(trajectories)} trajectories failed at {what} (each ended "
+                       f"there; counted as env_errors), first: {failed[0]}")
+        over = [t.env_overflow_tokens for t in trajectories if t.env_overflow_tokens]
+        if over and not self.overflow_said:
+            self.overflow_said = True
+            out.append(f"environment: its messages ({max(over):,} tokens) did not fit in rollout.max_model_len="
+                       f"{self.max_model_len} at {what}; {len(over)} trajectory(ies) ended there (counted as "
+                       "env_overflows; said once per run). Shorten the tool output or raise rollout.max_model_len")
+        return out
 
 
 def trim_to_ranks(groups: list[ScoredGroup], group_size: int, ranks: int) -> list[ScoredGroup]:

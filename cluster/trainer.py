@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from actors.envs import EnvPool
+from actors.env_pool import EnvPool
 from actors.multiturn import ChatTokens, TemplateError
 from actors.rewards import RewardScorer
 from actors.transport.registry import resolve_backend

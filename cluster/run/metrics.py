@@ -16,9 +16,10 @@ from tqdm import tqdm
 LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean",
                 "logprob_diff_mean", "logprob_diff_max", "train_threads_max")
 # Multi-turn rollouts (rollout.env; NaN in single-turn runs): assistant turns and "tool" messages per
-# trajectory, environment failures (each ended its trajectory), seconds the engines waited on environments,
+# trajectory, environment failures (each ended its trajectory), trajectories whose environment messages did
+# not fit in rollout.max_model_len (each ended there), seconds the engines waited on environments,
 # environment tokens per trajectory (in the context, out of the loss).
-MULTITURN_KEYS = ("turns_mean", "tool_calls_mean", "env_errors", "env_s", "env_tokens_mean")
+MULTITURN_KEYS = ("turns_mean", "tool_calls_mean", "env_errors", "env_overflows", "env_s", "env_tokens_mean")
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0).
 STEP_KEYS = (
     "step", "reward_mean", "reward_std", "reward_errors", *LEARNER_KEYS,
