@@ -1,1 +1,3 @@
-"""The generation side: vLLM rollout workers, the reference model, rewards (Ray actors)."""
+"""The generation side: vLLM rollout workers, the reference model, rewards, multi-turn environments
+(Ray actors), on the shared base of runtime/ (what every process shares) and transport/ (weight
+transport, both halves)."""
