@@ -1,4 +1,4 @@
-"""`raygrpo train | data | submit | export | plot | demo | bench`: the command line.
+"""`raygrpo train | data | submit | show | export | plot | demo | bench`: the command line.
 
 Errors a user can fix (config, data, model path, reward functions, a dead actor) are printed
 as one clear message and exit with status 2 (bad input) or 1 (the run failed), without a
@@ -99,6 +99,13 @@ def _shell_quote(s: str) -> str:
     return shlex.quote(s)
 
 
+def cmd_show(args) -> int:
+    from cluster.run.completions import show
+
+    show(args.run_dir, args.step, args.n)
+    return 0
+
+
 def cmd_export(args) -> int:
     from learner.export import export_checkpoint
 
@@ -168,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--address", required=True, help="the head's dashboard address, e.g. http://127.0.0.1:8265")
     s.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
     s.set_defaults(fn=cmd_submit)
+
+    sh = sub.add_parser("show", help="print the sample completions a run logged: prompt, completion, scores",
+                        description="Reads RUN_DIR/completions.jsonl (metrics.log_completions, a few per step) and "
+                        "prints the completions of one step: the prompt (or, multi-turn, the whole transcript with "
+                        "roles), the completion, the reward and each reward function's score, the advantage, the "
+                        "finish reason and the length.")
+    sh.add_argument("run_dir", help="a run directory written by `raygrpo train`")
+    sh.add_argument("--step", type=int, default=None, help="the step to show (default: the last one logged)")
+    sh.add_argument("-n", type=int, default=None, help="at most this many completions (default: all of the step's)")
+    sh.set_defaults(fn=cmd_show)
 
     e = sub.add_parser("export", help="write a checkpoint as a plain HF model directory",
                        description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "

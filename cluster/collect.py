@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cluster.data.dataset import Example
+from cluster.run.completions import sample_rows
+from learner.grpo import group_advantages
 
 if TYPE_CHECKING:
     from actors.completions import PromptRollout
@@ -55,6 +57,12 @@ class CollectStats:
     env_overflows: int = 0  # trajectories ended because the environment's messages did not fit in max_model_len
     env_s: float = 0.0  # seconds the engines waited on environments (summed over engines)
     env_tokens: int = 0  # environment tokens (context, not trained on)
+    # completion lengths in model tokens (environment tokens not counted), every scored completion
+    lengths: list[int] = field(default_factory=list)
+    clipped: int = 0  # completions cut at rollout.max_new_tokens (multi-turn: whose last turn was cut)
+    turn_lengths: list[int] = field(default_factory=list)  # multi-turn: every assistant turn's
+    turn_clipped: int = 0  # multi-turn: turns cut at rollout.max_new_tokens or by the trajectory's budget
+    samples: list[dict] = field(default_factory=list)  # completions logged for this step (cluster/run/completions.py)
 
     def add_trajectories(self, rollouts: list) -> None:
         """Count what the multi-turn rollouts (actors.multiturn.MultiTurnRollout) of a round did."""
@@ -75,6 +83,20 @@ class CollectStats:
         self.failed_groups += failed
         self.zero_var_groups += max(rewards) == min(rewards)
 
+    def add_lengths(self, rollout, eos_id: int | None) -> None:
+        """Count the lengths of a scored rollout's completions (multi-turn: also per assistant turn,
+        a turn being a run of model tokens in the loss mask, cut when it does not end with EOS)."""
+        for c in rollout.completions:
+            if hasattr(c, "loss_mask"):  # a multi-turn trajectory (actors/multiturn.py)
+                self.lengths.append(sum(c.loss_mask))
+                self.clipped += not c.turn_ended
+                for turn in model_turns(c.token_ids, c.loss_mask):
+                    self.turn_lengths.append(len(turn))
+                    self.turn_clipped += turn[-1] != eos_id
+            else:
+                self.lengths.append(len(c.token_ids))
+                self.clipped += c.finish_reason == "length"
+
     def every_group_failed(self) -> bool:
         """Training on fallback rewards only teaches nothing: the run should stop instead."""
         return self.groups > 0 and self.failed_groups == self.groups
@@ -86,7 +108,17 @@ class CollectStats:
                 "reward_errors": self.reward_errors,
                 "gen_tokens": self.gen_tokens, "gen_s": self.gen_s, "reward_s": self.reward_s,
                 "zero_var_groups": self.zero_var_groups, "skipped_prompts": self.skipped_prompts,
-                "extra_prompts": self.extra_prompts, **self._multiturn_metrics()}
+                "extra_prompts": self.extra_prompts, **self._length_metrics(), **self._multiturn_metrics()}
+
+    def _length_metrics(self) -> dict:
+        """TRL's completions/* names; the turn_* ones for multi-turn runs (NaN otherwise)."""
+        out = {}
+        for prefix, lengths, clipped in (("", self.lengths, self.clipped), ("turn_", self.turn_lengths, self.turn_clipped)):
+            if lengths:
+                out |= {f"completions/{prefix}mean_length": sum(lengths) / len(lengths),
+                        f"completions/{prefix}min_length": min(lengths), f"completions/{prefix}max_length": max(lengths),
+                        f"completions/{prefix}clipped_ratio": clipped / len(lengths)}
+        return out
 
     def _multiturn_metrics(self) -> dict:
         if not self.trajectories:  # a single-turn run: the logger writes NaN for these
@@ -212,6 +244,19 @@ def load_batch(directory: str | Path) -> Batch | None:
                  loss_mask=ragged("loss_mask"), ref_logp=ragged("ref_logp"))
 
 
+def model_turns(token_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
+    """The model's turns of a multi-turn trajectory: each run of tokens whose loss mask is 1
+    (environment tokens, at least the next turn's generation prompt, always separate two turns)."""
+    turns, current = [], []
+    for tok, m in zip(token_ids, loss_mask):
+        if m:
+            current.append(tok)
+        elif current:
+            turns.append(current)
+            current = []
+    return turns + ([current] if current else [])
+
+
 def model_tokens(rollout) -> int:
     """Tokens the model sampled in a rollout's completions (environment tokens not counted)."""
     return sum(len(ids) if mask is None else sum(mask) for _, ids, _, mask in rollout.training_rows())
@@ -224,10 +269,13 @@ def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
 
 
 def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tokens: int,
-                 dynamic_sampling: bool) -> list[ScoredGroup]:
+                 dynamic_sampling: bool, eos_id: int | None = None, samples: int = 0,
+                 advantage_estimator: str = "grpo") -> list[ScoredGroup]:
     """Rewards for every completion of `live` (example, rollout) pairs, G completions each, from
-    `scorer` (actors/rewards.py RewardScorer); every group is counted in `stats`, and with dynamic
-    sampling the groups without signal are not returned."""
+    `scorer` (actors/rewards.py RewardScorer); every group is counted in `stats` (with its completions'
+    lengths; `eos_id` ends a multi-turn turn), and with dynamic sampling the groups without signal are
+    not returned. Up to `samples` completions are kept in `stats.samples` (cluster/run/completions.py),
+    with the advantage `advantage_estimator` gives them in training."""
     if not live:
         return []
     # one call for the whole round: user reward code fans out over the scorer's processes
@@ -237,12 +285,16 @@ def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tok
                        max_new_tokens=max_new_tokens)
     stats.reward_errors += res.errors
     stats.error_samples = stats.error_samples or res.error_samples
+    if samples > len(stats.samples):  # group advantages are per group: a round's equal the batch's
+        advantages = group_advantages(torch.tensor(res.rewards, dtype=torch.float64), G, advantage_estimator).tolist()
+        stats.samples += sample_rows(live, res.rewards, res.per_function, advantages, G, samples - len(stats.samples))
     groups = []
     for g, (ex, ro) in enumerate(live):
         rewards = res.rewards[g * G:(g + 1) * G]
         failed = bool(res.errors) and all(any(math.isnan(v[i]) for v in res.per_function.values())
                                           for i in range(g * G, (g + 1) * G))
         stats.add_group(rewards, model_tokens(ro), failed)
+        stats.add_lengths(ro, eos_id)
         if not (dynamic_sampling and max(rewards) == min(rewards)):
             groups.append(ScoredGroup(ex, ro, rewards))
     return groups

@@ -188,9 +188,25 @@ class MetricsConfig:
     tensorboard: bool = True
     wandb: bool = False  # used only when the wandb package is installed
     wandb_project: str = "raygrpo"
+    wandb_run_name: str = ""  # "": W&B picks one
+    wandb_entity: str = ""  # the W&B team or user; "": your default entity
+    wandb_tags: list[str] = field(default_factory=list)
+    # A few completions per step, with each reward function's score and the advantage, in
+    # completions.jsonl (+ TensorBoard text, a W&B table); `raygrpo show RUN_DIR` prints them.
+    log_completions: bool = True
+    completions_per_step: int = 4
 
     def problems(self) -> list[str]:
-        return []
+        p = []
+        at_least(p, "metrics.completions_per_step", self.completions_per_step, 1)
+        return p
+
+    def wandb_init(self) -> dict | None:
+        """wandb.init's keywords for this run, or None when W&B is off."""
+        if not self.wandb:
+            return None
+        return {"project": self.wandb_project, "name": self.wandb_run_name or None, "entity": self.wandb_entity or None,
+                "tags": list(self.wandb_tags) or None}
 
 
 @dataclass

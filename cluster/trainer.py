@@ -115,7 +115,8 @@ class Trainer:
         if getattr(self, "log", None) is not None:  # a restart after a dead learner rank
             self.log.close()
         self.log = MetricsLogger(self.run_dir, t.steps, self.step, tensorboard=cfg.metrics.tensorboard,
-                                 wandb=cfg.metrics.wandb, wandb_project=cfg.metrics.wandb_project, config=cfg.to_dict())
+                                 wandb_init=cfg.metrics.wandb_init(), config=cfg.to_dict(), show_staleness=t.mode == "async",
+                                 show_kl=cfg.algo.beta > 0)
         before = self.evaluate() if self.step == 0 and self.heldout else None
         pending: Future | None = None
         if self.resumed_batch is not None:  # generated before the checkpoint was taken: train on it first
@@ -139,6 +140,7 @@ class Trainer:
             sw.t["step_s"] = time.perf_counter() - t0
             row = self._step_metrics(batch, m, sw)
             self.log.log_step(row)
+            self.log.log_completions(self.step, batch.stats.samples)
             self._check_health(row, batch, pending)
             if self.stop.requested:
                 raise RunStopped(self.stop.signum, self.step, str(self.save_checkpoint(pending=pending)))
@@ -246,8 +248,11 @@ class Trainer:
         with sw("reward"):
             live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
             stats.skipped_prompts += len(examples) - len(live)
+            m = self.cfg.metrics
             groups = score_groups(self.scorer, live, G, stats, max_new_tokens=self.cfg.rollout.model_token_cap(),
-                                  dynamic_sampling=t.dynamic_sampling)
+                                  dynamic_sampling=t.dynamic_sampling, eos_id=self.tokenizer.eos_token_id,
+                                  samples=m.completions_per_step if m.log_completions else 0,
+                                  advantage_estimator=self.cfg.algo.advantage_estimator)
         if stats.every_group_failed():
             raise RuntimeError(
                 f"every reward call failed at step {step + 1} ({stats.reward_errors} errors), e.g. "

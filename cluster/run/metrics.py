@@ -10,6 +10,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from cluster.run import completions
+from cluster.run.completions import COMPLETIONS_FILE
+
 # What the learner reports for a step that a step's line carries.
 # train_threads_max: the most torch threads a rank trained with (more than its share where the
 # collecting side lent its idle cores, cluster/launch/thread_budget.py).
@@ -20,12 +23,16 @@ LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "l
 # not fit in rollout.max_model_len (each ended there), seconds the engines waited on environments,
 # environment tokens per trajectory (in the context, out of the loss).
 MULTITURN_KEYS = ("turns_mean", "tool_calls_mean", "env_errors", "env_overflows", "env_s", "env_tokens_mean")
+# Completion lengths in model tokens over every scored completion of the step (TRL's names); clipped:
+# the share cut at rollout.max_new_tokens. The turn_* ones: per assistant turn of multi-turn rollouts.
+COMPLETION_KEYS = tuple(f"completions/{turn}{name}" for turn in ("", "turn_")
+                        for name in ("mean_length", "min_length", "max_length", "clipped_ratio"))
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0).
 STEP_KEYS = (
     "step", "reward_mean", "reward_std", "reward_errors", *LEARNER_KEYS,
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
     "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
-    "sync_bytes",
+    "sync_bytes", *COMPLETION_KEYS,
     *MULTITURN_KEYS,
 )
 
@@ -40,15 +47,21 @@ class MetricsLogger:
     """One JSON line per step (and per evaluation) + TensorBoard (+ wandb) + a progress display."""
 
     def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
-                 wandb: bool = False, wandb_project: str = "raygrpo", config: dict | None = None):
+                 wandb_init: dict | None = None, config: dict | None = None, show_staleness: bool = False,
+                 show_kl: bool = True):
+        """wandb_init: wandb.init's keywords (project, name, entity, tags); None: no W&B.
+        show_staleness: the progress line says how many weight versions behind each batch was (async).
+        show_kl: the progress line shows the KL (not in a run without a KL term, algo.beta = 0)."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.total, self.start_step, self.t0 = total_steps, start_step, time.time()
-        moved = supersede_rows(self.path, start_step)
-        if moved:
-            print(f"resuming at step {start_step}: moved {moved} row(s) of later steps from {self.path} to "
-                  f"{self.path.name}.superseded (they are redone now)", flush=True)
+        self.show_staleness, self.show_kl = show_staleness, show_kl
+        for path in (self.path, self.run_dir / COMPLETIONS_FILE):
+            moved = supersede_rows(path, start_step)
+            if moved:
+                print(f"resuming at step {start_step}: moved {moved} row(s) of later steps from {path} to "
+                      f"{path.name}.superseded (they are redone now)", flush=True)
         self._tb = self._wandb = self._bar = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -57,11 +70,11 @@ class MetricsLogger:
             # ones supersede_rows moved aside; step 0's evaluation is redone too).
             purge = start_step + 1 if start_step > 0 else 0
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
-        if wandb:
+        if wandb_init is not None:
             try:
                 import wandb as wb
 
-                self._wandb = wb.init(project=wandb_project, dir=str(self.run_dir), config=config or {})
+                self._wandb = wb.init(**wandb_init, dir=str(self.run_dir), config=config or {})
             except ImportError:
                 print("metrics.wandb=true but wandb is not installed; logging to JSONL/TensorBoard only", file=sys.stderr)
         if sys.stderr.isatty():
@@ -82,12 +95,33 @@ class MetricsLogger:
             self._wandb.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         done = step - self.start_step
         eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
-        summary = f"reward {row['reward_mean']:.3f}  step {row['step_s']:.1f}s  eta {eta / 60:.1f}m"
+        summary = f"reward {row['reward_mean']:.3f}  len {row['completions/mean_length']:.1f}"
+        if row["completions/clipped_ratio"] > 0:
+            summary += f" (clipped {100 * row['completions/clipped_ratio']:.0f}%)"
+        if self.show_staleness:
+            summary += f"  stale {row['staleness']}"
+        summary += f"  step {row['step_s']:.1f}s  eta {eta / 60:.1f}m"
         if self._bar is not None:
             self._bar.n = step
             self._bar.set_postfix_str(summary)
         else:
-            print(f"step {step}/{self.total}  {summary}  loss {row['loss']:.4f}  kl {row['kl']:.4f}", flush=True)
+            kl = f"  kl {row['kl']:.4f}" if self.show_kl and math.isfinite(row["kl"]) else ""
+            print(f"step {step}/{self.total}  {summary}  loss {row['loss']:.4f}{kl}", flush=True)
+
+    def log_completions(self, step: int, rows: list[dict]) -> None:
+        """A few of the step's completions (cluster/run/completions.py): completions.jsonl, a TensorBoard
+        text summary, a W&B table."""
+        if not rows:
+            return
+        completions.write_rows(self.run_dir, step, rows)
+        rows = [{"step": step, **r} for r in rows]
+        if self._tb:
+            self._tb.add_text("completions", completions.markdown(rows), step)
+        if self._wandb:
+            import wandb as wb
+
+            columns, data = completions.table(rows)
+            self._wandb.log({"completions": wb.Table(columns=columns, data=data)}, step=step)
 
     def log_eval(self, step: int, m: dict) -> None:
         self._write({"kind": "eval", "step": step, **m})

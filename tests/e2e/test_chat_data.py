@@ -7,6 +7,8 @@ on the variant of the model that has no pad token.
 """
 from __future__ import annotations
 
+import json
+
 import datasets  # noqa: TID253 - the test writes parquet and save_to_disk data with it
 import pytest
 
@@ -100,6 +102,18 @@ def test_conversational_jsonl_trains_with_gsm8k(tiny_chat_model_dir, ray_cluster
     assert values == [v for s in scores for v in s.per_function[per_sample]]
     assert len(set(values)) > 1  # the completions differ in length: the comparison is not vacuous
     assert all(s.errors == 0 for s in scores)
+
+    # completion lengths (TRL's names) are those of what was trained on; a few completions per step are
+    # logged with every function's score (issue 25)
+    for row, batch in zip(steps, batches):
+        lengths = [len(c) for c in batch.completion_ids]
+        assert row["completions/mean_length"] == sum(lengths) / len(lengths)
+        assert (row["completions/min_length"], row["completions/max_length"]) == (min(lengths), max(lengths))
+        assert 0 <= row["completions/clipped_ratio"] <= 1 and row["completions/turn_mean_length"] is None
+    logged = [json.loads(x) for x in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1] * 4 + [2] * 4 + [3] * 4
+    assert all(r["rewards"].keys() == {"gsm8k", trl, per_sample} and r["finish_reason"] in ("stop", "length")
+               for r in logged)
 
 
 def test_same_rows_as_parquet_train_on_a_model_without_pad_token(tiny_chat_nopad_model_dir, ray_cluster, tmp_path):

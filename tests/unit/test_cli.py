@@ -6,7 +6,7 @@ import pytest
 from cluster.cli import build_parser, main
 from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
 
-COMMANDS = ["train", "data", "submit", "export", "plot", "demo", "bench"]
+COMMANDS = ["train", "data", "submit", "show", "export", "plot", "demo", "bench"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -13,11 +13,12 @@ import pytest
 
 import cluster.trainer as trainer_module
 from actors.completions import Completion, PromptRollout
+from actors.multiturn import MultiTurnRollout, Trajectory
 from actors.rewards import RewardResult
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data.dataset import Example
-from cluster.run.metrics import MULTITURN_KEYS, STEP_KEYS
+from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS
 from cluster.trainer import Trainer
 from cluster.workers import Stopwatch
 from learner import checkpoint
@@ -77,6 +78,7 @@ def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, ski
     t._engines_lock = threading.RLock()
     t.actors = SimpleNamespace(reference=None)
     t.lend = {}
+    t.tokenizer = SimpleNamespace(eos_token_id=9)
     return t
 
 
@@ -171,7 +173,8 @@ def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
     assert set(row) <= set(STEP_KEYS)
     if "skipped" not in learner_metrics:
         # single-turn: the multi-turn keys are left to the logger (NaN)
-        assert set(row) == set(STEP_KEYS) - set(MULTITURN_KEYS) and row["sync_bytes"] == 10
+        per_turn = {k for k in COMPLETION_KEYS if "/turn_" in k}
+        assert set(row) == set(STEP_KEYS) - set(MULTITURN_KEYS) - per_turn and row["sync_bytes"] == 10
     else:
         assert row["update_skipped"] is True and "kl" not in row  # the logger writes it as NaN
 
@@ -271,3 +274,35 @@ def test_a_failed_next_batch_still_saves_the_checkpoint_before_it(tmp_path, caps
     path = t.save_checkpoint(pending=failed)
     assert checkpoint.load_driver_state(path)["data"] == {"pos": 0} and load_batch(path) is None
     assert "every reward call failed" in capsys.readouterr().out
+
+
+def test_completion_lengths_and_clipped_ratio_single_and_multi_turn():
+    s = CollectStats()
+    s.add_lengths(PromptRollout([1], [1], [Completion([3] * 4, [-0.1] * 4, "a", "length"),
+                                           Completion([3, 9], [-0.1] * 2, "b", "stop")], 0), eos_id=9)
+    m = s.metrics()
+    assert (m["completions/mean_length"], m["completions/min_length"], m["completions/max_length"],
+            m["completions/clipped_ratio"]) == (3.0, 2, 4, 0.5)
+    assert "completions/turn_mean_length" not in m  # single-turn: the logger writes NaN
+    # a trajectory: turn 1 ends with EOS (9), two environment tokens, turn 2 cut at max_new_tokens
+    cut = Trajectory(prompt_ids=[1], token_ids=[5, 6, 9, 7, 7, 8], loss_mask=[1, 1, 1, 0, 0, 1], turn_ended=False)
+    done = Trajectory(prompt_ids=[1], token_ids=[5, 9], loss_mask=[1, 1])
+    s = CollectStats()
+    s.add_lengths(MultiTurnRollout([cut, done], 0), eos_id=9)
+    m = s.metrics()
+    assert (m["completions/mean_length"], m["completions/clipped_ratio"]) == (3.0, 0.5)  # 4 and 2 model tokens
+    assert (m["completions/turn_mean_length"], m["completions/turn_min_length"], m["completions/turn_max_length"],
+            m["completions/turn_clipped_ratio"]) == (2.0, 1, 3, 1 / 3)
+
+
+def test_a_few_completions_per_step_are_kept_with_their_scores_and_advantages():
+    t = trainer([[1, 0], [1, 1], [0, 1]])
+    t.cfg.metrics.completions_per_step = 4
+    rows = t._collect(step=0).stats.samples
+    assert [(r["prompt"], r["sample"], r["reward"]) for r in rows] == [("p0", 0, 1), ("p1", 0, 1), ("p2", 0, 0),
+                                                                       ("p0", 1, 0)]
+    assert rows[0]["rewards"] == {"f": 1} and rows[0]["advantage"] > 0 > rows[3]["advantage"]
+    assert rows[1]["advantage"] == 0.0 and rows[0]["completion"] == "c0" and rows[0]["num_tokens"] == 1
+    t = trainer([[1, 0], [1, 1], [0, 1]])
+    t.cfg.metrics.log_completions = False
+    assert t._collect(step=0).stats.samples == []

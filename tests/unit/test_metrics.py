@@ -1,9 +1,11 @@
 import json
 import math
+import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cluster.config import MetricsConfig
 from cluster.run.metrics import STEP_KEYS, MetricsLogger, plot_run, read_metrics
 
 
@@ -98,3 +100,72 @@ def test_tensorboard_shows_a_redone_step_once(tmp_path, start_step):
     assert reward == [(s, float(s) if s <= start_step else 10.0 * s) for s in (1, 2, 3, 4)]
     assert [(e.step, round(e.value, 3)) for e in events.Scalars("eval/accuracy")] == \
         [(0, 0.2 if start_step == 0 else 0.1)]
+
+
+class FakeWandb:
+    """Stands in for the wandb package (not installed here): records init's keywords and what is logged."""
+
+    def __init__(self):
+        self.inits, self.logged = [], []
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        return self
+
+    def log(self, data, step):
+        self.logged.append((step, data))
+
+    def finish(self):
+        pass
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+
+def completion_rows():
+    return [{"prompt_index": 0, "sample": 0, "prompt": "2+3=", "completion": "5", "reward": 1.0,
+             "rewards": {"exact_match": 1.0}, "advantage": 0.5, "finish_reason": "stop", "num_tokens": 2}]
+
+
+def test_completions_go_to_jsonl_tensorboard_and_a_wandb_table_with_the_run_name_entity_tags(tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = MetricsConfig(wandb=True, wandb_project="p", wandb_run_name="gsm8k-try-3", wandb_entity="team",
+                        wandb_tags=["gsm8k", "lora"])
+    log = MetricsLogger(tmp_path, total_steps=2, tensorboard=True, wandb_init=cfg.wandb_init())
+    log.log_completions(1, completion_rows())
+    log.log_completions(2, [])  # nothing picked: nothing written
+    log.close()
+    assert fake.inits[0] | {"dir": None, "config": None} == {"project": "p", "name": "gsm8k-try-3", "entity": "team",
+                                                               "tags": ["gsm8k", "lora"], "dir": None, "config": None}
+    assert MetricsConfig(wandb=True).wandb_init() == {"project": "raygrpo", "name": None, "entity": None, "tags": None}
+    assert MetricsConfig().wandb_init() is None
+    (step, data), = fake.logged
+    assert step == 1 and data["completions"].columns[:5] == ["step", "prompt", "completion", "reward", "exact_match"]
+    rows = [json.loads(x) for x in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, **completion_rows()[0]}]
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("completions/text_summary")
+    assert text.step == 1 and b"reward 1.000 (exact_match 1.000)" in text.tensor_proto.string_val[0]
+
+
+def test_a_resume_moves_completions_of_redone_steps_aside(tmp_path):
+    log = MetricsLogger(tmp_path, total_steps=3, tensorboard=False)
+    for step in (1, 2, 3):
+        log.log_completions(step, completion_rows())
+    log.close()
+    MetricsLogger(tmp_path, total_steps=3, start_step=1, tensorboard=False).close()
+    kept = [json.loads(x)["step"] for x in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    aside = [json.loads(x)["step"] for x in (tmp_path / "completions.jsonl.superseded").read_text().splitlines()]
+    assert kept == [1] and aside == [2, 3]
+
+
+def test_the_progress_line_shows_lengths_and_in_async_runs_staleness(tmp_path, capsys):
+    log = MetricsLogger(tmp_path, total_steps=2, tensorboard=False, show_staleness=True)
+    log.log_step({"step": 1, "reward_mean": 0.5, "loss": 0.1, "kl": float("nan"), "step_s": 1.0, "staleness": 1,
+                  "completions/mean_length": 12.5, "completions/clipped_ratio": 0.25})
+    log.close()
+    line = capsys.readouterr().out
+    assert "len 12.5 (clipped 25%)  stale 1" in line and " kl " not in line  # no KL term: not shown

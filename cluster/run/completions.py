@@ -1,0 +1,171 @@
+"""Sample completions, logged: what the model wrote, how each reward function scored it.
+
+A few completions per step (`metrics.log_completions`, `metrics.completions_per_step`) are
+picked while a batch is scored, one per prompt in turn, so they span the step's prompts. Each
+is one row of `completions.jsonl` in the run dir (and a TensorBoard text summary, a W&B table):
+
+    {"step": 3, "prompt_index": 0, "sample": 1, "prompt": ..., "completion": "...", "reward": 1.0,
+     "rewards": {"gsm8k": 1.0}, "advantage": 0.87, "finish_reason": "stop", "num_tokens": 23}
+
+`prompt` is the dataset's prompt as it is (a string or chat messages). Multi-turn rows add
+`messages` (the whole transcript, roles included), `turns`, `env_reward` and `env_error`.
+`raygrpo show RUN_DIR` prints them (`format_row`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+COMPLETIONS_FILE = "completions.jsonl"
+
+
+def pick(groups: int, group_size: int, k: int) -> list[tuple[int, int]]:
+    """k (group, sample) pairs: sample 0 of each group in turn, then sample 1 of each, ...: a few
+    completions that span as many prompts as possible."""
+    return [(i % groups, i // groups) for i in range(min(k, groups * group_size))] if groups else []
+
+
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[float]], advantages: list[float],
+                group_size: int, k: int) -> list[dict]:
+    """Rows for k completions of one scored round. `live`: (example, rollout) pairs, the rollout's
+    completions G each; `rewards`, `advantages` and every `per_function[name]` run over all of them
+    in order (completion j of group g at g * G + j). A function's NaN (its call failed) is null."""
+    rows = []
+    for g, j in pick(len(live), group_size, k):
+        example, rollout = live[g]
+        c, at = rollout.completions[j], g * group_size + j
+        row = {"prompt_index": g, "sample": j, "prompt": example.prompt, "completion": c.text,
+               "reward": _number(rewards[at]), "rewards": {name: _number(v[at]) for name, v in per_function.items()},
+               "advantage": _number(advantages[at]), "finish_reason": c.finish_reason}
+        if hasattr(c, "messages"):  # a multi-turn trajectory (actors/multiturn.py)
+            row |= {"num_tokens": sum(c.loss_mask), "messages": c.messages, "turns": c.turns,
+                    "env_reward": c.env_reward, "env_error": c.env_error}
+        else:
+            row["num_tokens"] = len(c.token_ids)
+        rows.append(row)
+    return rows
+
+
+def write_rows(run_dir: str | Path, step: int, rows: list[dict]) -> None:
+    with open(Path(run_dir) / COMPLETIONS_FILE, "a") as f:
+        for row in rows:
+            f.write(json.dumps({"step": step, **row}, default=str) + "\n")
+
+
+def read_rows(run_dir: str | Path) -> list[dict]:
+    """Every logged completion, a line cut short by a crash skipped."""
+    path = Path(run_dir) / COMPLETIONS_FILE
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+# --------------------------------------------------------------------------- reading them
+
+
+def _messages_text(messages: list[dict], indent: str = "  ") -> str:
+    return "\n".join(f"{indent}[{m.get('role', '?')}] " + str(m.get("content", "")).replace("\n", "\n" + indent + "  ")
+                     for m in messages)
+
+
+def _indent(text: str, indent: str = "  ") -> str:
+    return indent + str(text).replace("\n", "\n" + indent)
+
+
+def headline(row: dict) -> str:
+    """'reward 1.000 (gsm8k 1.000) | advantage +0.866 | stop, 23 tokens'"""
+    def num(v, fmt):
+        return "error" if v is None else format(v, fmt)
+
+    parts = [f"{name} {num(v, '.3f')}" for name, v in row.get("rewards", {}).items()]
+    if row.get("env_reward") is not None and "messages" in row:
+        parts.append(f"environment {row['env_reward']:.3f}")
+    text = f"reward {num(row.get('reward'), '.3f')}" + (f" ({', '.join(parts)})" if parts else "")
+    text += f" | advantage {num(row.get('advantage'), '+.3f')} | {row.get('finish_reason')}, {row.get('num_tokens')} tokens"
+    if "turns" in row:
+        text += f", {row['turns']} turn(s)"
+    if row.get("env_error"):
+        text += f" | environment error: {row['env_error']}"
+    return text
+
+
+def format_row(row: dict) -> str:
+    """One logged completion, readable in a terminal: the prompt, what the model wrote (the whole
+    transcript with roles for a multi-turn one), and how it was scored."""
+    out = [f"--- step {row['step']}, prompt {row['prompt_index'] + 1}, sample {row['sample'] + 1}: {headline(row)}"]
+    if "messages" in row:
+        out += ["transcript:", _messages_text(row["messages"])]
+        return "\n".join(out)
+    prompt = row["prompt"]
+    out.append("prompt:")
+    out.append(_messages_text(prompt) if isinstance(prompt, list) else _indent(prompt))
+    out += ["completion:", _indent(row["completion"])]
+    return "\n".join(out)
+
+
+def markdown(rows: list[dict]) -> str:
+    """The TensorBoard text summary of a step's rows (TensorBoard renders markdown)."""
+    parts = []
+    for row in rows:
+        body = (_messages_text(row["messages"], "") if "messages" in row else
+                (_messages_text(row["prompt"], "") if isinstance(row["prompt"], list) else str(row["prompt"]))
+                + "\n[completion] " + str(row["completion"]))
+        parts.append(f"**prompt {row['prompt_index'] + 1}, sample {row['sample'] + 1}**: {headline(row)}\n\n"
+                     + "\n".join("    " + line for line in body.splitlines()))
+    return "\n\n".join(parts)
+
+
+def table(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """(columns, data) for a W&B table: one column per reward function, as TRL's completions table."""
+    functions = list(dict.fromkeys(name for row in rows for name in row.get("rewards", {})))
+    columns = ["step", "prompt", "completion", "reward", *functions, "advantage", "finish_reason", "num_tokens"]
+    data = []
+    for row in rows:
+        prompt = _messages_text(row["prompt"], "") if isinstance(row["prompt"], list) else str(row["prompt"])
+        completion = _messages_text(row["messages"], "") if "messages" in row else row["completion"]
+        data.append([row["step"], prompt, completion, row.get("reward"), *(row["rewards"].get(f) for f in functions),
+                     row.get("advantage"), row.get("finish_reason"), row.get("num_tokens")])
+    return columns, data
+
+
+def show(run_dir: str | Path, step: int | None, n: int | None, out=print) -> None:
+    """`raygrpo show`: the completions logged at `step` (default: the last step that has any)."""
+    run_dir = Path(run_dir)
+    rows = read_rows(run_dir)
+    if not rows:
+        why = "no such directory" if not run_dir.is_dir() else f"no {COMPLETIONS_FILE} there"
+        raise FileNotFoundError(f"{run_dir}: {why}. `raygrpo train` writes it with metrics.log_completions=true "
+                                "(the default); point at a run dir")
+    steps = sorted({r["step"] for r in rows})
+    step = steps[-1] if step is None else step
+    picked = [r for r in rows if r["step"] == step]
+    if not picked:
+        raise FileNotFoundError(f"{run_dir}/{COMPLETIONS_FILE} has no completions of step {step}; logged steps: "
+                                f"{_ranges(steps)}")
+    shown = picked if n is None else picked[:n]
+    out(f"{run_dir}: step {step}, {len(shown)} of {len(picked)} logged completion(s) (steps logged: {_ranges(steps)})")
+    for row in shown:
+        out("")
+        out(format_row(row))
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 5] -> '1-3, 5'"""
+    out, start = [], None
+    for i, s in enumerate(steps):
+        start = s if start is None else start
+        if i + 1 == len(steps) or steps[i + 1] != s + 1:
+            out.append(str(s) if s == start else f"{start}-{s}")
+            start = None
+    return ", ".join(out)
