@@ -28,7 +28,7 @@ from cluster.launch.placement import apply_thread_budget, create_actors, shutdow
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
 from cluster.run.health import HealthMonitor, TrainingHalted
-from cluster.run.metrics import LEARNER_KEYS, MetricsLogger
+from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, write_plots
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
@@ -82,7 +82,7 @@ class Trainer:
         self.stop = StopSignals(t.stop_grace_s)
         r = cfg.rollout
         self.health = HealthMonitor(t, beta=cfg.algo.beta, mismatch_expected=r.logprobs_mode == "processed_logprobs"
-                                    and (r.temperature != 1.0 or r.top_p < 1.0 or r.top_k != -1))
+                                    and (r.temperature != 1.0 or r.top_p < 1.0 or r.top_k != -1), run_dir=str(self.run_dir))
 
     # ------------------------------------------------------------------ the story of a run
     def run(self) -> dict:
@@ -152,6 +152,7 @@ class Trainer:
         final = self.save_checkpoint()
         self.learners.export_hf(str(self.run_dir / "hf_model"))
         self._teardown()
+        write_plots(self.run_dir)
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
                 "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts}
 
@@ -160,9 +161,14 @@ class Trainer:
         verdict = self.health.check(row, batch.stats.groups)
         for w in verdict.warnings:
             self.log.note(f"health: {w}")
-        if verdict.halt:
+        if verdict.halt and self.step >= self.cfg.trainer.steps:  # nothing left to save by halting: end as usual
+            self.log.note(f"health: WARNING: {verdict.halt} This was the run's last step, so the run ends normally "
+                          "(final evaluation, checkpoint, hf_model/).")
+        elif verdict.halt:
             path = self.save_checkpoint(pending=pending)
-            raise TrainingHalted(f"{verdict.halt} Checkpoint {path} was saved; metrics are in {self.run_dir}.")
+            write_plots(self.run_dir)
+            raise TrainingHalted(f"{verdict.halt} Checkpoint {path} was saved; metrics, plots and sample completions "
+                                 f"(`raygrpo show {self.run_dir}`) are in {self.run_dir}.")
 
     def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
         """Steps 4-6: advantages, the DeepSpeed update (with reference.placement=learner the ranks

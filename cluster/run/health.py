@@ -3,7 +3,17 @@
 Each guard reads the step's metrics row. A condition that holds for `trainer.halt_after`
 consecutive steps halts the run: the driver saves a checkpoint first, then raises
 `TrainingHalted` with a diagnosis (the likely cause and what to change). Every threshold lives
-in `TrainerConfig` (cluster/config.py); 0 turns a guard off.
+in `TrainerConfig` (cluster/config.py); 0 turns a guard off. A guard that trips at the run's
+last step does not halt it: the run ends as usual, with a warning (Trainer._check_health).
+
+The zero-variance guard counts only after the first step with any learning signal (a group whose
+rewards differ): it halts a run that *lost* its signal for `halt_after` steps in a row (the policy
+collapsed onto answers that all score the same). A run that never had one (an untrained model on
+a hard task: every GSM8K answer wrong) is warned about, at its first step and every `halt_after`
+steps, but goes on: sampling may still find a rewarded answer, and the completions it logs
+(`raygrpo show RUN_DIR`) tell a constant reward from a hard task. The other rule, "not before an
+evaluation has run", was not taken: evaluations are optional (data.num_eval=0, trainer.eval_every=0)
+and the one before training always runs first, so it would mean "always" or "never".
 """
 from __future__ import annotations
 
@@ -27,22 +37,32 @@ def _finite(row: dict, key: str) -> float | None:
 
 
 class HealthMonitor:
-    def __init__(self, trainer_cfg, *, beta: float, mismatch_expected: bool):
+    def __init__(self, trainer_cfg, *, beta: float, mismatch_expected: bool, run_dir: str = "RUN_DIR"):
         """mismatch_expected: the behaviour log-probs are not the raw policy's (vLLM's processed_logprobs
         with temperature / top-p / top-k), so the learner-vs-vLLM gap says nothing about a bug."""
-        self.t, self.beta, self.mismatch_expected = trainer_cfg, beta, mismatch_expected
+        self.t, self.beta, self.mismatch_expected, self.run_dir = trainer_cfg, beta, mismatch_expected, run_dir
         self.streaks = {"zero_variance": 0, "entropy": 0, "kl": 0, "mismatch": 0}
+        self.signal_seen = False  # a step had a group whose rewards differ (the zero-variance guard counts from then)
+        self.no_signal_steps = 0  # steps without any signal before the first one
 
     def check(self, row: dict, scored_groups: int) -> Verdict:
         t, v = self.t, Verdict()
+        no_signal = scored_groups > 0 and row.get("zero_var_groups", 0) >= scored_groups
+        self.signal_seen = self.signal_seen or (scored_groups > 0 and not no_signal)
+        if no_signal and not self.signal_seen and t.halt_on_zero_variance:
+            self.no_signal_steps += 1
+            if (self.no_signal_steps - 1) % max(t.halt_after, 1) == 0:  # the first such step, then every halt_after
+                v.warnings.append(f"step {row['step']}: no learning signal yet ({self.no_signal_steps} step(s)): "
+                                  f"{self._symptom('zero_variance', row, scored_groups)}. The run goes on (the "
+                                  "zero-variance guard halts only a run that had a signal and lost it); look at what "
+                                  f"the model writes and how it is scored: `raygrpo show {self.run_dir}`")
         entropy, kl, diff = _finite(row, "entropy"), _finite(row, "kl"), _finite(row, "logprob_diff_mean")
         # The gap says something about the engines only when they sampled with the weights the learner
         # holds: a batch from an older version (the async schedule) differs by the updates since.
         if self.mismatch_expected or row.get("staleness", 0) > 0:
             diff = None
         unhealthy = {
-            "zero_variance": t.halt_on_zero_variance and scored_groups > 0
-            and row.get("zero_var_groups", 0) >= scored_groups,
+            "zero_variance": t.halt_on_zero_variance and no_signal and self.signal_seen,
             "entropy": t.entropy_floor > 0 and entropy is not None and entropy < t.entropy_floor,
             "kl": t.kl_ceiling > 0 and self.beta > 0 and kl is not None and kl > t.kl_ceiling,
             "mismatch": t.logprob_diff_ceiling > 0 and diff is not None and diff > t.logprob_diff_ceiling,
@@ -60,7 +80,8 @@ class HealthMonitor:
         if t.halt_after:
             for name, n in self.streaks.items():
                 if n >= t.halt_after:
-                    v.halt = f"{self._symptom(name, row, scored_groups)} for {n} consecutive steps. {self._advice(name)}"
+                    advice = self._advice(name).replace("RUN_DIR", self.run_dir)
+                    v.halt = f"{self._symptom(name, row, scored_groups)} for {n} consecutive steps. {advice}"
                     break
         return v
 
@@ -78,8 +99,9 @@ class HealthMonitor:
     @staticmethod
     def _advice(name: str) -> str:
         return {
-            "zero_variance": "Likely cause: the reward function gives the same value to every completion (a constant or "
-                             "a bug: score a few completions by hand), or the task is far too hard or too easy for the "
+            "zero_variance": "Likely cause: the policy collapsed onto answers that all score the same, or the reward "
+                             "function gives the same value to every completion (a constant or a bug: look at the "
+                             "completions with `raygrpo show RUN_DIR`), or the task is far too hard or too easy for the "
                              "model. What to change: fix reward.functions, use data of the right difficulty, raise "
                              "rollout.temperature or trainer.group_size for more varied completions, or set "
                              "trainer.dynamic_sampling=true; trainer.halt_on_zero_variance=false turns this guard off.",

@@ -194,6 +194,15 @@ def read_metrics(run_dir: str | Path, kind: str = "train") -> list[dict]:
     return [rows[s] for s in sorted(rows)]
 
 
+def write_plots(run_dir: str | Path) -> None:
+    """plot_run at a run's end or halt: a plot that fails is reported, never the run's end (the
+    metrics are safe in metrics.jsonl; `raygrpo plot` writes the plots again)."""
+    try:
+        plot_run(run_dir)
+    except Exception as e:  # noqa: BLE001
+        print(f"plots were not written ({type(e).__name__}: {e}); `raygrpo plot {run_dir}` writes them", flush=True)
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Write reward.png, kl.png and step_time.png (gen/reward/ref/train/sync split) into the run dir."""
     import matplotlib

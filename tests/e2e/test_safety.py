@@ -100,23 +100,38 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     assert raw_train_steps(run_dir) == list(range(1, end + 1))  # nothing was trained over
 
 
-def test_constant_reward_halts_with_a_checkpoint_and_a_diagnosis(tiny_model_dir, ray_cluster, tmp_path):
-    """Every group's rewards equal for trainer.halt_after steps: checkpoint, then a diagnosis. The same run
-    shows the learner-vs-vLLM log-prob mismatch per step (fp32 on CPU: near zero)."""
-    const = tmp_path / "const_reward.py"
-    const.write_text("def reward(prompt, completion, **kw):\n    return 1.0\n")
-    run_dir = tmp_path / "const"
-    cfg = config(tiny_model_dir, run_dir, f"reward.functions=['{const}:reward']", "trainer.halt_after=2",
-                 "trainer.steps=4")
+def test_a_reward_that_goes_flat_halts_with_a_checkpoint_a_diagnosis_and_the_plots(tiny_model_dir, ray_cluster, tmp_path):
+    """Step 1's rewards differ within every group, then every reward is 1.0: the signal was lost, so after
+    trainer.halt_after such steps the run halts (before its last step) with a checkpoint, the plots and a
+    diagnosis. (A run that never had a signal is warned about, not halted: tests/unit/test_health.py and
+    tests/e2e/test_console_and_completions.py.) The same run shows the learner-vs-vLLM log-prob mismatch
+    per step (fp32 on CPU: near zero)."""
+    flat = tmp_path / "goes_flat.py"
+    # each call appends a byte to a file (O_APPEND: atomic across the scorer's processes): the first 16
+    # calls, step 1's 4 prompts x 4 completions, get distinct rewards, every later one 1.0
+    flat.write_text(f"""import os
+
+
+def reward(prompt, completion, **kw):
+    fd = os.open({str(tmp_path / "calls")!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.write(fd, b"x")
+    os.close(fd)
+    n = os.path.getsize({str(tmp_path / "calls")!r})
+    return float(n) if n <= 16 else 1.0
+""")
+    run_dir = tmp_path / "flat"
+    cfg = config(tiny_model_dir, run_dir, f"reward.functions=['{flat}:reward']", "trainer.halt_after=2",
+                 "trainer.steps=5")
     with pytest.raises(TrainingHalted) as e:
         Trainer(cfg).run()
     assert "no learning signal" in str(e.value) and "for 2 consecutive steps" in str(e.value)
-    assert "reward function" in str(e.value)  # what to change
-    assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(2))
+    assert "reward function" in str(e.value) and f"raygrpo show {run_dir}" in str(e.value)  # what to change, where to look
+    assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(3))
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [1, 2]
-    assert all(r["zero_var_groups"] == 4 for r in train)
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert [r["zero_var_groups"] for r in train] == [0, 4, 4]
+    assert all((run_dir / f).is_file() for f in ("reward.png", "kl.png", "step_time.png"))
     for r in train:
         assert 0 <= r["logprob_diff_mean"] <= r["logprob_diff_max"] < 1e-2, r
 

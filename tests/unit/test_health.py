@@ -18,12 +18,26 @@ def test_healthy_steps_say_nothing():
 
 
 def test_zero_variance_halts_after_n_consecutive_steps_only():
-    m = HealthMonitor(TrainerConfig(halt_after=3), beta=0.0, mismatch_expected=False)
-    v = run(m, [row(1, zero_var_groups=4), row(2, zero_var_groups=4), row(3, zero_var_groups=3),  # streak broken
-                row(4, zero_var_groups=4), row(5, zero_var_groups=4), row(6, zero_var_groups=4)])
-    assert [x.halt is None for x in v] == [True] * 5 + [False]
-    assert "no learning signal" in v[0].warnings[0] and "halts at 3" in v[0].warnings[0]
-    assert "for 3 consecutive steps" in v[5].halt and "reward function" in v[5].halt
+    m = HealthMonitor(TrainerConfig(halt_after=3), beta=0.0, mismatch_expected=False, run_dir="runs/x")
+    v = run(m, [row(1), row(2, zero_var_groups=4), row(3, zero_var_groups=4), row(4, zero_var_groups=3),  # streak broken
+                row(5, zero_var_groups=4), row(6, zero_var_groups=4), row(7, zero_var_groups=4)])
+    assert [x.halt is None for x in v] == [True] * 6 + [False]
+    assert "no learning signal" in v[1].warnings[0] and "halts at 3" in v[1].warnings[0]
+    assert "for 3 consecutive steps" in v[6].halt and "reward function" in v[6].halt
+    assert "raygrpo show runs/x" in v[6].halt
+
+
+def test_zero_variance_never_halts_a_run_that_never_had_a_signal():
+    """An untrained model on a hard task: every reward 0 from step 1. Warned at its first step and every
+    halt_after steps, never halted; once a signal shows up, the guard counts as usual."""
+    m = HealthMonitor(TrainerConfig(halt_after=3), beta=0.0, mismatch_expected=False, run_dir="runs/x")
+    v = run(m, [row(s, zero_var_groups=4) for s in range(1, 8)])
+    assert all(x.halt is None for x in v)
+    warned = [s for s, x in enumerate(v, 1) if x.warnings]
+    assert warned == [1, 4, 7]
+    assert "no learning signal yet" in v[0].warnings[0] and "raygrpo show runs/x" in v[0].warnings[0]
+    v = run(m, [row(8)] + [row(s, zero_var_groups=4) for s in range(9, 12)])
+    assert [x.halt is None for x in v] == [True, True, True, False]
 
 
 def test_entropy_kl_and_mismatch_guards():
