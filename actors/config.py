@@ -129,8 +129,7 @@ class RewardConfig:
 
     def problems(self) -> list[str]:
         p = []
-        if not self.functions:
-            p.append("reward.functions is empty: name at least one reward function")
+        # reward.functions may be empty when rollout.env supplies the rewards (checked by the run's config)
         if self.weights and len(self.weights) != len(self.functions):
             p.append(f"reward.weights has {len(self.weights)} entries but reward.functions has {len(self.functions)}")
         if self.timeout_s <= 0:

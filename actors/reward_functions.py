@@ -134,19 +134,32 @@ def math_verify(prompt, completion: str, _answer_key: str = "answer", **fields) 
     """1.0 if the `math-verify` package judges the completion's answer (its last \\boxed{} or final
     expression) equal to the gold answer, else 0.0. Gold is the answer column, read as LaTeX;
     a bare answer ("0.5", "\\frac{1}{2}") is read as if boxed, a GSM8K one by its "####" part."""
-    from math_verify import parse, verify
+    from math_verify import verify
+
+    gold = math_verify_gold(_answer(fields, _answer_key, "math_verify"))
+    return float(verify(gold, _math_parse(completion), timeout_seconds=None))
+
+
+def _math_parse(text: str) -> list:
+    from math_verify import parse
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call with timeouts off
-    gold_text = str(_answer(fields, _answer_key, "math_verify"))
+    # Timeouts off: they use signal.alarm, which raises off the main thread. The scorer bounds the call.
+    return parse(text, parsing_timeout=None)
+
+
+def math_verify_gold(answer) -> list:
+    """math-verify's reading of a gold answer: read as LaTeX, a bare one ("0.5") as if boxed, a GSM8K
+    one by its "####" part (`raygrpo data` shows it)."""
+    gold_text = str(answer)
     if "####" in gold_text:
         gold_text = gold_text.rsplit("####", 1)[1].strip()
     if "\\boxed" not in gold_text and "$" not in gold_text:
         gold_text = "\\boxed{" + gold_text + "}"
-    # Timeouts off: they use signal.alarm, which raises off the main thread. The scorer bounds the call.
-    gold = parse(gold_text, parsing_timeout=None)
+    gold = _math_parse(gold_text)
     if not gold:
         raise ValueError(f"math_verify: cannot parse the gold answer {gold_text[:60]!r}")
-    return float(verify(gold, parse(completion, parsing_timeout=None), timeout_seconds=None))
+    return gold
 
 
 # Built-ins run in the scorer's worker processes (bounded by reward.timeout_s), not in the driver.

@@ -250,6 +250,9 @@ class RunConfig:
             p.append(f"data.max_prompt_tokens ({self.data.max_prompt_tokens}) > rollout.max_model_len - rollout.max_new_tokens "
                      f"({room}): the engine has no room for such prompts; lower it or raise rollout.max_model_len")
         p += env_spec_problems(r.env)
+        if not self.reward.functions and not r.env:
+            p.append("reward.functions is empty: name at least one reward function (it may be empty only with "
+                     "rollout.env, whose environment gives the rewards)")
         if r.max_turns > 1 and not r.env:
             p.append(f"rollout.max_turns={r.max_turns} needs rollout.env (an environment that answers each turn)")
         if t.dynamic_sampling and t.max_extra_prompts < 1:

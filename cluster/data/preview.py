@@ -8,15 +8,36 @@ stats. Starts no actor.
 from __future__ import annotations
 
 from actors.completions import stop_token_ids
-from actors.reward_functions import ANSWER_CHECKERS
+from actors.reward_functions import ANSWER_CHECKERS, gsm8k_gold, math_verify_gold, parse_number
 from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
 
 EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"
+# A reward column is shown whole up to this many characters (a GSM8K solution is ~200-600): the
+# "#### N" an answer checker reads is at its end.
+COLUMN_CHARS = 2000
 
 
 def _short(value, width: int = 100) -> str:
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def gold_readings(checkers: list[str], answer) -> list[str]:
+    """What each answer checker reads as the gold answer, e.g. 'gsm8k gold: 72' (or why it cannot)."""
+    out = []
+    for name in checkers:
+        try:
+            if name == "gsm8k":
+                got = str(gsm8k_gold(answer))
+            elif name == "math_verify":
+                got = str(math_verify_gold(answer)[0])
+            else:  # exact_match: a number, else the stripped text compared with the whole completion
+                number = parse_number(answer)
+                got = str(number) if number is not None else "not a number: compared as text with the whole completion"
+        except Exception as e:  # noqa: BLE001 - shown, as training would meet it: a reward error per sample
+            got = f"unreadable ({type(e).__name__}: {e})"
+        out.append(f"{name} gold: {got}")
+    return out
 
 
 def _token(tokenizer, token_id) -> str:
@@ -43,6 +64,7 @@ def preview(cfg, n: int, out=print) -> None:
     for note in data.notes():
         out(note)
 
+    checkers = [f for f in cfg.reward.functions if f in ANSWER_CHECKERS]
     examples = PromptStream(data.train, cfg.trainer.seed).take(min(n, len(data.train)))
     for i, e in enumerate(examples, 1):
         out("")
@@ -52,15 +74,21 @@ def preview(cfg, n: int, out=print) -> None:
         kind = "chat messages" if isinstance(e.prompt, list) else "string"
         out(f"  prompt ({kind}): {_short(e.prompt)}")
         for key, value in e.fields.items():
-            out(f"  {key}: {_short(value)}")
-        out(f"  (and from the scorer: {EXTRA_FIELDS})")
+            out(f"  {key}: {_short(value, COLUMN_CHARS)}")
+            if key == cfg.reward.answer_key:
+                for reading in gold_readings(checkers, value):
+                    out(f"    {reading}")
+        out(f"  (and from the scorer: {EXTRA_FIELDS}{', _messages, _turns' if r.env else ''})")
 
     out("")
-    functions = ", ".join(cfg.reward.functions)
+    if r.env:
+        out(f"rollout.env: {r.env} (an instance per trajectory, built with the row's columns), rollout.max_turns "
+            f"{r.max_turns}, {r.max_new_tokens} new tokens per turn, {r.max_model_len} tokens per trajectory in all; "
+            "its rewards are added to the reward functions'")
+    functions = ", ".join(cfg.reward.functions) or "none (the environment's rewards only)"
     out(f"reward.functions: {functions}")
     if isinstance(data.train[0].prompt, list):
         out('  a TRL-style function gets prompts as message lists and completions as [{"role": "assistant", "content": text}]')
-    checkers = [f for f in cfg.reward.functions if f in ANSWER_CHECKERS]
     missing = [e for e in data.train if cfg.reward.answer_key not in e.fields]
     if checkers and missing:
         out(f"  WARNING: {len(missing)} of {len(data.train)} train rows have no {cfg.reward.answer_key!r} column "

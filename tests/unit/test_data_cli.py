@@ -40,3 +40,28 @@ def test_every_prompt_filtered_is_an_error_before_training(tmp_path, tiny_chat_m
     err = capsys.readouterr().err
     assert "every train prompt" in err and "longer than 8 tokens" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_data_shows_reward_columns_whole_and_what_each_answer_checker_reads(tmp_path, tiny_chat_model_dir, capsys):
+    """A GSM8K solution is longer than a line: the "#### N" that gsm8k reads is at its end, so the column
+    is shown whole, with each configured checker's reading of it."""
+    solution = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n" * 4 + "Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [{"role": "user", "content": "How many clips?"}],
+                                               "answer": solution}])
+    assert main(["data", _config(tmp_path, tiny_chat_model_dir, data), "-n", "1",
+                 "reward.functions=[gsm8k,math_verify,exact_match]"]) == 0
+    out = capsys.readouterr().out
+    assert repr(solution) in out  # whole, not cut at 100 characters
+    assert "    gsm8k gold: 72\n    math_verify gold: 72\n    exact_match gold: not a number" in out
+
+
+def test_data_shows_the_environment_and_a_reward_from_it_alone(tmp_path, tiny_chat_model_dir, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", conversational_rows(3))
+    assert main(["data", _config(tmp_path, tiny_chat_model_dir, data), "-n", "1", "rollout.env=calculator",
+                 "rollout.max_turns=3", "reward.functions=[]"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout.env: calculator (an instance per trajectory" in out and "rollout.max_turns 3" in out
+    assert "reward.functions: none (the environment's rewards only)" in out and "_messages, _turns" in out
+    # without an environment an empty reward.functions has nothing to score with
+    assert main(["data", _config(tmp_path, tiny_chat_model_dir, data), "reward.functions=[]"]) == 2
+    assert "reward.functions is empty" in capsys.readouterr().err
