@@ -28,7 +28,7 @@ from cluster.launch.placement import apply_thread_budget, create_actors, shutdow
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
 from cluster.run.health import HealthMonitor, TrainingHalted
-from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, write_plots
+from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_plots
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
 from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
@@ -117,7 +117,8 @@ class Trainer:
         self.log = MetricsLogger(self.run_dir, t.steps, self.step, tensorboard=cfg.metrics.tensorboard,
                                  wandb_init=cfg.metrics.wandb_init(), config=cfg.to_dict(), show_staleness=t.mode == "async",
                                  show_kl=cfg.algo.beta > 0)
-        before = self.evaluate() if self.step == 0 and self.heldout else None
+        # resumed: the evaluation before training is the one the first run logged at step 0
+        before = (self.evaluate() if self.step == 0 else first_eval(self.run_dir)) if self.heldout else None
         pending: Future | None = None
         if self.resumed_batch is not None:  # generated before the checkpoint was taken: train on it first
             pending, self.position_before_pending = Future(), self.resumed_batch.stream_state

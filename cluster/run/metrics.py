@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from tqdm import tqdm
 
 from cluster.run import completions
@@ -194,6 +195,22 @@ def read_metrics(run_dir: str | Path, kind: str = "train") -> list[dict]:
     return [rows[s] for s in sorted(rows)]
 
 
+def first_eval(run_dir: str | Path) -> dict | None:
+    """The held-out evaluation logged before training (step 0), e.g. by the run a resume continues."""
+    if not (Path(run_dir) / "metrics.jsonl").is_file():
+        return None
+    rows = [r for r in read_metrics(run_dir, "eval") if r["step"] == 0]
+    return {k: v for k, v in rows[0].items() if k not in ("kind", "step")} if rows else None
+
+
+def run_beta(run_dir: Path) -> float | None:
+    """algo.beta of the run, from the config.yaml `raygrpo train` saves in its run dir (None: unknown)."""
+    try:
+        return float(yaml.safe_load((run_dir / "config.yaml").read_text())["algo"]["beta"])
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return None
+
+
 def write_plots(run_dir: str | Path) -> None:
     """plot_run at a run's end or halt: a plot that fails is reported, never the run's end (the
     metrics are safe in metrics.jsonl; `raygrpo plot` writes the plots again)."""
@@ -232,7 +249,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, col("kl"), label="KL(pi || ref)")
+    kl = col("kl")
+    ax.plot(steps, kl, label="KL(pi || ref)")
+    if run_beta(run_dir) == 0 or not any(math.isfinite(v) and v != 0 for v in kl):
+        ax.text(0.5, 0.5, "no KL term in this run (algo.beta = 0): nothing to plot.\n"
+                "Set algo.beta > 0 to penalise drifting from the reference model.",
+                transform=ax.transAxes, ha="center", va="center")
     ax.set_xlabel("step"), ax.set_ylabel("kl"), ax.grid(alpha=0.3), ax.legend()
     ax.set_title("KL to the reference")
     out.append(run_dir / "kl.png")

@@ -169,3 +169,25 @@ def test_the_progress_line_shows_lengths_and_in_async_runs_staleness(tmp_path, c
     log.close()
     line = capsys.readouterr().out
     assert "len 12.5 (clipped 25%)  stale 1" in line and " kl " not in line  # no KL term: not shown
+
+
+def test_kl_plot_says_why_it_is_empty_when_beta_is_0(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    notes = []
+    real_text = Axes.text
+    monkeypatch.setattr(Axes, "text", lambda self, x, y, s, **kw: notes.append(s) or real_text(self, x, y, s, **kw))
+    log = MetricsLogger(tmp_path, total_steps=2, tensorboard=False)
+    for step in (1, 2):
+        log.log_step({"step": step, "reward_mean": 0.5, "kl": float("nan"), "step_s": 1.0})
+    log.close()
+    plot_run(tmp_path)
+    assert len(notes) == 1 and "algo.beta = 0" in notes[0]
+    log = MetricsLogger(tmp_path / "b", total_steps=1, tensorboard=False)
+    log.log_step({"step": 1, "reward_mean": 0.5, "kl": 0.01, "step_s": 1.0})
+    log.close()
+    plot_run(tmp_path / "b")
+    assert len(notes) == 1  # a run with a KL term gets no note
+    (tmp_path / "b" / "config.yaml").write_text("algo: {beta: 0.0}\n")  # the learner reports kl 0.0 at beta = 0
+    plot_run(tmp_path / "b")
+    assert len(notes) == 2
