@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from cluster.paths import PROJECT_ROOT
+from cluster.run.logs import DEFAULT_LEVEL, LEVEL_ENV, LEVELS, console_level, setup_driver
 
 # The entrypoint of a submitted job (runs the CLI with the cluster's Python; see the script).
 JOB_ENTRY = Path(__file__).with_name("job_entry.sh")
@@ -138,8 +139,18 @@ def cmd_bench(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raygrpo", description="GRPO training on Ray: vLLM rollouts, DeepSpeed-ZeRO learner.")
     sub = p.add_subparsers(dest="command", required=True)
+    # every command takes --log-level (README "Logging"): the console threshold of third-party loggers
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=None, choices=LEVELS, type=str.upper,
+                        help=f"third-party loggers (vLLM, Ray, DeepSpeed) at this level or above reach the console "
+                        f"(default: ${LEVEL_ENV}, else {DEFAULT_LEVEL}); at {DEFAULT_LEVEL} and ERROR the actors' other "
+                        "output (vLLM's INFO lines, progress bars, C++ warnings) goes to RUN_DIR/logs/ instead; INFO or "
+                        "DEBUG shows everything. raygrpo's own lines are always shown")
 
-    t = sub.add_parser("train", help="train from a YAML config (+ dotted overrides)",
+    def add(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    t = add("train", help="train from a YAML config (+ dotted overrides)",
                        description="Train with GRPO. Starts an embedded Ray cluster unless ray.address is set "
                        "(ray.address=auto joins the local node's cluster). Resumes from the run dir's latest "
                        "complete checkpoint by default (checkpoint.resume=auto|none|PATH). A run dir belongs to "
@@ -155,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "RUN_DIR.replaced-<time> beside it (nothing is deleted)")
     t.set_defaults(fn=cmd_train)
 
-    dp = sub.add_parser("data", help="show the data as training will use it: rendered prompts, reward columns, stats",
+    dp = add("data", help="show the data as training will use it: rendered prompts, reward columns, stats",
                         description="Loads the config's data exactly as `train` would (files, chat template, system "
                         "prompt, length filter) and prints the first N prompts of step 1 as the engine receives them "
                         "(rendered text and token count), the columns the reward functions get, and per split: rows, "
@@ -165,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("-n", type=int, default=3, help="prompts to print (default 3)")
     dp.set_defaults(fn=cmd_data)
 
-    s = sub.add_parser("submit", help="submit `train` as a job to a Ray cluster",
+    s = add("submit", help="submit `train` as a job to a Ray cluster",
                        description="Submit a training run through Ray's Job Submission API. The project directory "
                        f"is uploaded as the job's working dir (excluding {', '.join(SUBMIT_EXCLUDES)}); the cluster's "
                        "Python needs this package's dependencies installed (see docker/). Follows the logs until the "
@@ -176,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
     s.set_defaults(fn=cmd_submit)
 
-    sh = sub.add_parser("show", help="print the sample completions a run logged: prompt, completion, scores",
+    sh = add("show", help="print the sample completions a run logged: prompt, completion, scores",
                         description="Reads RUN_DIR/completions.jsonl (metrics.log_completions, a few per step) and "
                         "prints the completions of one step: the prompt (or, multi-turn, the whole transcript with "
                         "roles), the completion, the reward and each reward function's score, the advantage, the "
@@ -186,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("-n", type=int, default=None, help="at most this many completions (default: all of the step's)")
     sh.set_defaults(fn=cmd_show)
 
-    e = sub.add_parser("export", help="write a checkpoint as a plain HF model directory",
+    e = add("export", help="write a checkpoint as a plain HF model directory",
                        description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "
                        "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
     e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
@@ -199,12 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace a non-empty OUT_DIR (it is removed once the new export is complete)")
     e.set_defaults(fn=cmd_export)
 
-    pl = sub.add_parser("plot", help="PNG curves of a run: reward, KL, step time split",
+    pl = add("plot", help="PNG curves of a run: reward, KL, step time split",
                         description="Reads RUN_DIR/metrics.jsonl; writes reward.png, kl.png, step_time.png there.")
     pl.add_argument("run_dir", help="a run directory written by `raygrpo train` (holds metrics.jsonl)")
     pl.set_defaults(fn=cmd_plot)
 
-    d = sub.add_parser("demo", help="build a small model and show GRPO learning 2-digit addition on CPU",
+    d = add("demo", help="build a small model and show GRPO learning 2-digit addition on CPU",
                        description="Builds (or reuses) a small Qwen2 model offline, warm-starts it briefly on the task "
                        "format, then trains it with GRPO through the full system (Ray, vLLM, DeepSpeed, reference "
                        "actor, weight sync every step) and prints held-out accuracy before and after.")
@@ -219,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("overrides", nargs="*", help=_overrides_help())
     d.set_defaults(fn=cmd_demo)
 
-    b = sub.add_parser("bench", help="measure throughput, sync cost, schedules, ZeRO stages; compare with TRL",
+    b = add("bench", help="measure throughput, sync cost, schedules, ZeRO stages; compare with TRL",
                        description="Measures, in one run on this machine: (1) rollout tokens/s through a RolloutWorker "
                        "Ray actor vs the same vLLM engine called directly, (2) a full weight update (learner -> vLLM, "
                        "gloo) vs a raw gloo broadcast of the same bytes, and sync's share of a step, (3) sync vs async "
@@ -281,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    try:
+        setup_driver(console_level(args.log_level))
+    except ValueError as e:  # RAYGRPO_LOG_LEVEL set to something else than a level
+        _report(e, "error")
+        return 2
     try:
         return args.fn(args)
     except (ConfigError, DataError, RunDirError, ClusterAuthError, FileNotFoundError, FileExistsError) as e:

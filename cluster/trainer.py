@@ -27,6 +27,7 @@ from cluster.data.render import conversation, multiturn_format
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
+from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_plots
 from cluster.run.rundir import claim
@@ -101,10 +102,14 @@ class Trainer:
                     print(f"{e}; restarting every actor and resuming from the last checkpoint "
                           f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
                     self._teardown()
+        except ActorFailed:
+            logs.point_at_actor_logs(self.run_dir)  # their tracebacks went to the log files, not the console
+            raise
         finally:
             self.stop.restore()
             self._teardown()
             run_dir_lock.release()
+            logs.tidy(self.run_dir)
             self.scorer.close()
             self._collector.shutdown(wait=False, cancel_futures=True)
             if getattr(self, "log", None) is not None:
@@ -325,7 +330,8 @@ class Trainer:
         # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
-        start_ray(cfg.ray.address, cfg.ray.num_cpus)
+        logs.start_run_log(self.run_dir)  # third-party INFO lines of the driver into RUN_DIR/logs/driver.log
+        start_ray(cfg.ray.address, cfg.ray.num_cpus, logs.worker_env(self.run_dir))  # the workers' output: RUN_DIR/logs/
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
         self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves

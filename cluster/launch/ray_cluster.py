@@ -16,28 +16,32 @@ WORKER_ENV = {
 }
 
 
-def worker_runtime_env(extra_env: dict[str, str] | None = None) -> dict:
+def worker_runtime_env(extra_env: dict[str, str] | None = None, more: dict | None = None) -> dict:
+    """The runtime env of every Ray worker of a run. `more`: further runtime-env fields, its env_vars
+    added to ours (the run's console set-up, cluster/run/logs.py worker_env)."""
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
     env.update(extra_env or {})
-    return {"env_vars": env}
+    more = more or {}
+    return {**more, "env_vars": {**env, **more.get("env_vars", {})}}
 
 
-def start_ray(address: str, num_cpus: int) -> None:
-    """Join `address` ("auto" or HOST:PORT), or start an embedded local cluster sized to the machine."""
+def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> None:
+    """Join `address` ("auto" or HOST:PORT), or start an embedded local cluster sized to the machine.
+    `runtime_env`: what the workers get besides WORKER_ENV (see worker_runtime_env)."""
     import ray
 
     if ray.is_initialized():
         return
     if address:
-        join_cluster(address)
+        join_cluster(address, runtime_env)
         return
     # Logical CPUs: at least 8 so that fractional actors fit on a 2-core machine; they mostly
     # wait on each other, and each limits its own threads.
     cpus = num_cpus or max(8, os.cpu_count() or 1)
-    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
+    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True)
 
 
-def join_cluster(address: str) -> None:
+def join_cluster(address: str, runtime_env: dict | None = None) -> None:
     """Connect this driver to a running cluster ("auto" or HOST:PORT of its GCS) in the cluster's
     authentication mode (token discovery as `submit`: cluster/launch/auth.py)."""
     import ray
@@ -45,6 +49,6 @@ def join_cluster(address: str) -> None:
     gcs = resolve_gcs_address(address)
     use_cluster_auth_mode(gcs_auth_mode(gcs), gcs)
     try:
-        ray.init(address=gcs, runtime_env=worker_runtime_env(), log_to_driver=True)
+        ray.init(address=gcs, runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True)
     except Exception as e:
         raise (explain_auth_failure(e, gcs) or e) from e
