@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.raygrpo-installed
 # CPU machine by default; `make install EXTRA=gpu` on a CUDA box.
 EXTRA  ?= cpu
 
-.PHONY: install demo test test-unit test-e2e bench lint clean
+.PHONY: install demo test test-unit test-e2e bench lint clean docker-base docker-cpu docker-gpu docker-test
 
 install: $(STAMP)
 
@@ -28,9 +28,10 @@ $(STAMP): setup.py Makefile
 demo: install
 	$(VENV)/bin/raygrpo demo
 
-# Lint first: CI runs `make test`, so a lint error fails CI like a failing test.
+# Lint first: CI runs `make test`, so a lint error fails CI like a failing test. tests/docker is
+# skipped, with the reason, where no Docker daemon answers (CI); `make docker-test` runs it alone.
 test: install lint
-	$(PY) -m pytest tests/unit tests/e2e
+	$(PY) -m pytest tests/unit tests/e2e tests/docker
 
 test-unit: install
 	$(PY) -m pytest tests/unit
@@ -48,3 +49,22 @@ bench: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# Docker (docker/README.md). These need a running Docker daemon; none of them starts one.
+# docker-base: a Python 3.11 base image from Debian packages (mmdebstrap), for sites that cannot
+# pull python:3.11-slim. docker-cpu / docker-gpu: raygrpo:cpu / raygrpo:gpu, with the base, torch
+# source and CA bundle this machine needs (docker/build.sh says which and why).
+docker-base:
+	docker/base.sh
+
+docker-cpu:
+	PIP="$(PYTHON) -m pip" docker/build.sh cpu
+
+docker-gpu:
+	PIP="$(PYTHON) -m pip" docker/build.sh gpu
+
+# Builds raygrpo:cpu (falling back to docker-base's image), then tests/docker: a short demo in a
+# container, and a Ray head + two workers from docker/compose.yaml running a job that
+# `raygrpo submit` sends from this machine. Removes its containers, keeps the images.
+docker-test: install docker-cpu
+	$(PY) -m pytest tests/docker --require-docker
