@@ -72,6 +72,13 @@ class TrainBatch:
             return sum(len(c) for c in self.completion_ids)
         return sum(int(bool(v)) for row in self.loss_mask for v in row)
 
+    def num_trained_sequences(self) -> int:
+        """Sequences with at least one trained token: N of the seq-mean aggregations. A sequence whose
+        mask is all 0 (an unscorable sample, left out of the loss) does not count."""
+        if self.loss_mask is None:
+            return len(self)
+        return sum(any(row) for row in self.loss_mask)
+
     def max_trained_tokens(self) -> int:
         """The most model tokens in one sequence (Dr. GRPO's fallback normaliser)."""
         return max(sum(self.sequence_mask(i)) for i in range(len(self)))

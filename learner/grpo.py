@@ -125,6 +125,9 @@ def group_advantages(rewards, group_size, estimator="grpo", eps=1e-6):
     rewards: 1-D, length B*G, prompt-major (the G completions of prompt 0 first); `estimator`
     names one of ADVANTAGE_ESTIMATORS above. A group whose rewards are all equal carries no
     learning signal: its advantages are exactly 0 (not rounding noise divided by eps).
+    NaN marks an unscorable sample (a reward function returned null): its group is its other,
+    scorable samples (the estimator runs on those alone) and its own advantage is 0; a group
+    with fewer than 2 scorable samples has no baseline (all 0).
     """
     _check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
     if group_size < 2:
@@ -138,6 +141,12 @@ def group_advantages(rewards, group_size, estimator="grpo", eps=1e-6):
     adv = ADVANTAGE_ESTIMATORS[estimator](r, eps)
     constant = (r == r[:, :1]).all(dim=1, keepdim=True)
     adv = adv.masked_fill(constant, 0.0)
+    unscorable = torch.isnan(r)
+    for b in unscorable.any(dim=1).nonzero().flatten().tolist():  # (rows are independent: the others are untouched)
+        ok = ~unscorable[b]
+        adv[b] = 0.0
+        if ok.sum() >= 2:
+            adv[b, ok] = group_advantages(r[b, ok], int(ok.sum()), estimator, eps)
     return adv.reshape(rewards.shape)
 
 

@@ -170,7 +170,7 @@ class LearnerWorker:
         cfg, algo = self.cfg, self.algo
         shard = batch.shard(self.rank, self.world_size)
         num_tokens = batch.num_completion_tokens() / self.world_size
-        num_seqs = len(batch) / self.world_size
+        num_seqs = batch.num_trained_sequences() / self.world_size
         norm_length = batch.norm_length()  # Dr. GRPO's constant normaliser (read by seq-mean-token-sum-norm)
         mbs = shard.micro_batches(cfg.micro_batch_size, by_length=True, share_prompts=self.share_prompts)  # same loss
         to = lambda x: None if x is None else x.to(self.device)  # noqa: E731

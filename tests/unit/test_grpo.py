@@ -397,3 +397,22 @@ def test_every_option_of_the_config_is_a_key_of_grpos_tables():
         for name in table:
             assert not AlgoConfig(**{key: name}).problems()
         assert AlgoConfig(**{key: "nope"}).problems() == [f"algo.{key} must be {'|'.join(table)}, got 'nope'"]
+
+
+# --------------------------------------------------------------------------- unscorable samples (NaN)
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_unscorable_samples_are_left_out_of_their_group(estimator):
+    nan = float("nan")
+    # group 1: two unscorable among four = a group of the other two; group 2: no NaN, as before
+    adv = group_advantages(t([1.0, nan, 0.0, nan, 1.0, 0.0, 0.0, 1.0]), 4, estimator)
+    alone = group_advantages(t([1.0, 0.0]), 2, estimator)
+    whole = group_advantages(t([1.0, 0.0, 0.0, 1.0]), 4, estimator)
+    assert torch.allclose(adv[[0, 2]], alone) and adv[1] == 0 and adv[3] == 0
+    assert torch.equal(adv[4:], whole)  # a group without NaN is computed exactly as before
+    assert not torch.isnan(adv).any()
+
+
+def test_a_group_with_fewer_than_two_scorable_samples_has_no_baseline():
+    nan = float("nan")
+    for rewards in ([nan, nan, 1.0, nan], [nan] * 4, [2.0, nan, 2.0, 2.0]):
+        assert torch.equal(group_advantages(t(rewards), 4), torch.zeros(4))

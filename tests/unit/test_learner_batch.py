@@ -3,9 +3,12 @@ They live beside the learner e2e tests they support; nothing here starts a proce
 from __future__ import annotations
 
 import pytest
+import torch
 
 from actors.runtime.sequences import micro_batch_order, slots
 from learner.batch import TrainBatch
+from learner.config import AlgoConfig
+from learner.grpo import LossInputs, policy_loss
 from learner.rank_setup import lr_factor
 
 
@@ -99,3 +102,19 @@ def test_lr_schedule(schedule, expected):
     """Warm-up never spends an update at LR 0; the decay reaches 0 at `total` (after the last update)."""
     got = [lr_factor(u, warmup=2, total=5, schedule=schedule) for u in range(6)]
     assert got == pytest.approx(expected)
+
+
+def test_an_all_masked_sequence_is_not_trained_on_and_not_counted():
+    """An unscorable sample reaches the learner with a loss mask of 0s: no tokens, not one of the N sequences."""
+    b = _batch()
+    b.loss_mask = [[1, 1, 1], [0], [], [1, 1]]
+    assert b.num_trained_sequences() == 2 and b.num_completion_tokens() == 5
+    assert TrainBatch(**{**b.__dict__, "loss_mask": None}).num_trained_sequences() == 4
+    # seq-mean-token-mean over the batch with it equals the batch without it
+    algo = AlgoConfig(aggregation="seq-mean-token-mean", tis_cap=None)
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-3.0, 0.0, 0.0], [-0.7, -0.1, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [0, 0, 0], [1, 1, 0]])
+    adv = torch.tensor([1.0, 5.0, -1.0])
+    with_it, _ = policy_loss(LossInputs(logp, logp.detach(), adv, mask, num_seqs=2), algo)
+    without, _ = policy_loss(LossInputs(logp[[0, 2]], logp.detach()[[0, 2]], adv[[0, 2]], mask[[0, 2]]), algo)
+    assert torch.allclose(with_it, without)
