@@ -23,13 +23,15 @@ SUBMIT_EXCLUDES = [".venv*/", "venv/", "runs/", ".cache/", ".git/", "**/__pycach
 
 
 def _overrides_help() -> str:
-    return "dotted overrides, e.g. trainer.steps=50 rollout.temperature=0.7 (YAML values)"
+    return ("dotted overrides, e.g. trainer.steps=50 rollout.temperature=0.7 (YAML values; a value YAML would "
+            "cut at ' #' is taken whole, as text: data.system_prompt='End with #### and the number.')")
 
 
 def cmd_train(args) -> int:
     from cluster.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # before the heavy imports: config mistakes fail fast
+    print(f"raygrpo train: run dir {cfg.trainer.run_dir}; loading the tokenizer and the data", flush=True)
     from cluster.trainer import Trainer
 
     summary = Trainer(cfg, overwrite=args.overwrite).run()
@@ -207,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the original model directory (default: the checkpoint's own config; LoRA runs: "
                    "the base model they trained from, where its weights come from)")
     e.add_argument("--overwrite", action="store_true",
-                   help="replace a non-empty OUT_DIR (it is removed once the new export is complete)")
+                   help="write into a non-empty OUT_DIR: once the new export is complete, what was there is moved "
+                   "aside to OUT_DIR.replaced-<time> (nothing is deleted). A run dir or the checkpoint itself is "
+                   "never a target")
     e.set_defaults(fn=cmd_export)
 
     pl = add("plot", help="PNG curves of a run: reward, KL, step time split",
@@ -302,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, RunDirError, ClusterAuthError, FileNotFoundError, FileExistsError) as e:
         _report(e, "error")
         return 2
+    except OSError as e:  # e.g. a full disk (learner.checkpoint.SaveError names the path and the free space)
+        _report(e, "error")
+        return 1
     except RunStopped as e:
         print(f"raygrpo: {e}", file=sys.stderr)
         return 128 + e.signum

@@ -10,9 +10,7 @@ that lists them all, so a user fixes a config in one round.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import struct
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +23,8 @@ from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
 from actors.envs import env_spec_problems
 from actors.runtime.checks import at_least
 from cluster.data.files import path_problem, split_paths
+from cluster.data.model_check import model_problems, weight_problems
+from cluster.paths import absolute_paths
 from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
 
 
@@ -44,44 +44,6 @@ class ModelConfig:
         if not (Path(self.path) / "config.json").exists():
             return [f"model.path {self.path!r} is not a model directory (no config.json there)"]
         return weight_problems(Path(self.path))
-
-
-def weight_problems(model_dir: Path) -> list[str]:
-    """The model dir must hold weights, and every safetensors file's header must parse and fit the
-    file (a truncated download fails here, not minutes later inside an engine)."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError) as e:
-            return [f"model.path: {index} is not a readable safetensors index ({e})"]
-        files = [model_dir / n for n in names]
-    else:
-        files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        if any(model_dir.glob("pytorch_model*.bin")):
-            return []  # pickled weights: no cheap header to check; transformers reads them
-        return [f"model.path {str(model_dir)!r} holds no weights (no *.safetensors or pytorch_model*.bin): "
-                "copy the model's weight files there"]
-    return [f"model.path: {p}" for f in files if (p := _safetensors_problem(f))]
-
-
-def _safetensors_problem(f: Path) -> str:
-    if not f.is_file():
-        return f"{f} is missing (listed in the index)"
-    size = f.stat().st_size
-    try:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            if n > size - 8:
-                return f"{f} is truncated: its header says {n} bytes of metadata, the file has {size}"
-            header = json.loads(fh.read(n))
-        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError) as e:
-        return f"{f} is not a valid safetensors file ({type(e).__name__}: {e})"
-    if 8 + n + end > size:
-        return f"{f} is truncated: {size} bytes, its header needs {8 + n + end}"
-    return ""
 
 
 @dataclass
@@ -229,7 +191,7 @@ class RunConfig:
             p += getattr(self, f.name).problems()
         t, lrn, r = self.trainer, self.learner, self.rollout
         n_seq = t.prompts_per_step * t.group_size
-        if n_seq % lrn.num_ranks:
+        if lrn.num_ranks >= 1 and n_seq % lrn.num_ranks:  # (< 1 is learner.num_ranks' own problem)
             p.append(
                 f"trainer.prompts_per_step * trainer.group_size = {n_seq} completions per step is not divisible "
                 f"by learner.num_ranks = {lrn.num_ranks}"
@@ -361,14 +323,16 @@ def _build(cls, data: Any, where: str, problems: list[str]):
 
 
 def apply_overrides(data: dict, overrides: list[str], problems: list[str]) -> dict:
-    """`a.b=c` sets data["a"]["b"] = yaml(c): `trainer.steps=50`, `rollout.stop=["\\n"]`."""
+    """`a.b=c` sets data["a"]["b"] = yaml(c): `trainer.steps=50`, `rollout.stop=["\\n"]`. A value that
+    YAML would cut at a comment (" #" outside quotes: `data.system_prompt=End with #### and the number.`)
+    is taken whole, as a string: the shell already removed the comments a command line may hold."""
     for item in overrides:
         if "=" not in item:
             problems.append(f"override {item!r} is not KEY=VALUE (e.g. trainer.steps=50)")
             continue
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = raw if _yaml_cuts_a_comment(raw) else yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as e:
             problems.append(f"override {item!r}: value is not valid YAML ({e})")
             continue
@@ -382,6 +346,16 @@ def apply_overrides(data: dict, overrides: list[str], problems: list[str]) -> di
         else:
             node[parts[-1]] = value
     return data
+
+
+def _yaml_cuts_a_comment(raw: str) -> bool:
+    """Whether YAML reads the end of `raw` as a comment (and drops it): a " #" outside quotes."""
+    try:
+        tokens = [t for t in yaml.scan(raw) if not isinstance(t, (yaml.StreamStartToken, yaml.StreamEndToken))]
+    except yaml.YAMLError:
+        return False
+    end = max((t.end_mark.index for t in tokens), default=0)
+    return raw[end:].lstrip().startswith("#")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (), validate_paths: bool = True) -> RunConfig:
@@ -398,7 +372,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), valid
             raise ConfigError([f"not valid YAML: {e}"], source) from None
     data = apply_overrides(data, list(overrides), problems)
     cfg = _build(RunConfig, data, "", problems)  # type problems; mistyped values are left at their defaults
-    problems += [p for p in cfg.problems() if validate_paths or not _is_path_problem(p)]  # ranges, together
+    if validate_paths:  # (submit keeps them as written: they are read on the cluster, from the job's directory)
+        cfg = _build(RunConfig, absolute_paths(cfg.to_dict()), "", [])
+    own = cfg.problems()
+    problems += [p for p in own if validate_paths or not _is_path_problem(p)]  # ranges, together
+    if validate_paths and not any(p.startswith("model.path") for p in own):
+        problems += model_problems(cfg)  # the config against the model's files: positions, LoRA targets
     if problems:
         raise ConfigError(problems, source)
     return cfg

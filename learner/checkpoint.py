@@ -87,6 +87,7 @@ def commit(tmp_dir: str | os.PathLike, root: str | os.PathLike, step: int, drive
     if final.parent.resolve() != root.resolve() or final.name != step_dir_name(step):
         raise ValueError(f"{tmp} is not the temporary directory begin({str(root)!r}, {step}) returns")
     state = {"step": step, **driver_state}
+    match_umask(tmp)  # the weights too (safetensors writes 0600); before the manifest, which lists sizes only
     with naming_save_errors(tmp):
         _write_json_atomic(tmp / DRIVER_STATE, state)  # raises on non-JSON-able data, before anything is sealed
         manifest = {"format": FORMAT_VERSION, "step": step, "created": time.time(), "files": _list_files(tmp)}
@@ -154,9 +155,10 @@ class SaveError(OSError):
 
 
 @contextlib.contextmanager
-def naming_save_errors(path: str | os.PathLike):
-    """Turn a failed write under `path` into an error that names it. torch.save on a full disk says
-    only "unexpected pos 4004224 vs 4004112" (a RuntimeError) and DeepSpeed adds no path."""
+def naming_save_errors(path: str | os.PathLike, kept: str = "the last complete checkpoint is kept"):
+    """Turn a failed write under `path` into an error that names it, the cause, the free space there and
+    what is kept (`kept`). torch.save on a full disk says only "unexpected pos 4004224 vs 4004112" (a
+    RuntimeError), DeepSpeed adds no path, and TensorBoard's writer thread prints 40 lines without one."""
     try:
         yield
     except (OSError, RuntimeError) as e:
@@ -177,8 +179,7 @@ def naming_save_errors(path: str | os.PathLike):
             cause = "a write was cut short (disk full?)"
         raise SaveError(getattr(e, "errno", None) or errno.EIO,
                         f"could not write {where}: {cause or type(e).__name__} ({e}); {free}. Free space or fix "
-                        "permissions there (or point trainer.run_dir elsewhere); the last complete checkpoint is "
-                        "kept") from e
+                        f"permissions there (or point trainer.run_dir elsewhere); {kept}") from e
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[str]:
@@ -237,6 +238,19 @@ def _write_json_atomic(path: Path, data) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def match_umask(d: str | os.PathLike) -> None:
+    """Give every file under `d` the permissions the process's umask gives a new file (0644 under the
+    usual 022). safetensors writes through a private temporary file (0600), so weights came out
+    readable by their owner only while everything else of a run was 0644."""
+    mask = os.umask(0)
+    os.umask(mask)
+    mode = 0o666 & ~mask
+    for f in Path(d).rglob("*"):
+        if f.is_file() and not f.is_symlink() and (f.stat().st_mode & 0o777) != mode:
+            with contextlib.suppress(OSError):
+                f.chmod(mode)
 
 
 def _fsync_dir(d: Path) -> None:

@@ -8,12 +8,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
 from huggingface_hub import save_torch_state_dict
 
-from learner.checkpoint import ADAPTER_DIR, HF_META_DIR, LEARNER_TAG, safe_torch_load, verify, write_hf_meta
+from learner.checkpoint import (
+    ADAPTER_DIR,
+    HF_META_DIR,
+    LEARNER_TAG,
+    match_umask,
+    naming_save_errors,
+    safe_torch_load,
+    verify,
+    write_hf_meta,
+)
 
 
 def write_hf_dir(state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike, meta_dir: str | os.PathLike) -> str:
@@ -29,6 +39,7 @@ def write_hf_dir(state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike
     sd = {k: v.detach().to("cpu").clone() for k, v in state_dict.items()
           if not (k in aliases and aliases[k] in state_dict)}
     save_torch_state_dict(sd, out, max_shard_size="5GB", safe_serialization=True)
+    match_umask(out)
     return str(out)
 
 
@@ -48,21 +59,58 @@ def _tied_aliases(meta_dir: str) -> dict[str, str]:
     return {"lm_head.weight": "model.embed_tokens.weight"}  # older list form: the usual pair
 
 
+# What marks a directory as a run dir (cluster/run/rundir.py writes the lock; the trainer the rest).
+RUN_DIR_MARKERS = ("raygrpo.lock", "checkpoints", "metrics.jsonl")
+
+
+def export_target_problem(out: Path, ckpt: Path) -> str | None:
+    """Why `out` must never be an export's target, whatever --overwrite says: it is, holds or is inside
+    the source checkpoint, or it is or holds a run dir (its checkpoints and metrics would be replaced)."""
+    for here, dirs, files in os.walk(out) if out.is_dir() else ():
+        found = sorted(set(RUN_DIR_MARKERS) & set(dirs + files))
+        if found:
+            where = Path(here)
+            what = "is a run dir" if where == out else f"holds the run dir {where}"
+            return f"{out} {what} ({', '.join(found)})"
+    out_r, ckpt_r = out.resolve(), ckpt.resolve()
+    if out_r == ckpt_r or ckpt_r in out_r.parents or out_r in ckpt_r.parents:
+        return f"{out} is, holds or is inside the checkpoint being exported ({ckpt})"
+    return None
+
+
+def move_aside(path: Path) -> Path:
+    """Rename `path` to a fresh sibling `<name>.replaced-<time>` (nothing is deleted)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.replaced-{stamp}")
+    n = 1
+    while aside.exists():
+        aside, n = path.with_name(f"{path.name}.replaced-{stamp}-{n}"), n + 1
+    os.replace(path, aside)
+    return aside
+
+
 def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
                       model_path: str | os.PathLike | None = None, overwrite: bool = False) -> str:
     """Consolidate a checkpoint's weights into a HF directory, without Ray or DeepSpeed processes.
 
     ckpt_dir: a checkpoint (root/step-N) or its DeepSpeed folder; model_path: where config and
-    tokenizer come from (default: the checkpoint's own hf-config/). A non-empty `out_dir` is
-    refused unless `overwrite`; then it is replaced whole once the new export is written (no stale
-    shards of an older model stay behind)."""
+    tokenizer come from (default: the checkpoint's own hf-config/). The target is never a run dir or
+    the checkpoint itself (refused, whatever `overwrite` says). A non-empty `out_dir` is refused unless
+    `overwrite`; then the new export is written beside it and the old contents are moved aside to
+    `<out_dir>.replaced-<time>`, as `train --overwrite` does: nothing is deleted, and no stale shard of
+    an older model stays in the new directory."""
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out} is not empty: choose an empty or new directory, or pass --overwrite to "
-                              "replace what is there")
     ckpt = Path(ckpt_dir)
     if not (ckpt / LEARNER_TAG).is_dir() and ckpt.name == LEARNER_TAG:
         ckpt = ckpt.parent
+    refused = export_target_problem(out, ckpt)
+    if refused:
+        run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+        raise FileExistsError(f"refusing to export into {out}: {refused}. Nothing was changed; export into a new "
+                              f"directory, e.g. {run / ('export-' + ckpt.name)}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out} is not empty: choose an empty or new directory, or pass --overwrite to "
+                              f"move what is there aside ({out.name}.replaced-<time>)")
     if not (ckpt / LEARNER_TAG).is_dir():
         raise FileNotFoundError(f"{ckpt} is not a raygrpo checkpoint (no {LEARNER_TAG}/ folder)")
     problems = verify(ckpt)
@@ -80,16 +128,20 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
         def write(target):
             return write_hf_dir(sd, target, meta)
-    if not out.exists():
-        return write(out)
-    # --overwrite: write beside it, then replace it whole (no stale shards of an older model stay behind)
+    # Written beside the target, then renamed into place: a failed write (a full disk) leaves the target
+    # as it was and takes its partial files away (their space back).
     staging = out.with_name(f".{out.name}.export-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    write(staging)
-    if out.is_dir():
-        shutil.rmtree(out)
-    else:
-        out.unlink()
+    try:
+        with naming_save_errors(out, kept="the export's target is left as it was"):
+            write(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"--overwrite: moved the previous contents of {out} to {move_aside(out)}", flush=True)
+    elif out.is_dir():
+        out.rmdir()  # empty
     os.replace(staging, out)
     return str(out)
 

@@ -52,7 +52,9 @@ def _run_bench(args, res: dict) -> int:
 
     setting = resolve_setting(args.setting, args.hidden_size, args.num_layers, args.warm_start_steps, args.parts)
     t_start = time.perf_counter()
-    out_path = Path(args.out)
+    # Absolute before anything crosses into another process (TRL's runs from the project directory: a
+    # relative warm-start path there was taken for a hub repo id when the bench ran from elsewhere)
+    out_path = Path(args.out).resolve()
     workdir = out_path.parent / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     timeout_s = float(getattr(args, "timeout", 900))
@@ -60,9 +62,9 @@ def _run_bench(args, res: dict) -> int:
                 "setting": setting.describe()})
     progress(f"load average at start: {res['load_average_start']} on {res['machine']['cpu_count']} CPUs")
 
-    cache = Path(args.cache_dir)
+    cache = Path(args.cache_dir).resolve()
     if args.model:
-        base = warm = Path(args.model)
+        base = warm = Path(args.model).resolve()
         n_params = num_parameters(base) if (base / "model.safetensors").exists() else None
         hf = json.loads((base / "config.json").read_text())
         res["model"] = {"path": str(base), "parameters": n_params, "hidden_size": hf.get("hidden_size"),

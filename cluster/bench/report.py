@@ -2,6 +2,7 @@
 bench (table.py prints its results)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import importlib.metadata as md
@@ -10,6 +11,7 @@ import math
 import os
 import platform
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -257,3 +259,22 @@ def _gpu_name() -> str | None:
 
 def progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@contextlib.contextmanager
+def saying_every(seconds: float, what: str):
+    """While the block runs (a subprocess whose output goes to a log), say every `seconds` that it still
+    does: no phase of the bench is silent for longer."""
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def loop():
+        while not stop.wait(seconds):
+            progress(f"{what}: {time.monotonic() - t0:.0f}s so far")
+
+    thread = threading.Thread(target=loop, daemon=True, name="bench-progress")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

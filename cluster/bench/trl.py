@@ -22,6 +22,7 @@ from cluster.bench.report import (
     jsonable,
     mean,
     progress,
+    saying_every,
 )
 from cluster.bench.rollout import renice_to
 from cluster.bench.schedule import heldout_examples
@@ -75,8 +76,10 @@ def ensure_bench_venv(root: Path = PROJECT_ROOT, log=progress) -> tuple[Path | N
                        if d.metadata["Name"] and d.metadata["Name"].lower() not in ("raygrpo", "pip", "setuptools")})
         constraints = venv / "constraints-base-env.txt"
         constraints.write_text("\n".join(pins) + "\n")
-        proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                               "-c", str(constraints), TRL_REQUIREMENT], capture_output=True, text=True, timeout=1200)
+        with saying_every(25, f"TRL: installing {TRL_REQUIREMENT}"):
+            proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                                   "-c", str(constraints), TRL_REQUIREMENT], capture_output=True, text=True,
+                                  timeout=1200)
         if proc.returncode != 0:
             return None, f"pip install {TRL_REQUIREMENT} into {venv} failed: {(proc.stderr or proc.stdout).strip()[-600:]}"
     except (subprocess.SubprocessError, OSError) as e:
@@ -219,7 +222,7 @@ def bench_trl(settings: dict, workdir: Path, skip: bool, timeout_s: float, nicen
              f"G={settings['group_size']}, {settings['threads']} thread(s) (log {log})")
 
     env = {**os.environ, **WORKER_ENV, "OMP_NUM_THREADS": str(settings["threads"]), "CUDA_VISIBLE_DEVICES": ""}
-    with open(log, "w") as f:
+    with open(log, "w") as f, saying_every(25, f"TRL: running (log {log})"):
         try:
             proc = subprocess.run([str(py), "-m", SUBPROCESS_MODULE, "trl", str(spec), str(out)], cwd=PROJECT_ROOT,
                                   env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,

@@ -15,11 +15,14 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.reward_functions import ANSWER_CHECKERS
 from cluster.data.files import DataError, raise_problems, read_rows
+from cluster.data.model_check import tokenizer_problems
 from cluster.data.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
 
 TASKS = ("addition", "subtraction")
-__all__ = ["DataError", "Example", "PromptStream", "RunData", "load_run_data", "load_splits", "load_tokenizer"]
+__all__ = ["DataError", "Example", "PromptStream", "RunData", "answer_column_problem", "load_run_data", "load_splits",
+           "load_tokenizer"]
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,35 @@ def load_splits(train: str, eval_path: str, num_eval: int, digits: int, seed: in
 
 
 def load_tokenizer(model_path: str):
+    """The model's tokenizer, checked: it loads, has a vocabulary and turns text into tokens (a model dir
+    without tokenizer files otherwise "trains" on 0-token prompts)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise DataError(f"model.path {model_path}: its tokenizer does not load ({type(e).__name__}: {e}); the "
+                        "tokenizer files (tokenizer.json / tokenizer_config.json ...) belong in the model dir") from None
+    problems = tokenizer_problems(tok, model_path)
+    if problems:
+        raise DataError("; ".join(problems))
+    return tok
+
+
+# The roles chat templates know. Another one ("wizard") is rendered by some templates as it is, dropped
+# or refused by others: warned about at load, not refused (a template may define its own).
+KNOWN_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def unknown_roles_note(examples: list[Example], name: str) -> str | None:
+    odd = [(e, m["role"]) for e in examples if isinstance(e.prompt, list) for m in e.prompt
+           if m["role"] not in KNOWN_ROLES]
+    if not odd:
+        return None
+    roles = sorted({r for _, r in odd})
+    return (f"warning: {len({id(e) for e, _ in odd})} {name} prompt(s) have messages with a role chat templates "
+            f"do not know ({', '.join(map(repr, roles))}; known: {', '.join(KNOWN_ROLES)}), e.g. {odd[0][0].where}: "
+            "the model's template may render, drop or refuse them. Check `raygrpo data`'s rendered prompts")
 
 
 @dataclass
@@ -110,10 +139,26 @@ class RunData:
     train: list[Example]
     heldout: list[Example]
     reports: list[LengthReport]  # train (and eval): rows, filtered, prompt-token stats
+    warnings: list[str] = field(default_factory=list)  # what looks wrong in the data but is not refused
 
     def notes(self) -> list[str]:
-        """The once-per-run lines about filtered prompts."""
-        return [n for n in (r.filtered_note() for r in self.reports) if n]
+        """The once-per-run lines about filtered prompts and odd data."""
+        return [n for n in (r.filtered_note() for r in self.reports) if n] + self.warnings
+
+
+def answer_column_problem(cfg, data: RunData) -> str | None:
+    """The answer checkers among reward.functions (gsm8k, math_verify, exact_match) compare against the
+    column reward.answer_key: a row without it is a reward error at every sample of step 1. Said at load."""
+    checkers = [f for f in cfg.reward.functions if f in ANSWER_CHECKERS]
+    key = cfg.reward.answer_key
+    for name, rows in (("train", data.train), ("eval", data.heldout)):
+        missing = [e for e in rows if e.fields.get(key) is None]
+        if checkers and missing:
+            return (f"{len(missing)} of {len(rows)} {name} rows have no {key!r} column (reward.answer_key), which "
+                    f"{', '.join(checkers)} compare(s) against; e.g. {missing[0].where or 'a row'}: columns "
+                    f"{', '.join(missing[0].fields) or 'none'}. Set reward.answer_key to the answer's column, or "
+                    "choose reward functions that need no answer")
+    return None
 
 
 def prompt_token_limit(cfg) -> int:
@@ -149,7 +194,8 @@ def load_run_data(cfg, tokenizer) -> RunData:
                 "data.max_prompt_tokens, or lower rollout.max_new_tokens")
         out.append(kept if name == "train" else kept[:d.num_eval])
         reports.append(report)
-    return RunData(out[0], out[1], reports)
+    warnings = [w for w in (unknown_roles_note(out[0], "train"), unknown_roles_note(out[1], "eval")) if w]
+    return RunData(out[0], out[1], reports, warnings)
 
 
 # --------------------------------------------------------------------------- order

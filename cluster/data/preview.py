@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from actors.completions import stop_token_ids
 from actors.reward_functions import ANSWER_CHECKERS, gsm8k_gold, math_verify_gold, parse_number
-from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit
+from cluster.data.dataset import PromptStream, answer_column_problem, load_run_data, load_tokenizer, prompt_token_limit
+from cluster.data.model_check import eos_warning
 
 EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"
 # A reward column is shown whole up to this many characters (a GSM8K solution is ~200-600): the
@@ -54,6 +55,9 @@ def preview(cfg, n: int, out=print) -> None:
         f"pad {_token(tok, tok.pad_token_id)}; chat template: {'yes' if tok.chat_template else 'none'}")
     out(f"  generation stops at token ids {stop_token_ids(cfg.model.path, tok.eos_token_id)} "
         f"(EOS + generation_config.json eos_token_id)")
+    no_eos = eos_warning(cfg.model.path, r)
+    if no_eos:
+        out(f"  {no_eos}")
     limit = prompt_token_limit(cfg)
     source = "data.max_prompt_tokens" if cfg.data.max_prompt_tokens else \
         f"rollout.max_model_len {r.max_model_len} - rollout.max_new_tokens {r.max_new_tokens}"
@@ -89,8 +93,6 @@ def preview(cfg, n: int, out=print) -> None:
     out(f"reward.functions: {functions}")
     if isinstance(data.train[0].prompt, list):
         out('  a TRL-style function gets prompts as message lists and completions as [{"role": "assistant", "content": text}]')
-    missing = [e for e in data.train if cfg.reward.answer_key not in e.fields]
-    if checkers and missing:
-        out(f"  WARNING: {len(missing)} of {len(data.train)} train rows have no {cfg.reward.answer_key!r} column "
-            f"(reward.answer_key), which {', '.join(checkers)} compare against; e.g. {missing[0].where}: "
-            f"columns {', '.join(missing[0].fields) or 'none'}")
+    missing = answer_column_problem(cfg, data)
+    if missing:
+        out(f"  ERROR (`raygrpo train` refuses this data): {missing}")

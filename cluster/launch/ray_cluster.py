@@ -38,6 +38,7 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
     # Logical CPUs: at least 8 so that fractional actors fit on a 2-core machine; they mostly
     # wait on each other, and each limits its own threads.
     cpus = num_cpus or max(8, os.cpu_count() or 1)
+    print(f"starting an embedded Ray cluster ({cpus} logical CPUs; ray.address joins a running one)", flush=True)
     ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True)
 
 

@@ -7,6 +7,8 @@ waits for Ray to bring a dead worker back, or says why it will not.
 """
 from __future__ import annotations
 
+import re
+import sys
 import time
 
 
@@ -24,17 +26,50 @@ class ActorFailed(RuntimeError):
 PEER_DEATH_GRACE_S = 10.0
 
 
+# A wait longer than this says what it waits on, and says it again at this interval: a slow phase
+# (an engine starting on a loaded machine, a hanging environment) is never silent.
+WAITING_LINE_EVERY_S = 25.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def actor_error(e: BaseException) -> str:
+    """The actor's own exception, from Ray's error: for an actor that raised in its constructor Ray's first
+    line is only "The actor died because of an error raised in its creation task, ray::X.__init__() (pid=...)",
+    and the cause (e.g. vLLM's "Unsupported CPU attention configuration: head_dim=16") is at the end of the
+    traceback it carries. That exception's first and last lines; Ray's first line when there is no traceback
+    (a process that was killed)."""
+    lines = [line.rstrip() for line in _ANSI.sub("", str(e)).splitlines()]
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if not frames:
+        return lines[0] if lines else type(e).__name__
+    exc = [line.strip() for line in lines[frames[-1] + 1:] if line.strip() and not line.startswith("    ")]
+    if not exc:
+        return lines[0]
+    return exc[0] if len(exc) == 1 else f"{exc[0]} ... {exc[-1]}"
+
+
+def _waiting(actor: str, what: str, waited: float, timeout_s: float) -> None:
+    print(f"waiting on {actor} ({what}): {waited:.0f}s so far, at most trainer.actor_timeout_s={timeout_s:.0f}s",
+          file=sys.stderr, flush=True)
+
+
 def wait_for(refs, actor: str, what: str, timeout_s: float):
-    """ray.get with a timeout; a dead or silent actor becomes ActorFailed naming it."""
+    """ray.get with a timeout, saying every WAITING_LINE_EVERY_S what it waits on; a dead or silent actor
+    becomes ActorFailed naming it (with the actor's own error)."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
-    try:
-        return ray.get(refs, timeout=timeout_s)
-    except GetTimeoutError:
-        raise _no_answer(actor, what, timeout_s) from None
-    except RayActorError as e:
-        raise ActorFailed(actor, what, died=True, detail=str(e).splitlines()[0]) from e
+    t0 = time.monotonic()
+    while True:
+        left = timeout_s - (time.monotonic() - t0)
+        try:
+            return ray.get(refs, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
+        except GetTimeoutError:
+            if left <= WAITING_LINE_EVERY_S:
+                raise _no_answer(actor, what, timeout_s) from None
+            _waiting(actor, what, time.monotonic() - t0, timeout_s)
+        except RayActorError as e:
+            raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
 
 
 def _no_answer(actor: str, what: str, timeout_s: float) -> ActorFailed:
@@ -49,15 +84,20 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list
     import ray
     from ray.exceptions import RayActorError
 
-    deadline, pending, results = time.monotonic() + timeout_s, list(refs), {}
+    t0, pending, results = time.monotonic(), list(refs), {}
+    deadline = t0 + timeout_s
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        left = deadline - time.monotonic()
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
         if not ready:
-            raise _no_answer(actors[refs.index(pending[0])], what, timeout_s)
+            if left <= WAITING_LINE_EVERY_S:
+                raise _no_answer(actors[refs.index(pending[0])], what, timeout_s)
+            _waiting(", ".join(actors[refs.index(r)] for r in pending), what, time.monotonic() - t0, timeout_s)
+            continue
         try:
             results[refs.index(ready[0])] = ray.get(ready[0])
         except RayActorError as e:
-            raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=str(e).splitlines()[0]) from e
+            raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=actor_error(e)) from e
         except Exception:
             # An error of its own, or its collective lost a peer: if a peer died, that is the cause.
             done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S) if pending else ([], [])
@@ -65,7 +105,7 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list
                 try:
                     ray.get(ref)
                 except RayActorError as e:
-                    raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=str(e).splitlines()[0]) from e
+                    raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=actor_error(e)) from e
                 except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
                     pass
             raise

@@ -41,12 +41,25 @@ class HealthMonitor:
         """mismatch_expected: the behaviour log-probs are not the raw policy's (vLLM's processed_logprobs
         with temperature / top-p / top-k), so the learner-vs-vLLM gap says nothing about a bug."""
         self.t, self.beta, self.mismatch_expected, self.run_dir = trainer_cfg, beta, mismatch_expected, run_dir
-        self.streaks = {"zero_variance": 0, "entropy": 0, "kl": 0, "mismatch": 0}
+        # "environment" first: when it and another guard trip together, the environment is the cause
+        self.streaks = {"environment": 0, "zero_variance": 0, "entropy": 0, "kl": 0, "mismatch": 0}
         self.signal_seen = False  # a step had a group whose rewards differ (the zero-variance guard counts from then)
         self.no_signal_steps = 0  # steps without any signal before the first one
 
-    def check(self, row: dict, scored_groups: int) -> Verdict:
+    def check(self, row: dict, scored_groups: int, env_failed: bool = False) -> Verdict:
+        """env_failed: every trajectory of the step ended on an environment error (multi-turn)."""
         t, v = self.t, Verdict()
+        self.streaks["environment"] = self.streaks["environment"] + 1 if env_failed else 0
+        if env_failed:
+            # The step says nothing about the policy (no trajectory got past the environment): the other
+            # guards skip it, so a broken environment is not diagnosed as a collapsed policy.
+            n = self.streaks["environment"]
+            v.warnings.append(f"step {row['step']}: {self._symptom('environment', row, scored_groups)} ({n} step(s) "
+                              "in a row" + (f"; the run halts at {t.halt_after})" if t.halt_after else ")"))
+            if t.halt_after and n >= t.halt_after:
+                v.halt = f"{self._symptom('environment', row, scored_groups)} for {n} consecutive steps. " \
+                         f"{self._advice('environment')}"
+            return v
         no_signal = scored_groups > 0 and row.get("zero_var_groups", 0) >= scored_groups
         self.signal_seen = self.signal_seen or (scored_groups > 0 and not no_signal)
         if no_signal and not self.signal_seen and t.halt_on_zero_variance:
@@ -87,6 +100,8 @@ class HealthMonitor:
 
     def _symptom(self, name: str, row: dict, groups: int) -> str:
         return {
+            "environment": f"the environment failed every trajectory ({row.get('env_errors')} env_errors): no "
+                           "trajectory got past its failing call",
             "zero_variance": f"every group ({groups}) got equal rewards for all its completions: no learning signal "
                              f"(reward_mean {row.get('reward_mean')})",
             "entropy": f"token entropy {row.get('entropy'):.3g} < trainer.entropy_floor {self.t.entropy_floor:g}: "
@@ -99,6 +114,11 @@ class HealthMonitor:
     @staticmethod
     def _advice(name: str) -> str:
         return {
+            "environment": "Likely cause: the environment's code (rollout.env) raises, hangs past "
+                           "rollout.env_timeout_s, or returns something outside the contract (the "
+                           "'environment: ... first:' lines above show its error). What to change: fix the "
+                           "environment (call its reset() and step() by hand on a dataset row), or raise "
+                           "rollout.env_timeout_s if it is only slow; the policy is not the problem.",
             "zero_variance": "Likely cause: the policy collapsed onto answers that all score the same, or the reward "
                              "function gives the same value to every completion (a constant or a bug: look at the "
                              "completions with `raygrpo show RUN_DIR`), or the task is far too hard or too easy for the "

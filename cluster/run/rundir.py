@@ -7,8 +7,9 @@
   and hostname); so is one from another host
   (a shared filesystem) whose holder stopped touching it: a holder touches its lock every
   `HEARTBEAT_S`, and a claimant watches the file's mtime, never its own clock, for `STALE_AFTER_S`);
-- a run dir whose saved config.yaml differs from this run's in anything but `trainer.steps` and
-  `checkpoint.resume` (continuing a run with other settings would mix two runs in one record);
+- a run dir whose saved config.yaml differs from this run's in anything but `trainer.steps`,
+  `checkpoint.resume` and `trainer.run_dir` (continuing a run with other settings would mix two runs in
+  one record; a run dir moved or copied elsewhere is still the same run);
 - a run dir whose checkpoints all fail verification (resuming would restart from step 0 over
   them), or `checkpoint.resume=none` on a run dir that holds checkpoints.
 `overwrite=True` (`raygrpo train --overwrite`) starts afresh instead: the old contents are moved
@@ -28,13 +29,15 @@ from pathlib import Path
 import psutil
 import yaml
 
+from cluster.paths import absolute_paths
 from learner import checkpoint
 
 LOCK = "raygrpo.lock"
 HEARTBEAT_S = 10.0  # how often a holder touches its lock
 STALE_AFTER_S = 35.0  # a lock from another host untouched this long (watched, not compared with our clock) is stale
-# what may change between a run and its continuation in the same run dir
-CONTINUATION_KEYS = {"trainer.steps", "checkpoint.resume"}
+# what may change between a run and its continuation in the same run dir; trainer.run_dir too: the dir
+# itself, moved or copied elsewhere, is still the same run
+CONTINUATION_KEYS = {"trainer.steps", "checkpoint.resume", "trainer.run_dir"}
 
 
 class RunDirError(ValueError):
@@ -212,7 +215,9 @@ def config_differences(saved_path: Path, new: dict) -> list[str]:
         old = yaml.safe_load(saved_path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         return [f"{saved_path} is unreadable ({e})"]
-    old_flat, new_flat = _flatten(old), _flatten(new)
+    # A config saved by an older raygrpo holds paths as written (relative): compare them made absolute
+    # from here, as this run's are.
+    old_flat, new_flat = _flatten(absolute_paths(old) if isinstance(old, dict) else {}), _flatten(new)
     diffs = [f"{k}: {old_flat[k]!r} -> {v!r}" for k, v in new_flat.items()
              if k in old_flat and k not in CONTINUATION_KEYS and old_flat[k] != v]
     return [f"its config ({saved_path}) differs from this run's: " + ", ".join(diffs)] if diffs else []

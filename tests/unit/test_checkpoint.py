@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import warnings
 from pathlib import Path
@@ -9,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from learner import checkpoint as ck
 from learner.checkpoint import SaveError, naming_save_errors
+from learner.export import export_checkpoint, export_target_problem, move_aside
 
 
 def _fake_save(tmp_dir, ranks=2, payload=b"x" * 1000):
@@ -167,3 +170,29 @@ def test_a_full_disk_during_a_save_names_the_path():
             with open("/dev/full", "w") as f:
                 f.write("x" * 100_000)
                 f.flush()
+
+
+def test_export_refuses_a_run_dir_or_the_source_checkpoint_whatever_overwrite_says(tmp_path):
+    """Issue 30 case 1: `export RUN/checkpoints/step-7 RUN --overwrite` deleted the whole run."""
+    run = tmp_path / "run"
+    ckpt = Path(_save(run / "checkpoints", 7))
+    (run / "metrics.jsonl").write_text("{}\n")
+    for target, why in ((run, "is a run dir (checkpoints, metrics.jsonl)"), (tmp_path, f"holds the run dir {run}"),
+                        (ckpt, "is, holds or is inside the checkpoint"), (ckpt / "learner", "is, holds or is inside"),
+                        (run / "checkpoints", "holds or is inside the checkpoint")):
+        with pytest.raises(FileExistsError, match="refusing to export into") as e:
+            export_checkpoint(ckpt, target, overwrite=True)
+        assert why in str(e.value) and "Nothing was changed" in str(e.value) and "export-step-00000007" in str(e.value)
+    assert ck.verify(ckpt) == [] and (run / "metrics.jsonl").exists()
+    assert export_target_problem(run / "hf_model", ckpt) is None  # inside a run dir, not one: fine
+
+
+def test_permissions_follow_the_umask_for_weights_too(tmp_path):
+    """Issue 30 case 11: model.safetensors came out 0600 (safetensors writes a private temp file), the rest 0644."""
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("{}")
+    ck.match_umask(tmp_path)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {oct(f.stat().st_mode & 0o777) for f in tmp_path.iterdir()} == {oct(0o666 & ~mask)}
+    assert move_aside(tmp_path / "config.json").name.startswith("config.json.replaced-")

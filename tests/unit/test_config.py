@@ -133,3 +133,21 @@ def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(None, [f"model.path={model_dir(tmp_path)}", "trainer.steps=7"])
     save_config(cfg, tmp_path / "resolved.yaml")
     assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+def test_an_override_yaml_would_cut_at_a_comment_is_taken_whole(tmp_path):
+    """Issue 30 case 12: `data.system_prompt=Solve it. End with #### and the number.` became "Solve it. End with"."""
+    model = f"model.path={model_dir(tmp_path)}"
+    cfg = load_config(None, [model, "data.system_prompt=Solve it. End with #### and the number.",
+                             "rollout.stop=['#', ' #']"])
+    assert cfg.data.system_prompt == "Solve it. End with #### and the number."
+    assert cfg.rollout.stop == ["#", " #"]  # quoted: YAML reads no comment there, so YAML's value stands
+    assert load_config(None, [model, "data.system_prompt=#1 rule: be brief"]).data.system_prompt == "#1 rule: be brief"
+    with pytest.raises(ConfigError, match="trainer.steps: expected int"):  # taken whole, so never silently 50
+        load_config(None, [model, "trainer.steps=50 # fifty"])
+
+
+def test_zero_learner_ranks_is_a_config_error_not_a_division_by_zero(tmp_path):
+    """Issue 30 case 11: learner.num_ranks=0 gave "integer modulo by zero"."""
+    with pytest.raises(ConfigError, match="learner.num_ranks must be >= 1, got 0"):
+        load_config(None, [f"model.path={model_dir(tmp_path)}", "learner.num_ranks=0"])

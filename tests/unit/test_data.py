@@ -1,6 +1,14 @@
 import pytest
 
-from cluster.data.dataset import DataError, PromptStream, arithmetic_examples, load_jsonl, load_splits
+from cluster.data.dataset import (
+    DataError,
+    Example,
+    PromptStream,
+    arithmetic_examples,
+    load_jsonl,
+    load_splits,
+    unknown_roles_note,
+)
 
 
 def test_jsonl_fields_and_malformed_line_named(tmp_path):
@@ -40,3 +48,13 @@ def test_stream_resumes_exactly_across_epochs():
     b.load_state(state)
     assert b.take(80) == rest
     assert len({e.prompt for e in first + rest[:30]}) == 100  # one epoch = each example once
+
+
+def test_an_unknown_message_role_is_warned_about_with_where_it_is():
+    """Issue 30 case 11: a message role "wizard" was accepted without a word."""
+    rows = [Example([{"role": "user", "content": "hi"}], where="d.jsonl:1"),
+            Example([{"role": "wizard", "content": "x"}, {"role": "user", "content": "hi"}], where="d.jsonl:2"),
+            Example("plain", where="d.jsonl:3")]
+    note = unknown_roles_note(rows, "train")
+    assert note.startswith("warning: 1 train prompt(s)") and "'wizard'" in note and "d.jsonl:2" in note
+    assert unknown_roles_note(rows[:1] + rows[2:], "train") is None

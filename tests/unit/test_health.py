@@ -65,3 +65,16 @@ def test_every_guard_can_be_turned_off():
     assert v.halt is None and not v.warnings
     v = HealthMonitor(TrainerConfig(halt_after=0), beta=0.1, mismatch_expected=False).check(bad, 4)
     assert v.halt is None and len(v.warnings) == 5  # halt_after=0: warned, never halted
+
+
+def test_an_environment_failing_every_trajectory_halts_with_an_environment_diagnosis():
+    """Issue 30 case 5: a failing reset left no tokens, and the entropy guard said "policy collapsed".
+    Steps where the environment failed every trajectory are the environment's, not the policy's."""
+    m = HealthMonitor(TrainerConfig(halt_after=2), beta=0.1, mismatch_expected=False)
+    broken = row(1, entropy=0.0, zero_var_groups=4, env_errors=16)
+    v1, v2 = m.check(broken, 4, env_failed=True), m.check(broken | {"step": 2}, 4, env_failed=True)
+    assert v1.halt is None and "environment failed every trajectory" in v1.warnings[0] and len(v1.warnings) == 1
+    assert "the environment failed every trajectory (16 env_errors)" in v2.halt and "rollout.env" in v2.halt
+    assert "policy collapsed" not in v2.halt and "learning signal" not in v2.halt
+    assert m.streaks["entropy"] == m.streaks["zero_variance"] == 0  # the environment's steps are not counted there
+    assert m.check(row(3), 4).halt is None and m.streaks["environment"] == 0  # a working step ends the streak

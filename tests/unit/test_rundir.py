@@ -1,6 +1,7 @@
 """A run dir belongs to one run (cluster/run/rundir.py): lock, config continuity, unusable checkpoints."""
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -10,6 +11,7 @@ import time
 
 import psutil
 import pytest
+import yaml
 
 from cluster.config import load_config, save_config
 from cluster.run import rundir
@@ -159,4 +161,28 @@ def test_a_lock_from_another_host_is_taken_over_only_when_its_heartbeat_stopped(
     # A holder that declares no heartbeat (an older raygrpo) is never judged by one: refused as before.
     _foreign_lock(path)
     with pytest.raises(RunDirError, match="delete"):
+        claim(cfg)
+
+
+def test_a_moved_run_dir_is_the_same_run(tmp_path):
+    """Issue 30 case 10: the run dir's own path was part of the config check, so a copied or moved run
+    dir could only be restarted from step 0 (--overwrite)."""
+    cfg = cfg_for(tmp_path)
+    claim(cfg).release()
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    shutil.move(tmp_path / "run", tmp_path / "moved")
+    claim(cfg_for(tmp_path, f"trainer.run_dir={tmp_path / 'moved'}")).release()
+
+
+def test_a_config_saved_with_relative_paths_matches_the_same_paths_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = cfg_for(tmp_path)
+    claim(cfg).release()
+    saved = cfg.to_dict()
+    saved["model"]["path"] = "model"  # as an older raygrpo saved it: as written, relative to where it ran
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    claim(cfg).release()
+    saved["model"]["path"] = "another-model"
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(RunDirError, match="model.path"):
         claim(cfg)
