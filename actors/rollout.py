@@ -16,6 +16,7 @@ in whichever process builds the model, here the actor itself.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import socket
 import time
@@ -29,6 +30,7 @@ from actors.multiturn import ChatTokens, run_trajectories
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
+from actors.transport.fingerprint import adapter_fingerprint, engine_fingerprint
 from actors.transport.lora_adapter import EngineAdapter
 from actors.transport.registry import backend, resolve_backend
 from actors.transport.vllm_plugin import PACK_ABOVE_ENV
@@ -345,6 +347,16 @@ class RolloutWorker:
         self.update_weight_version(version)
         self._adapter.drop_previous()
         return {"seconds": time.perf_counter() - t0, "path": path}
+
+    # ------------------------------------------------------------------ the verified sync
+    def weight_fingerprint(self, shapes: dict, version: int, adapter: bool = False) -> dict:
+        """What this engine holds of the learner's tensors `shapes` (actors/transport/fingerprint.py),
+        read inside each vLLM worker; the learner compares it with what it sent."""
+        self._check_not_updating()
+        read = adapter_fingerprint if adapter else engine_fingerprint
+        workers = self.llm.apply_model(functools.partial(read, shapes=shapes, version=int(version)))
+        return {"engine": f"rollout worker {self.worker_index} (pid {os.getpid()})", "version": self._version,
+                "workers": workers}
 
     # ------------------------------------------------------------------ health
     def info(self) -> dict:

@@ -19,6 +19,7 @@ import torch
 from actors.env_pool import EnvPool
 from actors.multiturn import ChatTokens, TemplateError
 from actors.rewards import RewardScorer
+from actors.transport.fingerprint import SyncMismatch
 from actors.transport.registry import resolve_backend
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, sample_seed, save_batch, score_groups, trim_to_ranks
 from cluster.config import ConfigError, RunConfig, save_config
@@ -202,10 +203,13 @@ class Trainer:
         with self._engines_lock:
             try:
                 out = self.learners.sync_weights(self.version)
+            except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
+                raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
+                                     f"checkpoints so far are in {self.run_dir}.") from None
             except Exception:
                 if not self.pool.restarted_workers():  # not a rollout crash: a real error
                     raise
-                out = {"bytes": 0}  # _resync_after_restart has sent the weights to every engine
+                out = {"bytes": 0, "verified": True}  # _resync_after_restart sent (and verified) the weights
             self.engine_version = self.version
             return out
 
@@ -299,6 +303,10 @@ class Trainer:
             "staleness": self.version - 1 - batch.weight_version, "trained_groups": len(batch.examples),
             "rollout_restarts": self.pool.restarts, "update_skipped": m.get("skipped", False),
             "sync_bytes": m.get("sync", {}).get("bytes", 0),
+            # every engine's fingerprint matched this step's update (and the seconds that check took);
+            # absent (null) when no update was sent
+            **({"sync_verified": m["sync"].get("verified", False), "sync_verify_s": m["sync"].get("verify_s", 0.0)}
+               if "sync" in m else {}),
         }
 
     # ------------------------------------------------------------------ evaluation

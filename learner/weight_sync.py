@@ -30,6 +30,7 @@ from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource  # noq
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory  # noqa: TID253 (vLLM side)
 
 from actors.transport.client import OneTripRayClient
+from actors.transport.fingerprint import Recorder, verify_engines
 from actors.transport.lora_adapter import AdapterSync
 from actors.transport.registry import backend
 from learner.config import LearnerConfig
@@ -70,6 +71,7 @@ class DeepSpeedWeightSource(WeightSource):
                 self._params[out] = p
         self._meta = [ParamMeta(n, p.dtype, full_shape(p)) for n, p in self._params.items()]
         self._gathered_groups = 0  # groups of the current pass already gathered (see drain)
+        self.recorder: Recorder | None = None  # the sender's fingerprint of the pass under way (verified sync)
 
     def metadata(self) -> list[ParamMeta]:
         return list(self._meta)
@@ -82,6 +84,9 @@ class DeepSpeedWeightSource(WeightSource):
         for names in self.groups():
             with _gathered(self._group_params(names), self._zero3):
                 tensors = [self._tensor(n) for n in names]
+            if self.recorder is not None and self._is_sender:
+                for n, t in zip(names, tensors):
+                    self.recorder.add(n, t)
             self._gathered_groups += 1
             yield names, tensors  # outside the gather: a consumer that stops here leaves none open
 
@@ -155,6 +160,7 @@ class WeightSync:
         fields = dict(init_info)
         self.backend = backend(fields.pop("backend"))
         self.client = OneTripRayClient(list(rollout_handles))
+        self.timeout_s = float(init_info.get("timeout_s", 600))
         info = self.backend.trainer_init_info(fields, rank)
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
@@ -164,16 +170,24 @@ class WeightSync:
                   + (f" ({note})" if note else ""), flush=True)
 
     def send(self, version: int) -> dict:
-        """One full update: start, stream every parameter, finish + stamp `version`. Every rank."""
+        """One full update: start, stream every parameter, finish + stamp `version`; then every engine's
+        fingerprint is checked against what was sent (actors/transport/fingerprint.py). Every rank."""
         t0 = time.perf_counter()
         self.client.next_version = str(version)
         self.source.begin_pass()
+        self.source.recorder = Recorder(version) if self.rank == 0 else None
         try:
             self.engine.send_weights()
         except BaseException:
             self.source.drain()  # let the other ranks out of their gathers, then report
             raise
-        return {"bytes": self.source.num_bytes() if self.rank == 0 else 0,
+        finally:
+            expected, self.source.recorder = self.source.recorder, None
+        verify_s = 0.0
+        if expected is not None:
+            verify_s = verify_engines(self.client.handles, expected, adapter=False, timeout_s=self.timeout_s)
+        return {"bytes": self.source.num_bytes() if self.rank == 0 else 0, "verified": self.rank == 0,
+                "verify_s": verify_s,
                 "seconds": time.perf_counter() - t0, "weight_version": version, "transport": self.transport(),
                 "parts": {**getattr(self.engine, "last_parts", {}), **(self.client.last_parts or {})}
                 if self.rank == 0 else {}}

@@ -76,13 +76,13 @@ class DirectLoader:
         for name, shape in shapes.items():
             if not shape:
                 return None  # a 0-dim tensor has no rows; leave such models to load_weights
-            placed = self._place(name, shape, shapes)
+            placed = self.place(name, shape, shapes)
             if placed is None:
                 return None
             ranges[name] = placed
         return ranges if _tiles(ranges.values(), self.params) else None
 
-    def _place(self, name: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]]) -> Range | None:
+    def place(self, name: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]]) -> Range | None:
         param = self.params.get(name)
         if param is not None:
             return (name, 0, shape[0]) if tuple(param.shape) == shape else None

@@ -10,6 +10,8 @@ no transfer group and no shared filesystem, and each engine serves it with vLLM'
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import tempfile
@@ -18,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 from safetensors.torch import save_file
+
+from actors.transport.fingerprint import Recorder, verify_engines
 
 
 class AdapterSync:
@@ -38,8 +42,18 @@ class AdapterSync:
             return {"bytes": 0, "seconds": time.perf_counter() - t0, "weight_version": version}
         ref = ray.put(tensors)
         ray.get([h.load_adapter.remote(ref, self.config_json, version) for h in self.handles], timeout=self.timeout_s)
-        return {"bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-                "seconds": time.perf_counter() - t0, "weight_version": version}
+        expected = Recorder(version)
+        for name, t in tensors.items():
+            expected.add(name, t)
+        verify_s = verify_engines(self.handles, expected, adapter=True, timeout_s=self.timeout_s,
+                                  scale={n: self.scaling() for n in tensors if ".lora_B." in n})
+        return {"bytes": sum(t.numel() * t.element_size() for t in tensors.values()), "verified": True,
+                "verify_s": verify_s, "seconds": time.perf_counter() - t0, "weight_version": version}
+
+    def scaling(self) -> float:
+        """The factor vLLM folds into lora_B when it loads the adapter (peft's lora_alpha / r, or / sqrt(r))."""
+        c = json.loads(self.config_json)
+        return c["lora_alpha"] / (math.sqrt(c["r"]) if c.get("use_rslora") else c["r"])
 
     def shutdown(self) -> None:
         pass

@@ -33,7 +33,7 @@ STEP_KEYS = (
     "step", "reward_mean", "reward_std", "reward_errors", *LEARNER_KEYS,
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
     "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
-    "sync_bytes", *COMPLETION_KEYS,
+    "sync_bytes", "sync_verified", "sync_verify_s", *COMPLETION_KEYS,
     *MULTITURN_KEYS,
 )
 
