@@ -9,17 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
-from cluster.paths import PROJECT_ROOT
+from cluster.launch.submit import SUBMIT_EXCLUDES
 from cluster.run.logs import DEFAULT_LEVEL, LEVEL_ENV, LEVELS, console_level, setup_driver
-
-# The entrypoint of a submitted job (runs the CLI with the cluster's Python; see the script).
-JOB_ENTRY = Path(__file__).with_name("job_entry.sh")
-# What `submit` never uploads to the cluster: environments, runs, caches, VCS data.
-SUBMIT_EXCLUDES = [".venv*/", "venv/", "runs/", ".cache/", ".git/", "**/__pycache__/", ".pytest_cache/", ".hypothesis/",
-                   "*.egg-info/", ".whl/"]
 
 
 def _overrides_help() -> str:
@@ -52,54 +45,14 @@ def cmd_data(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    """Submit `raygrpo train` as a Ray job: the project is the working directory (uploaded)."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
     from cluster.config import load_config
-    from cluster.launch.auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
+    from cluster.launch.submit import submit
+    from cluster.run.logs import quiet_driver_console
 
-    config = Path(args.config).resolve()
-    try:
-        rel = config.relative_to(PROJECT_ROOT)
-    except ValueError:
-        print(f"error: {config} is outside the project directory {PROJECT_ROOT}; the job uploads only the project, "
-              "so put the config inside it (e.g. examples/)", file=sys.stderr)
-        return 2
-    load_config(config, args.overrides, validate_paths=False)  # catch config mistakes before uploading anything
-    use_cluster_auth_mode(dashboard_auth_mode(args.address), args.address)  # before the client reads the mode
-    client = JobSubmissionClient(args.address)
-    # cluster/job_entry.sh runs the driver with the Python the cluster's Ray runs (not the first `python`
-    # on the head's PATH) after checking it has our dependencies; ray.address=auto: the driver joins the
-    # cluster it runs on instead of starting its own.
-    entrypoint = " ".join(["sh", str(JOB_ENTRY.relative_to(PROJECT_ROOT)), "train", str(rel), *map(_shell_quote, args.overrides),
-                           "ray.address=auto"])
-    try:
-        job_id = client.submit_job(
-            entrypoint=entrypoint, runtime_env={"working_dir": str(PROJECT_ROOT), "excludes": SUBMIT_EXCLUDES})
-    except Exception as e:
-        raise (explain_auth_failure(e, args.address) or e) from e
-    print(f"submitted job {job_id} to {args.address}")
-    print(f"  logs:   ray job logs --address {args.address} -f {job_id}")
-    print(f"  status: ray job status --address {args.address} {job_id}")
-    if args.no_wait:
-        return 0
-    seen = 0
-    while True:
-        status = client.get_job_status(job_id)
-        logs = client.get_job_logs(job_id)
-        sys.stdout.write(logs[seen:])
-        sys.stdout.flush()
-        seen = len(logs)
-        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            print(f"job {job_id}: {status.value}")
-            return 0 if status == JobStatus.SUCCEEDED else 1
-        time.sleep(2)
-
-
-def _shell_quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
+    # config mistakes before anything is uploaded; its paths are checked by submit, as the job sees them
+    cfg = load_config(Path(args.config), args.overrides, validate_paths=False)
+    quiet_driver_console()  # Ray's INFO lines about packaging the upload
+    return submit(args, cfg, console_level(args.log_level))
 
 
 def cmd_show(args) -> int:
@@ -178,14 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("-n", type=int, default=3, help="prompts to print (default 3)")
     dp.set_defaults(fn=cmd_data)
 
-    s = add("submit", help="submit `train` as a job to a Ray cluster",
-                       description="Submit a training run through Ray's Job Submission API. The project directory "
-                       f"is uploaded as the job's working dir (excluding {', '.join(SUBMIT_EXCLUDES)}); the cluster's "
-                       "Python needs this package's dependencies installed (see docker/). Follows the logs until the "
-                       "job ends unless --no-wait.")
-    s.add_argument("config", help="YAML config inside the project directory")
+    s = add("submit", help="submit `train` as a job to a Ray cluster, with your own files",
+                       description="Submit a training run through Ray's Job Submission API. The job runs in an uploaded "
+                       "working dir: --working-dir DIR (default: the config's directory when the config is outside "
+                       "this checkout), with raygrpo's own code uploaded beside it, so reward and environment files "
+                       "and data that exist only in DIR reach a cluster whose nodes have never seen them; paths in "
+                       "the config are relative to DIR. A config inside the checkout uploads the checkout. Never "
+                       f"uploaded: {', '.join(SUBMIT_EXCLUDES)}. The cluster's Python needs raygrpo's dependencies "
+                       "installed (see docker/). Waits (--agent-wait) for the cluster's job agent if it is not ready "
+                       "yet. Follows the logs until the job ends unless --no-wait.")
+    s.add_argument("config", help="YAML config (inside --working-dir, or inside this checkout)")
     s.add_argument("overrides", nargs="*", help=_overrides_help())
     s.add_argument("--address", required=True, help="the head's dashboard address, e.g. http://127.0.0.1:8265")
+    s.add_argument("--working-dir", default=None, metavar="DIR",
+                   help="your project directory, uploaded as the job's working dir (default: the config's directory "
+                   "when it is outside this checkout)")
+    s.add_argument("--agent-wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to wait for the cluster's job agent when Ray answers 'No available agent' (default 60)")
     s.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
     s.set_defaults(fn=cmd_submit)
 
@@ -284,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.config import ConfigError
     from cluster.data.dataset import DataError
     from cluster.launch.auth import ClusterAuthError
+    from cluster.launch.submit import SubmitError
     from cluster.run.health import TrainingHalted
     from cluster.run.rundir import RunDirError
     from cluster.run.stopping import Interrupted, RunStopped
@@ -303,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.fn(args)
-    except (ConfigError, DataError, RunDirError, ClusterAuthError, FileNotFoundError, FileExistsError) as e:
+    except (ConfigError, DataError, RunDirError, ClusterAuthError, SubmitError, FileNotFoundError, FileExistsError) as e:
         _report(e, "error")
         return 2
     except OSError as e:  # e.g. a full disk (learner.checkpoint.SaveError names the path and the free space)

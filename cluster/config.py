@@ -384,7 +384,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), valid
 
 
 def _is_path_problem(problem: str) -> bool:
-    return problem.startswith(("model.path", "data.train", "data.eval", "checkpoint.resume"))
+    return problem.startswith(("model.path", "data.train", "data.eval", "checkpoint.resume", "rollout.env file not found"))
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

@@ -13,9 +13,11 @@ given explicitly so it cannot collide with another Ray here.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,16 +60,17 @@ def train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in rows if r.get("kind") == "train"]
 
 
-@pytest.fixture(scope="module")
-def head():
-    """`<venv>/bin/ray start --head` on 127.0.0.1 with explicit ports; yields (gcs, dashboard) addresses."""
+@contextlib.contextmanager
+def hand_started_head(ports_given: dict | None = None):
+    """`<venv>/bin/ray start --head` on 127.0.0.1 with explicit ports (`ports_given` overrides some);
+    yields (gcs, dashboard) addresses once the dashboard answers."""
     gcs, dash = free_port(), free_port()
     temp_dir = tempfile.mkdtemp(prefix="rg-ext-")  # short: Ray's socket paths have a length limit
     log = open(Path(temp_dir) / "head.log", "w")
     ports = {"--port": gcs, "--dashboard-port": dash, "--node-manager-port": free_port(),
              "--object-manager-port": free_port(), "--ray-client-server-port": free_port(),
              "--dashboard-agent-listen-port": free_port(), "--dashboard-agent-grpc-port": free_port(),
-             "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()}
+             "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()} | (ports_given or {})
     proc = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
          "--num-cpus=4", f"--temp-dir={temp_dir}", f"--min-worker-port={RAY_WORKER_PORTS.start}",
@@ -99,6 +102,13 @@ def head():
             if any(temp_dir in a for a in (p.info["cmdline"] or [])):
                 p.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def head():
+    """One hand-started head for the module's tests."""
+    with hand_started_head() as addresses:
+        yield addresses
 
 
 @pytest.mark.timeout(900)
@@ -171,3 +181,104 @@ def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_
     text = (tmp_path / "train.log").read_text()
     assert train_steps(run_dir) == [1, 2, 3, 4, 5], text[-3000:]
     assert "restart" in text.lower(), text[-3000:]  # the driver saw the kill and brought the worker back
+
+
+# A user's own project, outside the checkout: their config, reward file, environment file and data.
+# Each file notes the directory it was loaded from, so the test can tell the job's copy from this one.
+USER_ENV = '''
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class AskAgain:
+    """Answers the first assistant turn with a user message (which says where this file was loaded
+    from), then ends the episode; rewards 0.25 for taking part."""
+
+    def __init__(self, answer, **fields):
+        self.answer, self.turns = str(answer), 0
+
+    def reset(self):
+        return None
+
+    def step(self, text):
+        self.turns += 1
+        if self.turns == 1:
+            return {"messages": [{"role": "user", "content": f"env loaded from {HERE}: once more?"}], "done": False,
+                    "reward": 0.25}
+        return {"messages": [], "done": True}
+'''
+USER_REWARD = '''
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def longer_is_better(prompt, completion, _messages, **fields):
+    assert HERE != {original!r}, "loaded from the user's own directory, not the job's copy of it"
+    return len(completion) / 100
+'''
+
+
+def user_project(root: Path, model_dir: Path, run_dir: Path) -> Path:
+    project = root / "my-project"
+    (project / "envs").mkdir(parents=True)
+    (project / "envs" / "ask_again.py").write_text(USER_ENV)
+    (project / "my_rewards.py").write_text(USER_REWARD.format(original=str(project)))
+    (project / "problems.jsonl").write_text("".join(
+        json.dumps({"prompt": [{"role": "user", "content": f"Tom has {a} apples and gets {b} more. How many?"}],
+                    "answer": str(a + b)}) + "\n" for a in range(1, 4) for b in range(1, 4)))
+    (project / "train.yaml").write_text(f"""
+model: {{path: {model_dir}}}
+data: {{train: problems.jsonl, num_eval: 0}}
+trainer: {{steps: 2, prompts_per_step: 2, group_size: 2, run_dir: {run_dir}, actor_timeout_s: 300}}
+rollout: {{env: "envs/ask_again.py:AskAgain", max_turns: 2, max_new_tokens: 8, max_model_len: 160, cpu_kv_cache_mb: 64,
+          gpu_memory_utilization: 0.03}}
+reward: {{functions: ["my_rewards.py:longer_is_better"]}}
+learner: {{lr: 1.0e-4, micro_batch_size: 4}}
+metrics: {{tensorboard: false}}
+""")
+    return project
+
+
+@pytest.mark.timeout(900)
+def test_submit_a_users_own_directory_with_its_reward_and_environment_files(head, tiny_chat_model_dir, tmp_path):
+    """`raygrpo submit` of a config outside the checkout: its directory (config, reward file,
+    environment file, data; none of them in the checkout or known to the cluster) travels with the
+    job, raygrpo's own code beside it, and the job loads the files from its copy."""
+    _, dashboard = head
+    run_dir = tmp_path / "run"
+    project = user_project(tmp_path, tiny_chat_model_dir, run_dir)
+    out = subprocess.run([str(BIN / "raygrpo"), "submit", str(project / "train.yaml"), "--address", dashboard],
+                         cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=800)
+    print(out.stdout[-5000:], out.stderr[-3000:])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"working dir {project}, raygrpo's code beside it" in out.stdout and "SUCCEEDED" in out.stdout
+    assert train_steps(run_dir) == [1, 2]
+    rows = [json.loads(x) for x in (run_dir / "completions.jsonl").read_text().splitlines()]
+    # the job's config names the reward file by its absolute path in the job's copy of the directory
+    (name,) = {k for r in rows for k in r["rewards"]}
+    assert name.endswith("my_rewards.py:longer_is_better") and not name.startswith(str(project)), name
+    assert all(r["rewards"][name] is not None for r in rows)  # the reward file ran
+    env_said = [m["content"] for r in rows for m in r["messages"] if m["content"].startswith("env loaded from ")]
+    assert env_said and all(f"from {project}:" not in m for m in env_said)  # the environment file's copy ran
+    assert all(r["env_reward"] == 0.25 for r in rows if r["turns"] == 2)
+
+
+@pytest.mark.timeout(600)
+def test_submit_waits_for_the_job_agent_then_names_the_likely_causes(tiny_model_dir, tmp_path):
+    """Another process holds the port of the head's dashboard agent (as another Ray on the node would):
+    Ray answers "No available agent"; submit waits --agent-wait seconds, saying so, then explains."""
+    blocker = socket.socket()
+    blocker.bind(("0.0.0.0", 0))
+    blocker.listen()
+    with hand_started_head({"--dashboard-agent-listen-port": blocker.getsockname()[1]}) as (_, dashboard):
+        (tmp_path / "c.yaml").write_text(f"model: {{path: {tiny_model_dir}}}\ntrainer: {{run_dir: {tmp_path / 'run'}}}\n")
+        out = subprocess.run([str(BIN / "raygrpo"), "submit", str(tmp_path / "c.yaml"), "--address", dashboard,
+                              "--agent-wait", "5"], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
+                             timeout=300)
+    blocker.close()
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "has no job agent ready yet" in out.stdout and "waiting up to 5 s" in out.stdout
+    assert "no job agent to take the job after 5 s" in out.stderr and "--dashboard-agent-listen-port" in out.stderr
+    assert "still starting" in out.stderr and "Traceback" not in out.stderr

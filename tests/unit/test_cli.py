@@ -38,11 +38,14 @@ def test_missing_model_dir_exit_2(tmp_path, capsys):
     assert "is not a model directory" in capsys.readouterr().err
 
 
-def test_submit_refuses_a_config_outside_the_project(tmp_path, capsys):
+def test_submit_checks_the_users_files_before_contacting_the_cluster(tmp_path, capsys):
+    """A config outside the checkout: its directory is the working dir, and a reward file the config
+    names but that directory lacks is refused before anything is uploaded (no cluster at that address)."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("{}\n")
+    cfg.write_text("reward: {functions: [my_rewards.py:score]}\n")
     assert main(["submit", str(cfg), "--address", "http://127.0.0.1:1"]) == 2
-    assert "outside the project directory" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'my_rewards.py'} does not exist" in err and "relative to it" in err
 
 
 def test_unknown_reward_function_is_a_config_error(tmp_path, capsys):

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import cli, job_entry
+from cluster import job_entry
 from cluster.bench import command, report
+from cluster.launch import submit
 from cluster.paths import PROJECT_ROOT
 
 
@@ -43,8 +44,8 @@ def test_setup_py_entry_points_resolve(group):
 
 
 def test_submit_entry_script_and_the_module_it_runs_resolve():
-    script = cli.JOB_ENTRY.read_text()  # submit's entrypoint: `sh <JOB_ENTRY relative to the project> train ...`
-    assert cli.JOB_ENTRY.resolve().is_relative_to(PROJECT_ROOT)
+    script = submit.JOB_ENTRY.read_text()  # submit's entrypoint: `sh <JOB_ENTRY relative to the project> train ...`
+    assert submit.JOB_ENTRY.resolve().is_relative_to(PROJECT_ROOT)
     modules = re.findall(r"-m ([\w.]+)", script)
     assert modules == ["cluster.job_entry"], modules
     assert resolve(modules[0]) is job_entry and callable(job_entry.main)

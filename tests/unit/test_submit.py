@@ -1,0 +1,99 @@
+"""cluster/launch/submit.py: what travels with a job, what its entrypoint runs, the wait for Ray's job agent.
+The job submission client is faked here; tests/e2e/test_external_cluster.py submits to a real head."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cluster.config import RunConfig
+from cluster.launch import submit
+from cluster.paths import PROJECT_ROOT
+
+
+def test_a_config_in_the_checkout_uploads_the_checkout():
+    wd, rel, modules = submit.plan(PROJECT_ROOT / "examples" / "cpu_demo.yaml", None)
+    assert (wd, rel, modules) == (PROJECT_ROOT, Path("examples/cpu_demo.yaml"), [])
+
+
+def test_a_config_outside_uploads_its_directory_with_raygrpo_beside_it(tmp_path):
+    (tmp_path / "configs").mkdir()
+    cfg = tmp_path / "configs" / "run.yaml"
+    wd, rel, modules = submit.plan(cfg, None)
+    assert wd == tmp_path / "configs" and rel == Path("run.yaml")
+    assert modules == [str(PROJECT_ROOT / p) for p in ("actors", "learner", "cluster")]
+    wd, rel, _ = submit.plan(cfg, str(tmp_path))  # --working-dir: the project root above the config
+    assert wd == tmp_path and rel == Path("configs/run.yaml")
+    with pytest.raises(submit.SubmitError, match="is not inside the working dir"):
+        submit.plan(cfg, str(PROJECT_ROOT))
+    with pytest.raises(submit.SubmitError, match="is not a directory"):
+        submit.plan(cfg, str(tmp_path / "nope"))
+
+
+def test_the_files_a_config_names_are_checked_as_the_job_will_see_them(tmp_path):
+    (tmp_path / "rewards.py").write_text("def f(prompt, completion, **kw): return 0.0\n")
+    cfg = RunConfig()
+    cfg.reward.functions = ["rewards.py:f", "exact_match"]
+    cfg.rollout.env = "envs/tool_env.py:ToolEnv"
+    cfg.data.train = f"{tmp_path}/train.jsonl,/shared/data/more.jsonl"
+    cfg.trainer.run_dir = "runs/x"
+    problems, warnings = submit.file_problems(cfg, tmp_path)
+    assert len(problems) == 2
+    assert f"rollout.env 'envs/tool_env.py:ToolEnv': {tmp_path}/envs/tool_env.py does not exist" in problems[0]
+    assert "absolute path inside the working dir" in problems[1] and ": train.jsonl" in problems[1]
+    assert any("/shared/data/more.jsonl" in w and "must exist at that path" in w for w in warnings)
+    assert any("trainer.run_dir 'runs/x' is relative" in w for w in warnings)
+
+
+def test_the_working_dir_entrypoint_finds_job_entry_through_pythonpath(tmp_path):
+    """In working-dir mode the job's shell runs cluster/job_entry.sh from raygrpo's py_modules copy,
+    wherever Ray unpacked it; every argument arrives as it was given."""
+    fake = tmp_path / "_ray_pkg_1" / "cluster"
+    fake.mkdir(parents=True)
+    (fake / "job_entry.sh").write_text('printf "%s|" "$@"\n')
+    command = submit.entrypoint(Path("cfg dir/run.yaml"), ["reward.functions=['a.py:f']"], "WARNING", ["x"])
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}/elsewhere:{tmp_path / '_ray_pkg_1'}"}
+    out = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "train|cfg dir/run.yaml|reward.functions=['a.py:f']|--log-level|WARNING|ray.address=auto|"
+    out = subprocess.run(command, shell=True, env={**env, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True)
+    assert out.returncode == 3 and "cluster/job_entry.sh is on none of this job's PYTHONPATH" in out.stderr
+    assert submit.entrypoint(Path("examples/c.yaml"), [], "INFO", []).startswith("sh cluster/job_entry.sh train examples/c.yaml")
+
+
+class FakeClient:
+    def __init__(self, failures: list[str]):
+        self.failures, self.calls = list(failures), 0
+
+    def submit_job(self, **job):
+        self.calls += 1
+        if self.failures:
+            raise RuntimeError(self.failures.pop(0))
+        return "raysubmit_1"
+
+
+def clock_and_sleep():
+    now = [0.0]
+    return (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
+
+
+def test_submit_waits_for_the_job_agent_and_says_so_once():
+    said = []
+    clock, sleep = clock_and_sleep()
+    agent = "Request failed with status code 500: No available agent to submit job, please try again later."
+    client = FakeClient([agent, agent])
+    job = submit.submit_waiting_for_agent(client, "http://h:8265", 60, say=lambda *a, **k: said.append(a[0]),
+                                          sleep=sleep, clock=clock, entrypoint="x")
+    assert job == "raysubmit_1" and client.calls == 3
+    assert len(said) == 1 and "waiting up to 60 s" in said[0]
+
+
+def test_an_agent_that_never_comes_is_explained():
+    clock, sleep = clock_and_sleep()
+    client = FakeClient(["500: No available agent to submit job, please try again later."] * 100)
+    with pytest.raises(submit.AgentUnavailable) as e:
+        submit.submit_waiting_for_agent(client, "http://h:8265", 10, say=lambda *a, **k: None, sleep=sleep, clock=clock)
+    assert "--dashboard-agent-listen-port" in str(e.value) and "still starting" in str(e.value)
+    assert "after 10 s" in str(e.value) and client.calls == 6
+    with pytest.raises(RuntimeError, match="something else"):  # any other error: at once, unchanged
+        submit.submit_waiting_for_agent(FakeClient(["something else"]), "http://h:8265", 10, sleep=sleep, clock=clock)
