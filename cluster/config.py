@@ -22,6 +22,7 @@ import yaml
 from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
 from actors.envs import env_spec_problems
 from actors.runtime.checks import at_least
+from cluster.config_names import unknown_key_problem
 from cluster.data.files import path_problem, split_paths
 from cluster.data.model_check import model_problems, weight_problems
 from cluster.paths import absolute_paths
@@ -299,6 +300,15 @@ def _coerce(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
     return value
 
 
+def _dotted_keys(cls, prefix: str = "") -> list[str]:
+    """Every config key as `section.key` (what "did you mean" chooses from)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        out += _dotted_keys(tp, f"{prefix}{f.name}.") if dataclasses.is_dataclass(tp) else [prefix + f.name]
+    return out
+
+
 def _build(cls, data: Any, where: str, problems: list[str]):
     if not isinstance(data, dict):
         problems.append(f"{where or 'config'}: expected a mapping, got {data!r}")
@@ -307,7 +317,7 @@ def _build(cls, data: Any, where: str, problems: list[str]):
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
-            problems.append(f"unknown key {where + '.' if where else ''}{key} (known: {', '.join(sorted(names))})")
+            problems.append(unknown_key_problem(str(key), where, sorted(names), _dotted_keys(RunConfig)))
     kwargs = {}
     for k, v in data.items():
         if k in names:
