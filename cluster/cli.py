@@ -91,6 +91,15 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+DEMO_RECIPES = ("addition", "lora", "async", "chat", "tools")  # cluster/demo/recipes.py RECIPES (the CLI imports nothing heavy)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raygrpo", description="GRPO training on Ray: vLLM rollouts, DeepSpeed-ZeRO learner.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -181,15 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dir", help="a run directory written by `raygrpo train` (holds metrics.jsonl)")
     pl.set_defaults(fn=cmd_plot)
 
-    d = add("demo", help="build a small model and show GRPO learning 2-digit addition on CPU",
-                       description="Builds (or reuses) a small Qwen2 model offline, warm-starts it briefly on the task "
-                       "format, then trains it with GRPO through the full system (Ray, vLLM, DeepSpeed, reference "
-                       "actor, weight sync every step) and prints held-out accuracy before and after.")
-    d.add_argument("--run-dir", default="runs/demo")
+    d = add("demo", help="build a small model and show GRPO learning on CPU (2-digit addition, or a --recipe)",
+            description="Builds (or reuses) a small Qwen2 model offline, warm-starts it briefly on the task "
+            "format, then trains it with GRPO through the full system (Ray, vLLM, DeepSpeed, reference, "
+            "a verified weight sync every step) and prints held-out accuracy before and after.")
+    d.add_argument("--recipe", default="addition", choices=DEMO_RECIPES,
+                   help="the training mode shown: addition (default: full fine-tuning, sync schedule), lora (only the "
+                   "adapter travels to vLLM), async (trainer.mode=async), chat (BPE chat model, conversational word "
+                   "problems, gsm8k reward), tools (multi-turn with the calculator environment)")
+    d.add_argument("--run-dir", default=None, help="default: runs/demo, or runs/demo-RECIPE")
     d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo config's)")
     d.add_argument("--cache-dir", default=".cache/demo", help="where the base model and warm start are cached")
     d.add_argument("--seed", type=int, default=None,
                    help="seed of the warm start and of GRPO (sets trainer.seed; default: the demo config's)")
+    d.add_argument("--warm-start-steps", type=_positive_int, default=None, metavar="N",
+                   help="at most N supervised warm-start steps (default: the recipe's cap; it stops earlier at its "
+                   "target accuracy). Fewer give a weaker start: for a quick look, not for a figure")
     d.add_argument("--warm-start-threads", type=int, default=1, choices=range(1, 65), metavar="N",
                    help="torch threads in the warm start (default 1; another count gives another floating-point "
                    "trajectory, as another CPU does)")

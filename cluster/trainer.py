@@ -329,6 +329,9 @@ class Trainer:
             right[i] = right[i] or v
         ok, passk = right[:len(ex)], right[len(ex):]
         m = {"accuracy": sum(ok) / len(ex), f"pass@{t.eval_pass_k}": sum(passk) / len(ex), "num_prompts": len(ex)}
+        if self.cfg.rollout.env:  # how often the greedy trajectories call the environment's tools
+            calls = [g.completions[0].tool_calls if g.completions else 0 for g in greedy]
+            m |= {"tool_calls_per_trajectory": sum(calls) / len(ex), "tool_call_rate": sum(c > 0 for c in calls) / len(ex)}
         self.log.log_eval(self.step, m)
         return m
 

@@ -25,6 +25,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from cluster.config import load_config
 from cluster.data.dataset import load_run_data, load_tokenizer
+from cluster.demo.tasks import chat_rows, tool_rows
 from cluster.demo.tinymodel import TinyModelSpec, is_cached, write_model_dir
 from cluster.demo.warmstart import WarmStartSpec, warm_start
 from cluster.demo.wordproblems import conversational_rows, write_jsonl
@@ -53,17 +54,25 @@ class TinyChatSpec:
     vocab_size: int = 1024  # an upper bound: the small corpus may run out of merges before it
     corpus_size: int = 2000  # word problems the tokenizer is trained on
     pad_token: bool = True  # False: no pad token at all (as some base models ship)
+    # "recipes": also the chat and tools recipes' conversations (cluster/demo/tasks.py), so their
+    # numbers and calc(...) calls tokenize the way the recipes ask them
+    corpus: str = "wordproblems"
 
 
-def _training_corpus(n: int) -> list[str]:
+def _training_corpus(n: int, corpus: str = "wordproblems") -> list[str]:
     """What the BPE merges are learned from: rendered word-problem conversations and their
-    worked answers, plus the characters arithmetic prompts use."""
+    worked answers, plus the characters arithmetic prompts use (and with corpus="recipes", the
+    demo recipes' conversations)."""
     texts = []
     for row in conversational_rows(n, seed=0):
         for m in row["prompt"]:
             texts.append(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n")
         texts.append(f"{IM_START}assistant\n{row['answer']}{IM_END}\n")
     texts.append("0123456789 +-*/=()?.,:;!'\"#<>[]_ " * 4)
+    if corpus == "recipes":
+        for row in tool_rows(n, seed=99, tool_fraction=1.0) + chat_rows(n, seed=99):
+            for m in row["prompt"] + row.get("demo", [{"role": "assistant", "content": row["answer"]}]):
+                texts.append(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n")
     return texts
 
 
@@ -82,7 +91,7 @@ def build_bpe_tokenizer(spec: TinyChatSpec):
         vocab_size=spec.vocab_size, min_frequency=2, show_progress=False,
         special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(_training_corpus(spec.corpus_size), trainer=trainer)
+    tok.train_from_iterator(_training_corpus(spec.corpus_size, spec.corpus), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=IM_END, pad_token=ENDOFTEXT if spec.pad_token else None,
         model_max_length=spec.model.max_position_embeddings, clean_up_tokenization_spaces=False,
@@ -96,7 +105,10 @@ def build_tiny_chat_model(out_dir: str | os.PathLike, spec: TinyChatSpec = TinyC
     from transformers import GenerationConfig
 
     out = Path(out_dir)
-    spec_json = json.dumps({"chat": dataclasses.asdict(spec)}, sort_keys=True)
+    fields = dataclasses.asdict(spec)
+    if fields["corpus"] == "wordproblems":  # models cached before the field existed stay valid
+        del fields["corpus"]
+    spec_json = json.dumps({"chat": fields}, sort_keys=True)
     if is_cached(out, spec_json):
         return out
     tokenizer = build_bpe_tokenizer(spec)

@@ -18,6 +18,7 @@ import random
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,14 +44,25 @@ class WarmStartSpec:
     threads: int = 1  # torch threads; other counts (or CPUs) give a different floating-point trajectory
 
 
-def _encode(tok, examples: list[Example]):
+# What a warm start trains on and how it checks itself; a recipe may bring its own (cluster/demo/recipes.py).
+Sequence = Callable[[object, Example], tuple[list[int], list[int]]]  # (tokenizer, example) -> (ids, loss mask)
+Check = Callable[[object, object, list[Example]], float]  # (model, tokenizer, check examples) -> accuracy
+
+
+def answer_sequence(tok, e: Example) -> tuple[list[int], list[int]]:
+    """prompt + answer + eos, the loss on the answer and eos."""
+    # a rendered example (chat template applied at load) brings its ids; a task prompt is encoded here
+    p = list(e.prompt_ids) or tok(e.prompt, add_special_tokens=False)["input_ids"]
+    a = tok(e.fields["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return p + a, [0] * len(p) + [1] * len(a)
+
+
+def _encode(tok, examples: list[Example], sequence: Sequence = answer_sequence):
     seqs, masks = [], []
     for e in examples:
-        # a rendered example (chat template applied at load) brings its ids; a task prompt is encoded here
-        p = list(e.prompt_ids) or tok(e.prompt, add_special_tokens=False)["input_ids"]
-        a = tok(e.fields["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        seqs.append(p + a)
-        masks.append([0] * len(p) + [1] * len(a))
+        s, m = sequence(tok, e)
+        seqs.append(s)
+        masks.append(m)
     n = max(map(len, seqs))
     ids = torch.full((len(seqs), n), tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     lab = torch.zeros((len(seqs), n), dtype=torch.bool)
@@ -76,13 +88,15 @@ def greedy_accuracy(model, tok, examples: list[Example], max_new_tokens: int = 8
 
 
 def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: list[Example],
-               spec: WarmStartSpec = WarmStartSpec(), progress: bool = True) -> Path:
+               spec: WarmStartSpec = WarmStartSpec(), progress: bool = True, *, sequence: Sequence = answer_sequence,
+               check: Check = greedy_accuracy, task: str = "") -> Path:
     """Fine-tune `base_dir` on `train` (spec.steps, or until spec.target_accuracy); write (or reuse) `out_dir`.
-    `warm_start_result(out_dir)` then says how many steps it took and the accuracy it reached."""
+    `warm_start_result(out_dir)` then says how many steps it took and the accuracy it reached.
+    `sequence` and `check`: what it trains on and how it checks itself; `task` names them in the cache key."""
     out = Path(out_dir)
     first = train[0].prompt if train else ""
-    key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train), "first": first},
-                     sort_keys=True)
+    key = json.dumps({**dataclasses.asdict(spec), "base": str(Path(base_dir).resolve()), "n": len(train), "first": first,
+                      **({"task": task} if task else {})}, sort_keys=True)
     if (out / SPEC_FILE).exists() and (out / SPEC_FILE).read_text() == key and (out / RESULT_FILE).exists():
         return out
     if spec.target_accuracy is not None and len(train) <= spec.num_check + spec.batch_size:
@@ -91,12 +105,13 @@ def warm_start(base_dir: str | os.PathLike, out_dir: str | os.PathLike, train: l
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
-        return _train_and_save(base_dir, out, train, spec, key, progress)
+        return _train_and_save(base_dir, out, train, spec, key, progress, sequence, check)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSpec, key: str, progress: bool) -> Path:
+def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSpec, key: str, progress: bool,
+                    sequence: Sequence, check_fn: Check) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(spec.seed)
@@ -119,7 +134,7 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
     for step in steps:
         if check and step > 0 and step % spec.check_every == 0:
             model.eval()
-            accuracy = greedy_accuracy(model, tok, check)
+            accuracy = check_fn(model, tok, check)
             model.train()
             if progress:
                 print(f"warm start: step {step}, greedy accuracy {accuracy:.3f} on {len(check)} held-out prompts "
@@ -130,7 +145,7 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
                 break
         if progress and not tty and step % 100 == 0:
             print(f"warm start: step {step}/{spec.steps}", flush=True)
-        ids, att, lab = _encode(tok, rng.sample(train, spec.batch_size))
+        ids, att, lab = _encode(tok, rng.sample(train, spec.batch_size), sequence)
         logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
         target, mask = ids[:, 1:], lab[:, 1:]
         loss = torch.nn.functional.cross_entropy(logits[mask], target[mask])
@@ -141,7 +156,7 @@ def _train_and_save(base_dir, out: Path, train: list[Example], spec: WarmStartSp
         sched.step()
     model.eval()
     if check and taken == spec.steps:
-        accuracy = greedy_accuracy(model, tok, check)
+        accuracy = check_fn(model, tok, check)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
         shutil.rmtree(out)

@@ -1,0 +1,59 @@
+"""The demo recipes' parts that need no engines: their data, the tools warm start's loss mask, the CLI."""
+from __future__ import annotations
+
+import pytest
+
+from cluster.cli import build_parser
+from cluster.data.dataset import Example
+from cluster.demo.recipes import RECIPES
+from cluster.demo.tasks import chat_rows, conversation_sequence, tool_rows
+from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
+from cluster.demo.warmstart import WarmStartSpec
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_bpe_tokenizer(TinyChatSpec(corpus="recipes"))
+
+
+def test_rows_are_deterministic_and_answered_gsm8k_style():
+    assert chat_rows(5, seed=1, lo=1, hi=9, b_lo=1, b_hi=9) == chat_rows(5, seed=1, lo=1, hi=9, b_lo=1, b_hi=9)
+    row = chat_rows(1, seed=1, lo=1, hi=9, b_lo=1, b_hi=9)[0]
+    work, answer = row["answer"].split("\n#### ")
+    assert eval(work.split(" = ")[0]) == int(answer) == int(work.split(" = ")[1])  # noqa: S307 (our own digits)
+    tools = tool_rows(200, seed=1, tool_fraction=0.3)
+    calls = [r for r in tools if len(r["demo"]) == 3]
+    assert 30 < len(calls) < 90  # about 0.3 of the rows show the call
+    a, b = calls[0]["demo"][0]["content"][5:-1].split(" * ")
+    assert calls[0]["demo"][1]["content"] == str(int(a) * int(b)) and calls[0]["answer"] == f"#### {int(a) * int(b)}"
+    assert all(len(r["demo"]) == 1 for r in tool_rows(50, seed=2, tool_fraction=0.0))
+
+
+def test_the_tools_warm_start_learns_the_assistant_turns_only(tok):
+    row = next(r for r in tool_rows(20, seed=1, tool_fraction=0.5) if len(r["demo"]) == 3)
+    prompt_ids = tok.encode(tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True),
+                            add_special_tokens=False)
+    ids, mask = conversation_sequence(tok, Example(row["prompt"], row, prompt_ids))
+    assert ids[:len(prompt_ids)] == list(prompt_ids) and not any(mask[:len(prompt_ids)])
+    learned = tok.decode([i for i, m in zip(ids, mask) if m])
+    # the two assistant turns, each with its end-of-turn token; not the tool's answer, not the template
+    assert learned == f"{row['demo'][0]['content']}<|im_end|>{row['answer']}<|im_end|>"
+    assert f"<|im_start|>tool\n{row['demo'][1]['content']}<|im_end|>" in tok.decode(ids)
+
+
+def test_cli_recipe_and_warm_start_steps():
+    p = build_parser()
+    args = p.parse_args(["demo"])
+    assert args.recipe == "addition" and args.run_dir is None and args.warm_start_steps is None
+    assert set(p._subparsers._group_actions[0].choices["demo"]._option_string_actions["--recipe"].choices) == set(RECIPES)
+    with pytest.raises(SystemExit):
+        p.parse_args(["demo", "--recipe", "poetry"])
+    with pytest.raises(SystemExit):
+        p.parse_args(["demo", "--warm-start-steps", "0"])
+
+
+def test_the_addition_recipes_share_the_demo_warm_start_and_the_others_do_not():
+    spec = WarmStartSpec(target_accuracy=0.25, seed=2)
+    names = {name: r.warm_start_name(spec) for name, r in RECIPES.items()}
+    assert names["addition"] == names["lora"] == names["async"] == "warm-to0.25-seed2-threads1"
+    assert len({names["addition"], names["chat"], names["tools"]}) == 3
