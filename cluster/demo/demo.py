@@ -85,11 +85,11 @@ def run_demo(args) -> int:
     before, after = summary["before"], summary["after"]
     k = cfg.trainer.eval_pass_k
     print(f"\n[4/4] held-out evaluation ({before['num_prompts']} unseen prompts)")
-    print(f"    {'':28}{'before':>10}{'after':>10}")
+    print(f"    {'':36}{'before':>10}{'after':>10}")
     rows = [("accuracy (greedy)", "accuracy"), (f"pass@{k}", f"pass@{k}")]
     rows += [(f"{name} (greedy)", name) for name in TOOL_ROWS if recipe.tool_stats]
     for label, key in rows:
-        print(f"    {label:28}{before[key]:>10.3f}{after[key]:>10.3f}")
+        print(f"    {label:36}{before[key]:>10.3f}{after[key]:>10.3f}")
     print(f"    {noise_verdict(before['accuracy'], after['accuracy'], before['num_prompts'])}")
     run_dir = Path(summary["run_dir"])
     verified = [r.get("sync_verified") for r in read_metrics(run_dir)]

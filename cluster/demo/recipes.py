@@ -19,6 +19,7 @@ The three addition recipes share their base model and cached warm start.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster.demo.checks import forced_call_accuracy, gsm8k_accuracy
@@ -48,6 +49,7 @@ class Recipe:
     config: Path  # the run's config; `overrides` apply on top, the user's dotted overrides after them
     overrides: tuple[str, ...] = ()
     base: str = "addition"  # the base model: "addition" (character-level) or "chat" (BPE, ChatML)
+    rows: Callable[[], tuple[list[dict], list[dict]]] | None = None  # (train, held-out) rows; None: the config's task
     warm_start: WarmStartSpec = ADDITION_WARM_START
     sequence: Sequence = answer_sequence  # what the warm start trains on
     check: Check = greedy_accuracy  # how it checks itself (stops at warm_start.target_accuracy)
@@ -62,15 +64,20 @@ class Recipe:
     def write_data(self, cache: Path) -> list[str]:
         """The recipe's train and held-out JSONL files under `cache` (deterministic), as overrides;
         [] for the addition task, which the config generates itself."""
-        if self.name == "chat":
-            train, held = chat_rows(TRAIN_ROWS, seed=1, **ONE_DIGIT), chat_rows(EVAL_ROWS, seed=2, **ONE_DIGIT)
-        elif self.name == "tools":
-            train = tool_rows(TRAIN_ROWS, seed=1, tool_fraction=TOOL_FRACTION)
-            held = tool_rows(EVAL_ROWS, seed=2, tool_fraction=0.0)
-        else:
+        if self.rows is None:
             return []
+        train, held = self.rows()
         d = cache / f"data-{self.name}"
         return [f"data.train={write_jsonl(d / 'train.jsonl', train)}", f"data.eval={write_jsonl(d / 'eval.jsonl', held)}"]
+
+
+def chat_data() -> tuple[list[dict], list[dict]]:
+    return chat_rows(TRAIN_ROWS, seed=1, **ONE_DIGIT), chat_rows(EVAL_ROWS, seed=2, **ONE_DIGIT)
+
+
+def tools_data() -> tuple[list[dict], list[dict]]:
+    """The held-out prompts carry no demonstration: they are only asked."""
+    return tool_rows(TRAIN_ROWS, seed=1, tool_fraction=TOOL_FRACTION), tool_rows(EVAL_ROWS, seed=2, tool_fraction=0.0)
 
 
 EXAMPLES = PROJECT_ROOT / "examples"
@@ -80,10 +87,10 @@ RECIPES = {r.name: r for r in (
                                                 "learner.lora_sync=adapter", "reference.placement=learner")),
     Recipe("async", EXAMPLES / "cpu_demo.yaml", ("trainer.mode=async", "reference.placement=auto", "rollout.threads=0",
                                                  "learner.threads=0", "reference.threads=0")),
-    Recipe("chat", EXAMPLES / "recipe_chat.yaml", base="chat", check=gsm8k_accuracy,
+    Recipe("chat", EXAMPLES / "recipe_chat.yaml", base="chat", rows=chat_data, check=gsm8k_accuracy,
            warm_start=WarmStartSpec(steps=1000, batch_size=64, lr=1e-3, target_accuracy=0.25, check_every=10,
                                     num_check=200)),
-    Recipe("tools", EXAMPLES / "recipe_tools.yaml", base="chat", sequence=conversation_sequence,
+    Recipe("tools", EXAMPLES / "recipe_tools.yaml", base="chat", rows=tools_data, sequence=conversation_sequence,
            check=forced_call_accuracy, check_name="greedy accuracy with a forced first call", tool_stats=True,
            warm_start=WarmStartSpec(steps=2000, batch_size=64, lr=1e-3, target_accuracy=0.5, check_every=50,
                                     num_check=200)),

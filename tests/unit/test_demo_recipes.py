@@ -1,6 +1,8 @@
 """The demo recipes' parts that need no engines: their data, the tools warm start's loss mask, the CLI."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cluster.cli import build_parser
@@ -57,3 +59,17 @@ def test_the_addition_recipes_share_the_demo_warm_start_and_the_others_do_not():
     names = {name: r.warm_start_name(spec) for name, r in RECIPES.items()}
     assert names["addition"] == names["lora"] == names["async"] == "warm-to0.25-seed2-threads1"
     assert len({names["addition"], names["chat"], names["tools"]}) == 3
+
+
+def test_recipe_data_files(tmp_path):
+    assert RECIPES["addition"].write_data(tmp_path) == []
+    for name, first_user in (("chat", "has"), ("tools", "boxes of")):
+        overrides = RECIPES[name].write_data(tmp_path)
+        train, held = (o.split("=", 1)[1] for o in overrides)
+        assert overrides[0].startswith("data.train=") and overrides[1].startswith("data.eval=")
+        rows = [json.loads(line) for line in open(train)]
+        assert len(rows) == 5000 and len(open(held).read().splitlines()) == 400
+        assert first_user in rows[0]["prompt"][1]["content"] and rows[0]["answer"].startswith(
+            "#### " if name == "tools" else "")
+    held_tools = [json.loads(line) for line in open(tmp_path / "data-tools" / "eval.jsonl")]
+    assert all(len(r["demo"]) == 1 for r in held_tools)  # the held-out rows show no call
