@@ -115,29 +115,62 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
-    """Reward functions: registry names or `path/to/file.py:function`, summed with weights."""
+    """Reward functions, summed with weights: built-ins, `path/to/file.py:function`, `model:PATH`
+    (a reward model), `http(s)://...` (a remote verifier); actors/reward_kinds.py."""
 
-    # gsm8k | math_verify | exact_match | format | overlong_penalty | path/to/file.py:fn (per-sample or TRL-style)
+    # gsm8k | math_verify | exact_match | format | overlong_penalty | path/to/file.py:fn (per-sample or
+    # TRL-style) | model:PATH | http://HOST[:PORT]/PATH
     functions: list[str] = field(default_factory=lambda: ["exact_match"])
     weights: list[float] = field(default_factory=list)  # empty: 1.0 each
-    timeout_s: float = 10.0  # per call; a call past it counts as a reward error
+    # Metric names, one per function (rewards/<name>/mean, ...); empty: the built-in's name, the Python
+    # function's __name__, the reward model directory's basename, the URL's host and path.
+    names: list[str] = field(default_factory=list)
+    timeout_s: float = 10.0  # per call of user code; a call past it counts as a reward error
     fallback: float = 0.0  # reward given to a sample whose reward function raised / timed out
     num_procs: int = 2  # isolated processes that run user reward code
     # DAPO soft overlong punishment (used by the `overlong_penalty` built-in)
     overlong_buffer: int = 8
     answer_key: str = "answer"  # the column the answer checkers (gsm8k, math_verify, exact_match) compare against
+    # model:PATH entries: one RewardModelActor each (a Ray actor like the reference), batched forward passes
+    model_num_cpus: float = 0.25
+    model_num_gpus: float = 0.0
+    model_batch_size: int = 16  # sequences per forward pass
+    model_dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    model_max_len: int = 2048  # tokens of prompt + completion; longer inputs keep their last tokens (counted)
+    model_max_restarts: int = 3  # Ray restarts a dead reward-model actor (and retries its call) this many times
+    # http(s):// entries: POST {"prompts", "completions", <columns>} batches, read {"rewards": [float | null]}
+    http_timeout_s: float = 30.0  # per request; a request past it counts as an error for its samples
+    http_max_retries: int = 3  # on connection errors, 5xx and 429, with backoff; never on other 4xx
+    http_max_batch: int = 64  # samples per request
+    http_concurrency: int = 4  # requests in flight at once, per verifier
 
     def problems(self) -> list[str]:
         p = []
         # reward.functions may be empty when rollout.env supplies the rewards (checked by the run's config)
         if self.weights and len(self.weights) != len(self.functions):
             p.append(f"reward.weights has {len(self.weights)} entries but reward.functions has {len(self.functions)}")
+        if self.names and len(self.names) != len(self.functions):
+            p.append(f"reward.names has {len(self.names)} entries but reward.functions has {len(self.functions)}")
         if self.timeout_s <= 0:
             p.append(f"reward.timeout_s must be > 0, got {self.timeout_s}")
         at_least(p, "reward.num_procs", self.num_procs, 1)
         at_least(p, "reward.overlong_buffer", self.overlong_buffer, 0)
         if not self.answer_key:
             p.append("reward.answer_key is empty: name the answer column")
+        if self.model_num_cpus < 0 or self.model_num_gpus < 0:
+            p.append(f"reward.model_num_cpus and reward.model_num_gpus must be >= 0, got {self.model_num_cpus} "
+                     f"and {self.model_num_gpus}")
+        at_least(p, "reward.model_batch_size", self.model_batch_size, 1)
+        at_least(p, "reward.model_max_len", self.model_max_len, 2)
+        if self.model_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            p.append(f"reward.model_dtype must be auto|float32|bfloat16|float16, got {self.model_dtype!r}")
+        if self.model_max_restarts < -1:
+            p.append(f"reward.model_max_restarts must be >= 0 (or -1: unlimited), got {self.model_max_restarts}")
+        if self.http_timeout_s <= 0:
+            p.append(f"reward.http_timeout_s must be > 0, got {self.http_timeout_s}")
+        at_least(p, "reward.http_max_retries", self.http_max_retries, 0)
+        at_least(p, "reward.http_max_batch", self.http_max_batch, 1)
+        at_least(p, "reward.http_concurrency", self.http_concurrency, 1)
         return p
 
 

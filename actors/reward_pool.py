@@ -1,10 +1,19 @@
 """Running reward code in isolated worker processes, and calling a reward function safely.
 
-User reward functions (and `math_verify`) run here, not in the driver: a call that raises,
-returns a non-number / NaN, exceeds its timeout (its process is killed and replaced) or kills its
-process comes back as an error for that one call, and nothing can hang the run. `WorkerProcess`,
-`serve` and `close_workers` are also the shell of actors/envs.py's environment processes. The scoring
-itself (forms, weights, fallbacks) is actors/rewards.py.
+User reward functions (and `math_verify`) run here, not in the driver: each in a worker under a
+keeper process of its own (actors/worker_process.py), so the function's "parent" is not the
+driver. A call that raises, returns a non-number / NaN, exceeds its timeout or kills its
+process comes back as an error for that one call, and nothing can hang the run. A call that
+returns None means "cannot score this sample" (unscorable), which the scorer handles.
+
+Timeouts run concurrently. A worker runs one call at a time on its main thread (so code that
+is not thread-safe, or that uses signal.alarm, works as it would in TRL), each call with its
+own deadline. When a function times out on at least as many calls as it finished in a batch,
+it is taken for hung: its remaining calls are all sent out at once, on threads of the
+workers, each with its own deadline, so a batch of 256 hanging calls costs about two
+timeouts, not 256 / num_procs of them. A worker with a timed-out call is retired (its stuck
+thread cannot be stopped): a fresh one takes its place at once, and the old one is killed
+when its other calls have ended. The scoring itself (forms, weights, nulls) is actors/rewards.py.
 
 Deliberately light: no torch import, so the worker processes start fast.
 """
@@ -16,15 +25,21 @@ import math
 import multiprocessing as mp
 import numbers
 import os
+import queue
 import re
+import threading
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_connections
 
 from actors.reward_functions import REWARDS
+from actors.reward_progress import ScoringProgress
+from actors.worker_process import STARTUP_TIMEOUT_S, WorkerProcess, close_workers  # noqa: F401 - actors/env_pool.py imports them from here
 
-STARTUP_TIMEOUT_S = 120.0
+MAX_CALLS_PER_PROCESS = 256  # threads one worker runs at once for a hung function
+TIMED_OUT = "timed out after"  # how a timed-out call's error text starts
 
 
 # --------------------------------------------------------------------------- #
@@ -44,9 +59,9 @@ def _accepted(fn: Callable, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-def call_one(fn: Callable, prompt, completion: str, fields: dict) -> float:
-    """A per-sample call, its value checked."""
-    return _as_reward(fn(prompt, completion, **_accepted(fn, fields)))
+def call_one(fn: Callable, prompt, completion: str, fields: dict) -> float | None:
+    """A per-sample call, its value checked (None: the function cannot score this sample)."""
+    return as_reward(fn(prompt, completion, **_accepted(fn, fields)))
 
 
 def _call_batched(fn: Callable, prompts: list, completions: list, columns: dict) -> list[float | None]:
@@ -54,7 +69,7 @@ def _call_batched(fn: Callable, prompts: list, completions: list, columns: dict)
     out = fn(**_accepted(fn, {"prompts": prompts, "completions": completions, **columns}))
     if not isinstance(out, (list, tuple)) or len(out) != len(prompts):
         raise TypeError(f"returned {type(out).__name__} {out!r:.80}, not a list of {len(prompts)} rewards")
-    return [None if v is None else _as_reward(v) for v in out]
+    return [as_reward(v) for v in out]
 
 
 def _run_call(fn: Callable, call: tuple):
@@ -63,12 +78,15 @@ def _run_call(fn: Callable, call: tuple):
     return _call_batched(fn, a, b, c) if kind == "batch" else call_one(fn, a, b, c)
 
 
-def _as_reward(value) -> float:
+def as_reward(value) -> float | None:
+    """A finite number as float; None stays None (unscorable); anything else raises."""
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"returned {type(value).__name__} {value!r:.80}, not a number")
+        raise TypeError(f"returned {type(value).__name__} {value!r:.80}, not a number or None")
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"returned {value}")
+        raise ValueError(f"returned {value} (return None for a sample that cannot be scored)")
     return value
 
 
@@ -94,161 +112,220 @@ def load_file_function(spec: str) -> Callable:
 
 
 # --------------------------------------------------------------------------- #
-# Worker processes for user code
+# The worker: one call at a time on the main thread, a hung function's calls on threads
 # --------------------------------------------------------------------------- #
 def _load(spec: str) -> Callable:
     return REWARDS[spec] if spec in REWARDS else load_file_function(spec)
 
 
 def _worker_main(conn, specs: list[str]) -> None:
-    """Load every function once, say "ready" (with load errors and which are batched), then answer
-    calls until told to stop."""
-    functions, errors, batched = {}, {}, {}
+    """Load every function once, say "ready" (load errors, which are batched, their __name__s), then
+    answer calls until told to stop. ("main", ...) calls run one after another on this thread;
+    ("thread", ...) calls each start a thread of their own at once."""
+    functions, errors, batched, names = {}, {}, {}, {}
     for spec in specs:
         try:
             functions[spec] = _load(spec)
             batched[spec] = is_batched(functions[spec])
+            names[spec] = getattr(functions[spec], "__name__", spec.rpartition(":")[2])
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             errors[spec] = f"{type(e).__name__}: {e}"
-    conn.send(("ready", errors, batched))
+    conn.send(("ready", errors, batched, names))
+    send_lock, main_calls = threading.Lock(), queue.SimpleQueue()
 
-    def answer(msg: tuple) -> tuple:
-        idx, spec, call = msg
+    def answer(idx: int, spec: str, call: tuple) -> None:
         try:
-            return ("result", idx, True, _run_call(functions[spec], call))
+            out = ("result", idx, True, _run_call(functions[spec], call))
         except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
-            return ("result", idx, False, f"{type(e).__name__}: {e}")
+            out = ("result", idx, False, f"{type(e).__name__}: {e}"[:1000])
+        with send_lock:
+            conn.send(out)
 
-    serve(conn, answer)
+    def receive() -> None:  # reads while the main thread is busy (or stuck) in a call
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                msg = None
+            if msg is None:
+                main_calls.put(None)
+                return
+            where, idx, spec, call = msg
+            if where == "thread":
+                threading.Thread(target=answer, args=(idx, spec, call), daemon=True).start()
+            else:
+                main_calls.put((idx, spec, call))
 
-
-def serve(conn, answer: Callable[[tuple], tuple]) -> None:
-    """A worker process's loop: send `answer(msg)` for every message until None arrives or the
-    parent is gone (also the loop of actors/envs.py's environment processes)."""
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        conn.send(answer(msg))
-
-
-class WorkerProcess:
-    """One isolated process and the parent's end of its pipe. `target(conn, specs)` runs in the
-    child (the reward loop here; actors/envs.py runs its environment loop in the same shell)."""
-
-    def __init__(self, ctx, specs, target=_worker_main, name="raygrpo-reward"):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=target, args=(child, specs), daemon=True, name=name)
-        self.proc.start()
-        child.close()
-        self.ready = False
-        self.started = time.monotonic()
-        self.load_errors: dict[str, str] = {}
-        self.batched: dict[str, bool] = {}
-
-    def kill(self):
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
+    threading.Thread(target=receive, name="receive", daemon=True).start()
+    while (item := main_calls.get()) is not None:
+        answer(*item)
 
 
-def close_workers(workers: list[WorkerProcess]) -> None:
-    """Ask each process to exit (None on its pipe), give it a moment, then make sure it is gone."""
-    for w in workers:
-        try:
-            w.conn.send(None)
-        except (OSError, BrokenPipeError):
-            pass
-    for w in workers:
-        w.proc.join(1)
-        w.kill()
+@dataclass(eq=False)
+class _Slot:
+    """A worker and the calls it runs: {call index: (deadline, on a thread?)}."""
+
+    worker: WorkerProcess
+    inflight: dict = field(default_factory=dict)
+    retired: bool = False  # a call timed out here: no new calls; killed once `inflight` is empty
+    broken: bool = False  # its pipe refused a call (the worker died): no new calls; replaced once its end is read
+
+    @property
+    def main_busy(self) -> bool:
+        return any(not threaded for _, threaded in self.inflight.values())
 
 
 class RewardPool:
-    """`num_procs` processes running user reward code, one call at a time each, with a
-    per-call timeout: a stuck process is killed and replaced, so nothing can hang the run."""
+    """`num_procs` isolated workers running user reward code, with a deadline per call."""
 
     def __init__(self, specs: list[str], num_procs: int, timeout_s: float):
-        self.specs, self.timeout_s = list(specs), timeout_s
+        self.specs, self.num_procs, self.timeout_s = list(specs), num_procs, timeout_s
         # spawn: forking a process that holds threads (Ray, vLLM) is unsafe.
         self.ctx = mp.get_context("spawn")
-        self.workers = [WorkerProcess(self.ctx, self.specs) for _ in range(num_procs)]
+        self.slots = [self._start() for _ in range(num_procs)]
         self.replaced = 0
+        self._lock = threading.Lock()  # one batch at a time (the collector and an evaluation may both score)
         self._await_ready()
+
+    def _start(self) -> _Slot:
+        return _Slot(WorkerProcess(self.ctx, self.specs, target=_worker_main, name="raygrpo-reward"))
 
     def _await_ready(self):
         """Wait until every worker loaded the user code; raise its load errors (bad function)."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not all(w.ready for w in self.workers):
+        while not all(s.worker.ready for s in self.slots):
             if time.monotonic() > deadline:
+                self.close()
                 raise TimeoutError(f"reward worker processes did not start in {STARTUP_TIMEOUT_S:.0f}s")
-            self._poll(0.5, busy={}, results=[])
-        errors = self.workers[0].load_errors
-        self.batched = dict(self.workers[0].batched)  # spec -> TRL-style batched function?
-        if errors:
+            self._poll(0.5, [], Counter(), None, [])
+        first = self.slots[0].worker
+        self.batched, self.names = dict(first.batched), dict(first.names)  # spec -> TRL-style? / __name__
+        if first.load_errors:
             self.close()
-            raise ValueError("cannot load reward function(s): " + "; ".join(f"{s}: {e}" for s, e in errors.items()))
+            raise ValueError("cannot load reward function(s): " + "; ".join(f"{s}: {e}" for s, e in first.load_errors.items()))
 
-    def _replace(self, worker: WorkerProcess) -> None:
-        worker.kill()
-        self.workers[self.workers.index(worker)] = WorkerProcess(self.ctx, self.specs)
-        self.replaced += 1
+    # ------------------------------------------------------------------ one batch
+    def run(self, calls: list[tuple], progress: ScoringProgress | None = None) -> list[tuple[bool, object]]:
+        """calls: (spec, call) with call as `_run_call` takes it -> per call (True, value) or (False, error)."""
+        with self._lock:
+            return self._run(calls, progress)
 
-    def _poll(self, timeout: float, busy: dict, results: list) -> None:
+    def _run(self, calls: list[tuple], progress: ScoringProgress | None) -> list[tuple[bool, object]]:
+        results: list = [None] * len(calls)
+        pending, hung = list(range(len(calls))), set()
+        finished, timed_out = Counter(), Counter()  # per spec, this batch
+        idle_since = time.monotonic()
+        while pending or any(s.inflight for s in self.slots):
+            pending = self._dispatch(calls, pending, hung)
+            if any(s.inflight for s in self.slots) or any(s.worker.ready and not s.retired for s in self.slots):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > STARTUP_TIMEOUT_S:
+                raise RuntimeError("no reward worker process became ready")
+            deadlines = [dl for s in self.slots for dl, _ in s.inflight.values()]
+            wait_s = min(deadlines, default=time.monotonic() + 0.1) - time.monotonic()
+            self._poll(min(max(wait_s, 0.0), 0.5), calls, finished, progress, results)
+            self._expire(calls, timed_out, progress, results)
+            for spec in timed_out:
+                if spec not in hung and timed_out[spec] >= max(1, finished[spec]):
+                    hung.add(spec)
+                    left = sum(calls[i][0] == spec for i in pending)
+                    if progress is not None and left:
+                        progress.note(spec, f"timed out on {timed_out[spec]} of its first {timed_out[spec] + finished[spec]} "
+                                      f"calls: its other {left} run at once now, each with its own "
+                                      f"{self.timeout_s:g} s deadline (reward.timeout_s)")
+            self._reap()
+        return results
+
+    def _dispatch(self, calls: list[tuple], pending: list[int], hung: set) -> list[int]:
+        """Send what the workers can take now; returns the calls still waiting."""
+        waiting = []
+        for idx in pending:
+            live = [s for s in self.slots if s.worker.ready and not s.retired and not s.broken]
+            spec, call = calls[idx]
+            if live and spec in hung:  # all at once, on threads, spread over the workers
+                slot = min(live, key=lambda s: len(s.inflight))
+                if len(slot.inflight) < MAX_CALLS_PER_PROCESS and self._send(slot, idx, spec, call, threaded=True):
+                    continue
+            elif live:
+                slot = next((s for s in live if not s.main_busy), None)
+                if slot is not None and self._send(slot, idx, spec, call, threaded=False):
+                    continue
+            waiting.append(idx)
+        return waiting
+
+    def _send(self, slot: _Slot, idx: int, spec: str, call: tuple, threaded: bool) -> bool:
+        """False if the worker is gone (its user code killed it between two calls): the call waits for
+        another worker, and _poll reads the dead one's end (exit code) and replaces it."""
+        try:
+            slot.worker.conn.send(("thread" if threaded else "main", idx, spec, call))
+        except OSError:  # BrokenPipeError, ConnectionResetError
+            slot.broken = True
+            return False
+        slot.inflight[idx] = (time.monotonic() + self.timeout_s, threaded)
+        return True
+
+    def _poll(self, timeout: float, calls: list, finished: Counter, progress, results: list) -> None:
         """Receive what the workers sent within `timeout` seconds (a dead one is replaced)."""
-        by_conn = {w.conn: w for w in self.workers}
+        by_conn = {s.worker.conn: s for s in self.slots}
         for conn in wait_connections(list(by_conn), timeout=max(timeout, 0.0)):
-            worker = by_conn[conn]
+            slot = by_conn[conn]
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                if not worker.ready:  # died while importing the user code: a respawn would die the same way
-                    worker.proc.join(5)
-                    code = worker.proc.exitcode
-                    self.close()
-                    raise ValueError(
-                        f"the reward process ended while importing {', '.join(self.specs)} (exit code {code}): "
-                        "the module must not exit or crash when imported (e.g. sys.exit / os._exit at top level)") from None
-                if worker in busy:
-                    idx, _ = busy.pop(worker)
-                    results[idx] = (False, f"reward process died (exit code {worker.proc.exitcode})")
-                self._replace(worker)
+                self._died(slot, calls, finished, progress, results)
                 continue
             if msg[0] == "ready":
-                worker.ready, worker.load_errors, worker.batched = True, msg[1], msg[2]
-            elif worker in busy and busy[worker][0] == msg[1]:
-                busy.pop(worker)
+                w = slot.worker
+                w.ready, w.load_errors, w.batched, w.names = True, msg[1], msg[2], msg[3]
+            elif msg[1] in slot.inflight:  # (a late answer of a timed-out call is not)
+                del slot.inflight[msg[1]]
                 results[msg[1]] = (msg[2], msg[3])
+                finished[calls[msg[1]][0]] += 1
+                if progress is not None:
+                    progress.finish(calls[msg[1]][0])
 
-    def run(self, calls: list[tuple]) -> list[tuple[bool, float | str]]:
-        """calls: (spec, call) with call as `_run_call` takes it -> per call (True, value) or (False, error)."""
-        results: list = [None] * len(calls)
-        pending, busy = deque(range(len(calls))), {}  # busy: worker -> (call index, deadline)
-        last_ready = time.monotonic()
-        while pending or busy:
-            for w in self.workers:
-                if pending and w.ready and w not in busy:
-                    idx = pending.popleft()
-                    w.conn.send((idx, *calls[idx]))  # (idx, spec, call)
-                    busy[w] = (idx, time.monotonic() + self.timeout_s)
-            if busy:
-                last_ready = time.monotonic()
-            elif time.monotonic() - last_ready > STARTUP_TIMEOUT_S:
-                raise RuntimeError("no reward worker process became ready")
-            wait_s = min((dl for _, dl in busy.values()), default=time.monotonic() + 0.1) - time.monotonic()
-            self._poll(min(wait_s, 0.5), busy, results)
-            now = time.monotonic()
-            for w, (idx, deadline) in list(busy.items()):
+    def _died(self, slot: _Slot, calls: list, finished: Counter, progress, results: list) -> None:
+        code = slot.worker.exitcode()
+        if not slot.worker.ready:  # died while importing the user code: a respawn would die the same way
+            self.close()
+            raise ValueError(
+                f"the reward process ended while importing {', '.join(self.specs)} (exit code {code}): "
+                "the module must not exit or crash when imported (e.g. sys.exit / os._exit at top level)") from None
+        for idx in slot.inflight:
+            results[idx] = (False, f"reward process died (exit code {code})")
+            finished[calls[idx][0]] += 1
+            if progress is not None:
+                progress.finish(calls[idx][0])
+        slot.inflight.clear()
+        slot.worker.kill()
+        self.slots.remove(slot)
+        if not slot.retired:
+            self._replace()
+
+    def _expire(self, calls: list, timed_out: Counter, progress, results: list) -> None:
+        now = time.monotonic()
+        for slot in list(self.slots):
+            for idx, (deadline, _) in list(slot.inflight.items()):
                 if now > deadline:
-                    busy.pop(w)
-                    results[idx] = (False, f"timed out after {self.timeout_s:g}s")
-                    self._replace(w)
-        return results
+                    del slot.inflight[idx]
+                    results[idx] = (False, f"{TIMED_OUT} {self.timeout_s:g}s")
+                    timed_out[calls[idx][0]] += 1
+                    if progress is not None:
+                        progress.finish(calls[idx][0], timed_out=True)
+                    if not slot.retired:  # its stuck thread cannot be stopped: a fresh worker takes over now
+                        slot.retired = True
+                        self._replace()
+
+    def _replace(self) -> None:
+        self.slots.append(self._start())
+        self.replaced += 1
+
+    def _reap(self) -> None:
+        """Kill retired workers whose calls have all ended."""
+        for slot in [s for s in self.slots if s.retired and not s.inflight]:
+            slot.worker.kill()
+            self.slots.remove(slot)
 
     def close(self) -> None:
-        close_workers(self.workers)
-        self.workers = []
+        close_workers([s.worker for s in self.slots])
+        self.slots = []

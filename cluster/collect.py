@@ -26,11 +26,22 @@ if TYPE_CHECKING:
 
 
 class ScoredGroup(NamedTuple):
-    """One prompt's G completions and their rewards."""
+    """One prompt's G completions and their rewards (NaN: unscorable, trained on with a mask of 0s)."""
 
     example: Example
     rollout: PromptRollout
     rewards: list[float]
+
+
+def scorable(rewards: list[float]) -> list[float]:
+    """The rewards that are numbers (NaN marks a sample a reward function could not score)."""
+    return [r for r in rewards if not math.isnan(r)]
+
+
+def has_signal(rewards: list[float]) -> bool:
+    """A group teaches something only if at least two of its scorable rewards differ."""
+    values = scorable(rewards)
+    return len(values) >= 2 and max(values) != min(values)
 
 
 @dataclass
@@ -43,7 +54,10 @@ class CollectStats:
     reward_s: float = 0.0
     ref_s: float = 0.0  # the reference actor's log-probs of the kept completions
     reward_errors: int = 0  # reward calls that raised / timed out (their completions got the fallback)
+    reward_unscorable: int = 0  # completions no reward could score: out of their group and the loss
     error_samples: list[str] = field(default_factory=list)  # the first round's messages that had any
+    # per reward function name: {"values", "errors", "unscorable", "calls", "timeouts", "seconds", "truncated"}
+    reward_functions: dict = field(default_factory=dict)
     groups: int = 0  # groups scored
     failed_groups: int = 0  # groups whose every completion had a failed reward call
     zero_var_groups: int = 0  # groups whose rewards were all equal: no learning signal
@@ -78,10 +92,26 @@ class CollectStats:
 
     def add_group(self, rewards: list[float], gen_tokens: int, failed: bool) -> None:
         self.groups += 1
-        self.rewards += rewards
+        self.rewards += scorable(rewards)
+        self.reward_unscorable += len(rewards) - len(scorable(rewards))
         self.gen_tokens += gen_tokens
         self.failed_groups += failed
-        self.zero_var_groups += max(rewards) == min(rewards)
+        self.zero_var_groups += not has_signal(rewards)
+
+    def add_functions(self, functions: dict) -> None:
+        """Sum one scoring round's per-function stats (actors.rewards.FunctionStats by name) into the step's."""
+        for name, st in functions.items():
+            acc = self.reward_functions.setdefault(name, {"values": [], "errors": 0, "unscorable": 0, "calls": 0,
+                                                          "timeouts": 0, "seconds": 0.0, "truncated": None})
+            for key in acc:
+                if key != "truncated":
+                    acc[key] += getattr(st, key)
+            if st.truncated is not None:  # a reward model
+                acc["truncated"] = (acc["truncated"] or 0) + st.truncated
+
+    def hung_functions(self) -> list[str]:
+        """Reward functions that timed out on every call they were given (in this step so far)."""
+        return [name for name, acc in self.reward_functions.items() if acc["calls"] and acc["timeouts"] == acc["calls"]]
 
     def add_lengths(self, rollout, eos_id: int | None) -> None:
         """Count the lengths of a scored rollout's completions (multi-turn: also per assistant turn,
@@ -105,7 +135,8 @@ class CollectStats:
         """This batch's share of the step's line in metrics.jsonl."""
         rewards = torch.tensor(self.rewards or [float("nan")], dtype=torch.float64)
         return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
-                "reward_errors": self.reward_errors,
+                "reward_errors": self.reward_errors, "reward_unscorable": self.reward_unscorable,
+                **self._function_metrics(),
                 "gen_tokens": self.gen_tokens, "gen_s": self.gen_s, "reward_s": self.reward_s,
                 "zero_var_groups": self.zero_var_groups, "skipped_prompts": self.skipped_prompts,
                 "extra_prompts": self.extra_prompts, **self._length_metrics(), **self._multiturn_metrics()}
@@ -118,6 +149,17 @@ class CollectStats:
                 out |= {f"completions/{prefix}mean_length": sum(lengths) / len(lengths),
                         f"completions/{prefix}min_length": min(lengths), f"completions/{prefix}max_length": max(lengths),
                         f"completions/{prefix}clipped_ratio": clipped / len(lengths)}
+        return out
+
+    def _function_metrics(self) -> dict:
+        out = {}
+        for name, acc in self.reward_functions.items():
+            v = torch.tensor(acc["values"] or [float("nan")], dtype=torch.float64)
+            out |= {f"rewards/{name}/mean": v.mean().item(), f"rewards/{name}/std": v.std().item() if len(v) > 1 else 0.0,
+                    f"rewards/{name}/errors": acc["errors"], f"rewards/{name}/unscorable": acc["unscorable"],
+                    f"rewards/{name}/s": acc["seconds"]}
+            if acc["truncated"] is not None:
+                out[f"rewards/{name}/truncated"] = acc["truncated"]
         return out
 
     def _multiturn_metrics(self) -> dict:
@@ -188,11 +230,14 @@ class Batch:
         # training_rows(): (prompt_ids, completion_ids, behavior_logp, loss_mask or None) per completion,
         # the same for single-turn (actors/rollout.py) and multi-turn (actors/multiturn.py) rollouts
         rows = [row for g in groups for row in g.rollout.training_rows()]
+        rewards = [r for g in groups for r in g.rewards]
+        # an unscorable completion (NaN reward) is kept in its group's place with a loss mask of 0s
+        rows = [(p, c, b, [0] * len(c)) if math.isnan(r) else (p, c, b, m) for (p, c, b, m), r in zip(rows, rewards)]
         masked = any(r[3] is not None for r in rows)
         return cls(
             examples=[g.example for g in groups],
             prompt_ids=[r[0] for r in rows], completion_ids=[r[1] for r in rows], behavior_logp=[r[2] for r in rows],
-            rewards=[r for g in groups for r in g.rewards],
+            rewards=rewards,
             weight_version=min((g.rollout.weight_version for g in groups), default=version_if_empty),
             stream_state=stream_state, stats=stats,
             loss_mask=[r[3] if r[3] is not None else [1] * len(r[1]) for r in rows] if masked else None)
@@ -282,8 +327,9 @@ def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tok
     res = scorer.score([ex.prompt for ex, _ in live for _ in range(G)],
                        [c for _, ro in live for c in ro.completions],
                        [ex.fields for ex, _ in live for _ in range(G)],
-                       max_new_tokens=max_new_tokens)
+                       max_new_tokens=max_new_tokens, group_size=G)
     stats.reward_errors += res.errors
+    stats.add_functions(res.functions)
     stats.error_samples = stats.error_samples or res.error_samples
     if samples > len(stats.samples):  # group advantages are per group: a round's equal the batch's
         advantages = group_advantages(torch.tensor(res.rewards, dtype=torch.float64), G, advantage_estimator).tolist()
@@ -291,10 +337,9 @@ def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tok
     groups = []
     for g, (ex, ro) in enumerate(live):
         rewards = res.rewards[g * G:(g + 1) * G]
-        failed = bool(res.errors) and all(any(math.isnan(v[i]) for v in res.per_function.values())
-                                          for i in range(g * G, (g + 1) * G))
+        failed = all(res.failed[g * G:(g + 1) * G])
         stats.add_group(rewards, model_tokens(ro), failed)
         stats.add_lengths(ro, eos_id)
-        if not (dynamic_sampling and max(rewards) == min(rewards)):
+        if not (dynamic_sampling and not has_signal(rewards)):
             groups.append(ScoredGroup(ex, ro, rewards))
     return groups

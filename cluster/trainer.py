@@ -33,7 +33,7 @@ from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_plots
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
-from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
+from cluster.workers import LearnerGroup, RewardModels, RolloutPool, Stopwatch
 from learner import checkpoint
 from learner.batch import TrainBatch
 from learner.grpo import group_advantages
@@ -69,6 +69,11 @@ class Trainer:
             self.scorer = RewardScorer(cfg.reward)
         except ValueError as e:
             raise ConfigError([str(e)], "reward config") from None
+        problems = self.scorer.data_problems(chat=any(isinstance(e.prompt, list) for e in data.train))
+        if problems:
+            self.scorer.close()
+            raise ConfigError(problems, "reward config")
+        self.reward_models: RewardModels | None = None
         if cfg.rollout.env:
             check_multiturn(cfg)
         self.step = self.version = 0
@@ -122,7 +127,8 @@ class Trainer:
             self.log.close()
         self.log = MetricsLogger(self.run_dir, t.steps, self.step, tensorboard=cfg.metrics.tensorboard,
                                  wandb_init=cfg.metrics.wandb_init(), config=cfg.to_dict(), show_staleness=t.mode == "async",
-                                 show_kl=cfg.algo.beta > 0)
+                                 show_kl=cfg.algo.beta > 0,
+                                 extra_keys=tuple(self.scorer.metric_keys()))
         # resumed: the evaluation before training is the one the first run logged at step 0
         before = (self.evaluate() if self.step == 0 else first_eval(self.run_dir)) if self.heldout else None
         pending: Future | None = None
@@ -158,10 +164,12 @@ class Trainer:
         after = self.evaluate() if self.heldout else None
         final = self.save_checkpoint()
         self.learners.export_hf(str(self.run_dir / "hf_model"))
+        reward_model_restarts = self.reward_models.restarts
         self._teardown()
         write_plots(self.run_dir)
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
-                "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts}
+                "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts,
+                "reward_model_restarts": reward_model_restarts}
 
     def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
         """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""
@@ -269,6 +277,11 @@ class Trainer:
                                   dynamic_sampling=t.dynamic_sampling, eos_id=self.tokenizer.eos_token_id,
                                   samples=m.completions_per_step if m.log_completions else 0,
                                   advantage_estimator=self.cfg.algo.advantage_estimator)
+        for name in stats.hung_functions():  # it would score every sample with the fallback for the rest of the run
+            raise RuntimeError(
+                f"the reward function {name} timed out on every one of its {stats.reward_functions[name]['calls']} "
+                f"calls at step {step + 1} ({self.scorer.timeout_setting(name)}): it hangs, or needs longer. Fix it "
+                f"or raise that timeout; metrics and checkpoints so far are in {self.run_dir}")
         if stats.every_group_failed():
             raise RuntimeError(
                 f"every reward call failed at step {step + 1} ({stats.reward_errors} errors), e.g. "
@@ -346,9 +359,13 @@ class Trainer:
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
         self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
-            cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner())
+            cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner(),
+            reward_models=tuple(self.scorer.model_specs()))
         self.placement = wait_ready(self.actors, cfg.trainer.actor_timeout_s)
         self.threads = apply_thread_budget(self.actors, self.placement, cfg)
+        self.reward_models = RewardModels(self.actors.reward_models, cfg.trainer.actor_timeout_s)
+        for spec in self.actors.reward_models:
+            self.scorer.attach_model(spec, self.reward_models.submitter(spec))
         self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
                      for p in self.placement if "threads_when_collecting_idles" in p}
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
@@ -421,6 +438,9 @@ class Trainer:
         return checkpoint.commit(tmp, self.ckpt_root, self.step, driver_state, keep=self.cfg.checkpoint.keep)
 
     def _teardown(self) -> None:
+        if self.reward_models is not None:
+            self.reward_models.close()
+            self.reward_models = None
         if getattr(self, "actors", None) is not None:
             shutdown_actors(self.actors)
             self.actors = None

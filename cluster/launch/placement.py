@@ -1,11 +1,13 @@
 """Placing and creating the actors of a run: one placement group, a bundle per learner rank, per
-rollout engine and the reference; waiting until each has built its model; tearing them down.
+rollout engine, the reference and each reward model; waiting until each has built its model;
+tearing them down.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from actors.reference import ReferenceActor
+from actors.reward_model import RewardModelActor
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
@@ -20,12 +22,14 @@ class Actors:
     rollouts: list = field(default_factory=list)
     learners: list = field(default_factory=list)
     reference: object | None = None
+    reward_models: dict = field(default_factory=dict)  # model:PATH entry -> its RewardModelActor
     placement_group: object | None = None
     learner_port: int = 0
 
 
-def create_actors(cfg, *, with_reference: bool) -> Actors:
-    """One placement group holds a bundle per learner rank, per rollout engine and the reference.
+def create_actors(cfg, *, with_reference: bool, reward_models: tuple[str, ...] = ()) -> Actors:
+    """One placement group holds a bundle per learner rank, per rollout engine, the reference and
+    each reward model (`reward_models`: the model:PATH entries of reward.functions, paths absolute).
 
     `ray.placement=separate`: a bundle each; `colocate`: learner rank i and engine i share one.
     `ray.strategy` (PACK | SPREAD) says how bundles land on nodes.
@@ -53,6 +57,11 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
         rollout_bundle.append(len(bundles) - 1)
     if with_reference:
         bundles.append(res(ref.num_cpus, ref.num_gpus))
+    reference_bundle = len(bundles) - 1
+    rm_bundle = []
+    for _ in reward_models:
+        bundles.append(res(cfg.reward.model_num_cpus, cfg.reward.model_num_gpus))
+        rm_bundle.append(len(bundles) - 1)
     pg = placement_group(bundles, strategy=cfg.ray.strategy)
     try:
         ray.get(pg.ready(), timeout=cfg.trainer.actor_timeout_s)
@@ -95,8 +104,18 @@ def create_actors(cfg, *, with_reference: bool) -> Actors:
         out.reference = (
             ray.remote(ReferenceActor)
             .options(num_cpus=ref.num_cpus, num_gpus=ref.num_gpus, max_restarts=ref.max_restarts,
-                     max_task_retries=ref.max_restarts, scheduling_strategy=at(len(bundles) - 1))
+                     max_task_retries=ref.max_restarts, scheduling_strategy=at(reference_bundle))
             .remote(cfg.model.path, ref)
+        )
+    for spec, bundle in zip(reward_models, rm_bundle):
+        # Like the reference: scoring is a pure function of its inputs, so Ray restarts a dead reward model
+        # and runs the call it lost again (max_task_retries); the driver waits on it with a timeout.
+        rw = cfg.reward
+        out.reward_models[spec] = (
+            ray.remote(RewardModelActor)
+            .options(num_cpus=rw.model_num_cpus, num_gpus=rw.model_num_gpus, max_restarts=rw.model_max_restarts,
+                     max_task_retries=rw.model_max_restarts, scheduling_strategy=at(bundle))
+            .remote(spec.removeprefix("model:"), rw)
         )
     return out
 
@@ -119,6 +138,9 @@ def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
         infos.append({"role": f"learner-{i}", **wait_for(h.info.remote(), f"learner rank {i}", "starting DeepSpeed", timeout_s)})
     if actors.reference is not None:
         infos.append({"role": "reference", **wait_for(actors.reference.info.remote(), "reference actor", "loading the model", timeout_s)})
+    for i, (spec, h) in enumerate(actors.reward_models.items()):
+        infos.append({"role": f"reward-{i}", "model": spec.removeprefix("model:"),
+                      **wait_for(h.info.remote(), f"reward model {spec}", "loading the reward model", timeout_s)})
     return infos
 
 
@@ -133,7 +155,8 @@ def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str,
                                                         "reference": cfg.reference.threads})
     handles = {**{f"rollout-{i}": h for i, h in enumerate(actors.rollouts)},
                **{f"learner-{i}": h for i, h in enumerate(actors.learners)},
-               **({"reference": actors.reference} if actors.reference is not None else {})}
+               **({"reference": actors.reference} if actors.reference is not None else {}),
+               **{f"reward-{i}": h for i, h in enumerate(actors.reward_models.values())}}
     refs = {role: h.set_threads.remote(budget[role]) for role, h in handles.items()}
     for role, ref in refs.items():
         wait_for(ref, role, "setting its threads", cfg.trainer.actor_timeout_s)
@@ -152,7 +175,7 @@ def shutdown_actors(actors: Actors) -> None:
     import ray
     from ray.util.placement_group import remove_placement_group
 
-    for h in [*actors.rollouts, *actors.learners, actors.reference]:
+    for h in [*actors.rollouts, *actors.learners, actors.reference, *actors.reward_models.values()]:
         if h is not None:
             try:
                 ray.kill(h, no_restart=True)

@@ -19,13 +19,13 @@ and give the cores back when the step returns).
 
 An idle actor holds no core: OpenMP's worker threads spin for about a millisecond after a
 parallel region, then sleep. `rollout.threads`, `learner.threads` and `reference.threads`
-(> 0) override the budget per role.
+(> 0) override the budget per role; a reward-model actor ("reward-i") is budgeted as the reference is.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-ROLES = ("rollout", "learner", "reference")
+ROLES = ("rollout", "learner", "reference", "reward")  # reward: a reward-model actor (model:PATH entries)
 
 
 def thread_budget(mode: str, placement: list[dict], overrides: dict[str, int] | None = None) -> dict[str, int]:
@@ -66,9 +66,9 @@ def role_of(placement_role: str) -> str:
 def _share(mode: str, role: str, count: Counter, cores: int) -> int:
     """One actor's threads on a node with `cores` cores holding `count` actors per role."""
     engines, ranks = count["rollout"], count["learner"]
-    # In async, collecting and training run at once. The reference actor runs right after generation,
-    # on the collecting side (cluster/trainer.py _collect), so it shares the generation cores.
-    collecting = engines or count["reference"]
+    # In async, collecting and training run at once. The reference and reward-model actors run right
+    # after generation, on the collecting side (cluster/trainer.py _collect), so they share its cores.
+    collecting = engines or count["reference"] or count["reward"]
     if mode == "async" and collecting and ranks:
         gen = min(cores - 1, max(1, round(cores * collecting / (collecting + ranks)))) if cores > 1 else 1
         cores = max(1, cores - gen) if role == "learner" else gen

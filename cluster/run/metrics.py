@@ -28,9 +28,11 @@ MULTITURN_KEYS = ("turns_mean", "tool_calls_mean", "env_errors", "env_overflows"
 # the share cut at rollout.max_new_tokens. The turn_* ones: per assistant turn of multi-turn rollouts.
 COMPLETION_KEYS = tuple(f"completions/{turn}{name}" for turn in ("", "turn_")
                         for name in ("mean_length", "min_length", "max_length", "clipped_ratio"))
-# Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0).
+# Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0),
+# and the run's per-reward-function keys rewards/<name>/<stat> (actors/rewards.py metric_keys).
+# reward_unscorable: completions no reward function could score (a null), out of their group and the loss.
 STEP_KEYS = (
-    "step", "reward_mean", "reward_std", "reward_errors", *LEARNER_KEYS,
+    "step", "reward_mean", "reward_std", "reward_errors", "reward_unscorable", *LEARNER_KEYS,
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
     "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
     "sync_bytes", "sync_verified", "sync_verify_s", *COMPLETION_KEYS,
@@ -49,11 +51,13 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
                  wandb_init: dict | None = None, config: dict | None = None, show_staleness: bool = False,
-                 show_kl: bool = True):
+                 show_kl: bool = True, extra_keys: tuple[str, ...] = ()):
         """wandb_init: wandb.init's keywords (project, name, entity, tags); None: no W&B.
         show_staleness: the progress line says how many weight versions behind each batch was (async).
-        show_kl: the progress line shows the KL (not in a run without a KL term, algo.beta = 0)."""
+        show_kl: the progress line shows the KL (not in a run without a KL term, algo.beta = 0).
+        extra_keys: this run's keys beside STEP_KEYS (the per-reward-function ones)."""
         self.run_dir = Path(run_dir)
+        self.keys = (*STEP_KEYS, *extra_keys)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.total, self.start_step, self.t0 = total_steps, start_step, time.time()
@@ -82,10 +86,10 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
     def log_step(self, m: dict) -> None:
-        unknown = m.keys() - set(STEP_KEYS)
+        unknown = m.keys() - set(self.keys)
         if unknown:  # one list of what a step reports: a new metric is declared in STEP_KEYS first
             raise ValueError(f"step metrics {sorted(unknown)} are not in cluster/run/metrics.py STEP_KEYS; add them there")
-        row = {k: m.get(k, float("nan")) for k in STEP_KEYS}
+        row = {k: m.get(k, float("nan")) for k in self.keys}
         self._write({"kind": "train", **row})
         step = int(row["step"])
         if self._tb:

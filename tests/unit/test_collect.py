@@ -14,7 +14,7 @@ import pytest
 import cluster.trainer as trainer_module
 from actors.completions import Completion, PromptRollout
 from actors.multiturn import MultiTurnRollout, Trajectory
-from actors.rewards import RewardResult
+from actors.rewards import REWARD_STATS, FunctionStats, RewardResult
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data.dataset import Example
@@ -59,12 +59,21 @@ class FakePool:
 
 
 class FakeScorer:
-    def score(self, prompts, completions, fields, max_new_tokens=None):
-        rewards = [f["rewards"][i % G] for i, f in enumerate(fields)]
-        return RewardResult(rewards=[0.0 if math.isnan(r) else r for r in rewards],
-                            errors=sum(math.isnan(r) for r in rewards),
-                            error_samples=["boom"] if any(math.isnan(r) for r in rewards) else [],
-                            seconds=0.0, per_function={"f": rewards})
+    """Rewards from the examples' `rewards` field: a number, NaN (a failed call), "timeout" (a call that
+    timed out) or None (a null)."""
+
+    def score(self, prompts, completions, fields, max_new_tokens=None, group_size=None):
+        raw = [f["rewards"][i % G] for i, f in enumerate(fields)]
+        failed = [r == "timeout" or (isinstance(r, float) and math.isnan(r)) for r in raw]
+        values = [v for v, bad in zip(raw, failed) if v is not None and not bad]
+        return RewardResult(rewards=[0.0 if bad else math.nan if r is None else r for r, bad in zip(raw, failed)],
+                            errors=sum(failed), error_samples=["boom"] if any(failed) else [],
+                            seconds=0.0, per_function={"f": raw}, failed=failed, unscorable=raw.count(None),
+                            functions={"f": FunctionStats(values, errors=sum(failed), unscorable=raw.count(None),
+                                                          calls=len(raw), timeouts=raw.count("timeout"), seconds=0.5)})
+
+    def timeout_setting(self, name):
+        return "reward.timeout_s=3"
 
 
 def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, skip=()):
@@ -142,6 +151,27 @@ def test_every_reward_call_failing_stops_the_run_with_the_errors():
     assert b.stats.failed_groups == 1 and b.stats.reward_errors == 2
 
 
+def test_unscorable_completions_stay_in_place_with_a_mask_of_zeros_and_are_counted():
+    b = trainer([[1, None], [None, None], [0, 1]])._collect(step=0)
+    assert b.rewards[:1] == [1] and all(math.isnan(r) for r in b.rewards[1:4]) and b.rewards[4:] == [0, 1]
+    assert b.loss_mask == [[1], [0, 0], [0], [0, 0], [1], [1, 1]]  # out of the loss, in their group's place
+    s = b.stats
+    assert s.reward_unscorable == 3 and s.rewards == [1, 0, 1] and s.zero_var_groups == 2  # < 2 scorable: no signal
+    m = s.metrics()
+    assert m["reward_unscorable"] == 3 and m["reward_mean"] == 2 / 3
+    assert (m["rewards/f/unscorable"], m["rewards/f/errors"], m["rewards/f/s"]) == (3, 0, 0.5)
+    assert m["rewards/f/mean"] == 2 / 3 and "rewards/f/truncated" not in m
+    kept = trainer([[1, None], [None, None], [0, 1]], dynamic=True, want=3, extra=0)._collect(step=0)
+    assert [e.prompt for e in kept.examples] == ["p2"]  # groups with fewer than 2 scorable samples carry no signal
+
+
+def test_a_function_that_timed_out_on_every_call_stops_the_run():
+    with pytest.raises(RuntimeError, match=r"reward function f timed out on every one of its 4 calls at step 1 "
+                                           r"\(reward.timeout_s=3\)"):
+        trainer([["timeout", "timeout"], ["timeout", "timeout"]], want=2)._collect(step=0)
+    trainer([["timeout", 1.0], [0.0, "timeout"]], want=2)._collect(step=0)  # some calls finished: counted, no stop
+
+
 def test_trim_to_ranks():
     groups = [ScoredGroup(Example(str(i)), None, []) for i in range(5)]
     assert len(trim_to_ranks(groups, 2, 4)) == 4 and len(trim_to_ranks(groups, 3, 2)) == 4
@@ -170,11 +200,12 @@ def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
     sw = Stopwatch()
     sw.t.update(train_s=1.0, step_s=2.0)
     row = t._step_metrics(b, learner_metrics, sw)
-    assert set(row) <= set(STEP_KEYS)
+    per_function = {f"rewards/f/{stat}" for stat in REWARD_STATS}  # the run's reward function keys (metric_keys)
+    assert set(row) <= set(STEP_KEYS) | per_function
     if "skipped" not in learner_metrics:
         # single-turn: the multi-turn keys are left to the logger (NaN)
         per_turn = {k for k in COMPLETION_KEYS if "/turn_" in k}
-        assert set(row) == set(STEP_KEYS) - set(MULTITURN_KEYS) - per_turn and row["sync_bytes"] == 10
+        assert set(row) == (set(STEP_KEYS) - set(MULTITURN_KEYS) - per_turn) | per_function and row["sync_bytes"] == 10
     else:
         assert row["update_skipped"] is True and "kl" not in row  # the logger writes it as NaN
 

@@ -159,9 +159,12 @@ def test_user_function_that_hangs_is_killed(user_file):
 
 def test_user_function_returning_junk(user_file):
     with RewardScorer(RewardConfig(functions=[f"{user_file}:junk"], num_procs=1)) as scorer:
-        res = scorer.score(["p"] * 4, ["nan", "str", "none", "fine"], [{}] * 4)
-    assert res.rewards == [0.0, 0.0, 0.0, 0.5]
-    assert res.errors == 3
+        res = scorer.score(["p"] * 4, ["nan", "str", "none", "fine"], [{}] * 4, group_size=4)
+    # NaN and a string are errors (fallback); None is "cannot score this one": left out, not 0
+    assert res.rewards[:2] == [0.0, 0.0] and math.isnan(res.rewards[2]) and res.rewards[3] == 0.5
+    assert res.errors == 2 and res.unscorable == 1 and res.failed == [True, True, False, False]
+    stats = res.functions["junk"]
+    assert (stats.errors, stats.unscorable, stats.values, stats.calls) == (2, 1, [0.5], 4)
 
 
 def test_user_function_that_kills_its_process(user_file):

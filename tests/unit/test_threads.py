@@ -133,3 +133,11 @@ def test_lent_threads_are_taken_at_every_block_of_any_architecture():
     assert [type(b).__name__ for b in model_blocks(qwen)] == ["Qwen2DecoderLayer"] * 2
     lora = get_peft_model(qwen, LoraConfig(r=2, target_modules=["q_proj"]))
     assert [type(b).__name__ for b in model_blocks(lora)] == ["Qwen2DecoderLayer"] * 2
+
+
+def test_a_reward_model_actor_is_budgeted_like_the_reference():
+    placement = actors(2, reference=True) + [{"role": "reward-0", "node_id": "a", "cores": 2}]
+    assert thread_budget("sync", placement)["reward-0"] == 2  # its phase has the node's cores
+    assert thread_budget("async", placement)["reward-0"] == 1  # collecting side, beside the learner
+    alone = actors(2, engines=0, ranks=1) + [{"role": "reward-0", "node_id": "a", "cores": 2}]
+    assert thread_budget("async", alone) == {"learner-0": 1, "reward-0": 1}

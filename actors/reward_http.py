@@ -1,0 +1,206 @@
+"""Remote verifiers: a `reward.functions` entry `http://HOST[:PORT]/PATH` (or https://).
+
+The protocol (README, "Remote verifiers"): raygrpo POSTs a JSON object
+
+    {"prompts": [...], "completions": [...], "<column>": [...], ...}
+
+with at most `reward.http_max_batch` samples: exactly the keywords a TRL-style Python function
+receives (completions are text for string prompts and `[{"role": "assistant", "content": text}]`
+for conversational ones; every dataset column, `completion_ids`, and raygrpo's `_num_tokens`,
+`_finish_reason`, ... as lists), and reads back `{"rewards": [float | null, ...]}`, one per
+sample, null meaning "cannot score this one" (left out of its group, never scored as 0).
+
+- `reward.http_concurrency` requests are in flight at once; each waits `reward.http_timeout_s`.
+- Connection errors, 5xx and 429 are retried `reward.http_max_retries` times with exponential
+  backoff (0.5 s, 1 s, 2 s, ... at most 8 s; a Retry-After header is honoured up to 30 s).
+- A request with no answer in time is an error for its samples (counted), not retried.
+- 401 / 403 (credentials) and 404 / 405 (no verifier at that path) stop the run at once, naming
+  the URL; any other 4xx is an error for that request's samples, not retried.
+- `Authorization: Bearer $RAYGRPO_REWARD_TOKEN` is sent when that variable is set (read by the
+  driver at start).
+
+Standard library only (urllib honours http_proxy / no_proxy and the system CA bundle); runs in
+the driver, on threads: HTTP is I/O, there is no user code to isolate.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from http.client import HTTPException
+
+TOKEN_ENV = "RAYGRPO_REWARD_TOKEN"
+MAX_BACKOFF_S, MAX_RETRY_AFTER_S = 8.0, 30.0
+
+
+class VerifierRefused(RuntimeError):
+    """The verifier refuses every request (credentials, wrong path): the run cannot go on."""
+
+
+class _RequestFailed(Exception):
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+@dataclass
+class RequestOutcome:
+    """One request's answer: per sample (True, value | None) or (False, error text)."""
+
+    results: list[tuple[bool, object]]
+    timed_out: bool = False
+    seconds: float = 0.0
+    attempts: int = 1
+
+
+def _jsonable(value):
+    """What json cannot encode itself (numpy values and arrays, sets, bytes) as lists, numbers or text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def parse_rewards(raw: bytes, n: int, url: str) -> list[tuple[bool, object]]:
+    """A verifier's 200 answer -> per sample (True, float | None) or (False, why); raises _RequestFailed
+    when the answer as a whole is not `{"rewards": [n values]}`."""
+    expected = f'expected {{"rewards": [{n} numbers or null]}}'
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise _RequestFailed(f"answered with something that is not JSON ({raw[:120]!r}); {expected}") from None
+    rewards = body.get("rewards") if isinstance(body, dict) else None
+    if not isinstance(rewards, list) or len(rewards) != n:
+        got = f"{len(rewards)} rewards" if isinstance(rewards, list) else f"{json.dumps(body)[:120]}"
+        raise _RequestFailed(f"answered {got} for {n} samples; {expected}")
+    out = []
+    for v in rewards:
+        if v is None:
+            out.append((True, None))
+        elif isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            out.append((False, f"{url} returned {v!r:.60} for a sample, not a finite number or null"))
+        else:
+            out.append((True, float(v)))
+    return out
+
+
+class HttpVerifier:
+    """POSTs batches to one verifier URL, `cfg.http_concurrency` at a time."""
+
+    def __init__(self, url: str, cfg, token: str | None = None):
+        self.url, self.cfg = url, cfg
+        self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
+        self._executor = ThreadPoolExecutor(cfg.http_concurrency, thread_name_prefix="reward-http")
+
+    def start(self, payloads: list[dict]) -> list[tuple[Future, int]]:
+        """Send every payload (one request each, concurrently); `collect` waits for them."""
+        return [(self._executor.submit(self._request, p, len(p["prompts"])), len(p["prompts"])) for p in payloads]
+
+    def collect(self, futures: list[tuple[Future, int]], on_done=None) -> list[RequestOutcome]:
+        """Each request's outcome, in order. `on_done(outcome)` is called as each one ends.
+        Raises VerifierRefused (the run must stop) if the verifier refused a request."""
+        # A server that trickles bytes can outlast the per-read timeout: bound each request's whole life.
+        bound = (self.cfg.http_max_retries + 1) * (self.cfg.http_timeout_s + MAX_RETRY_AFTER_S)
+        deadline, out = time.monotonic() + bound, []
+        for fut, n in futures:
+            try:
+                outcome = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                outcome = RequestOutcome([(False, f"{self.url}: no complete answer within {bound:.0f} s")] * n,
+                                         timed_out=True, seconds=bound)
+            out.append(outcome)
+            if on_done is not None:
+                on_done(outcome)
+        return out
+
+    def _request(self, payload: dict, n: int) -> RequestOutcome:
+        t0, attempt = time.monotonic(), 0
+        body = json.dumps(payload, default=_jsonable).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "raygrpo"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        while True:
+            try:
+                results = self._post_once(body, headers, n)
+                return RequestOutcome(results, seconds=time.monotonic() - t0, attempts=attempt + 1)
+            except _RequestFailed as e:
+                error, retry, wait = str(e), False, 0.0
+                if e.timed_out:
+                    return RequestOutcome([(False, f"{self.url}: {error}")] * n, timed_out=True,
+                                          seconds=time.monotonic() - t0, attempts=attempt + 1)
+            except _Retryable as e:
+                error, retry, wait = str(e), True, e.retry_after
+            if not retry or attempt >= self.cfg.http_max_retries:
+                tries = f" (after {attempt + 1} attempts)" if attempt else ""
+                return RequestOutcome([(False, f"{self.url}: {error}{tries}")] * n, seconds=time.monotonic() - t0,
+                                      attempts=attempt + 1)
+            time.sleep(max(min(MAX_BACKOFF_S, 0.5 * 2 ** attempt), min(wait, MAX_RETRY_AFTER_S)))
+            attempt += 1
+
+    def _post_once(self, body: bytes, headers: dict, n: int) -> list[tuple[bool, object]]:
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        timeout = self.cfg.http_timeout_s
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as e:
+            detail = _body_text(e)
+            self._refused(e, detail)
+            if e.code >= 500 or e.code == 429:
+                raise _Retryable(f"HTTP {e.code} {e.reason}{detail}", _retry_after(e)) from None
+            hint = " (lower reward.http_max_batch)" if e.code == 413 else ""
+            raise _RequestFailed(f"HTTP {e.code} {e.reason}{detail}{hint}") from None
+        except TimeoutError:
+            raise _RequestFailed(f"no answer within {timeout:g} s (reward.http_timeout_s)", timed_out=True) from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError):
+                raise _RequestFailed(f"no connection within {timeout:g} s (reward.http_timeout_s)", timed_out=True) from None
+            raise _Retryable(f"cannot connect: {e.reason}") from None
+        except (HTTPException, ConnectionError, OSError) as e:  # the connection broke mid-answer
+            raise _Retryable(f"connection failed: {type(e).__name__}: {e}") from None
+        return parse_rewards(raw, n, self.url)
+
+    def _refused(self, e: urllib.error.HTTPError, detail: str) -> None:
+        if e.code in (401, 403):
+            token = (f"raygrpo sent the token from ${TOKEN_ENV}" if self.token
+                     else f"${TOKEN_ENV} is not set, so raygrpo sent no Authorization header")
+            raise VerifierRefused(
+                f"the reward verifier {self.url} refused raygrpo's request: HTTP {e.code} {e.reason}{detail}. "
+                f"{token}; set {TOKEN_ENV} to the verifier's token (sent as 'Authorization: Bearer <token>')")
+        if e.code in (404, 405):
+            raise VerifierRefused(f"no reward verifier at {self.url}: HTTP {e.code} {e.reason}{detail}. Check the "
+                                  "URL's host, port and path in reward.functions (raygrpo POSTs to it)")
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float = 0.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _body_text(e: urllib.error.HTTPError) -> str:
+    try:
+        text = e.read(300).decode("utf-8", "replace").strip()
+    except Exception:  # noqa: BLE001 - a body we cannot read adds nothing
+        text = ""
+    return f" ({text})" if text else ""
+
+
+def _retry_after(e: urllib.error.HTTPError) -> float:
+    try:
+        return float(e.headers.get("Retry-After", 0) or 0)
+    except (TypeError, ValueError):
+        return 0.0

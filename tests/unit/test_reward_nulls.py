@@ -1,0 +1,113 @@
+"""Null rewards and names (actors/rewards.py combine, actors/reward_kinds.py): a null leaves its sample out
+of its group (never 0); a function null for a whole group does not apply there; every entry gets a name."""
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+
+from actors.config import RewardConfig
+from actors.reward_kinds import default_name, kind_of, model_dir_problems, spec_problems
+from actors.rewards import RewardScorer, combine
+
+N = float("nan")
+
+
+def _combine(values, failed=None, group_size=4, weights=None, env=None):
+    n = len(next(iter(values.values())))
+    return combine(values, weights or dict.fromkeys(values, 1.0), failed or [False] * n, env or [0.0] * n, -1.0,
+                   group_size)
+
+
+def _same(a, b):
+    return all((math.isnan(x) and math.isnan(y)) or x == y for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def test_a_null_for_some_of_a_group_makes_those_unscorable():
+    rewards, out = _combine({"v": [1.0, None, 0.0, None], "f": [0.5, 0.5, 0.5, 0.5]})
+    assert _same(rewards, [1.5, N, 0.5, N]) and out == [False, True, False, True]
+
+
+def test_a_function_null_for_a_whole_group_does_not_apply_there():
+    # TRL's multi-task use: "math" has no opinion on group 2's prompt, "code" none on group 1's
+    values = {"math": [1.0, 0.0, None, None], "code": [None, None, 0.0, 1.0]}
+    rewards, out = _combine(values, group_size=2)
+    assert rewards == [1.0, 0.0, 0.0, 1.0] and out == [False] * 4
+
+
+def test_a_group_no_function_scored_is_unscorable():
+    rewards, out = _combine({"v": [None, None, 1.0, 0.0]}, group_size=2)
+    assert _same(rewards, [N, N, 1.0, 0.0]) and out == [True, True, False, False]
+
+
+def test_errors_get_the_fallback_and_environment_rewards_add():
+    rewards, out = _combine({"v": [1.0, N, None, 0.0]}, failed=[False, True, False, False], env=[0.25, 0.0, 0.0, 0.0])
+    assert _same(rewards, [1.25, -1.0, N, 0.0]) and out == [False, False, True, False]
+
+
+def test_weights_apply_to_what_applies():
+    rewards, _ = _combine({"a": [1.0, 1.0], "b": [2.0, 0.0]}, group_size=2, weights={"a": 0.5, "b": 2.0})
+    assert rewards == [4.5, 0.5]
+
+
+USER = textwrap.dedent("""
+    def judge_even(prompt, completion, **kw):          # per sample, None allowed
+        return None if completion == "?" else float(completion == "even")
+
+    def trl_style(completions, **kw):                  # batched, None allowed
+        return [None if c == "?" else 1.0 for c in completions]
+
+    def _private(prompt, completion, **kw):
+        return 0.0
+    renamed = _private
+""")
+
+
+@pytest.fixture(scope="module")
+def user_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("nulls") / "nullable.py"
+    path.write_text(USER)
+    return str(path)
+
+
+def test_python_functions_of_both_forms_may_return_none(user_file):
+    cfg = RewardConfig(functions=[f"{user_file}:judge_even", f"{user_file}:trl_style"], num_procs=1)
+    with RewardScorer(cfg) as scorer:
+        res = scorer.score(["p"] * 4, ["even", "?", "odd", "even"], [{}] * 4, group_size=4)
+    assert _same(res.rewards, [2.0, N, 1.0, 2.0]) and res.unscorable == 1 and res.errors == 0
+    assert res.functions["judge_even"].unscorable == 1 and res.functions["trl_style"].unscorable == 1
+    assert res.functions["judge_even"].values == [1.0, 0.0, 1.0]
+
+
+def test_names_by_kind_and_reward_names(user_file, tmp_path):
+    assert default_name("gsm8k") == "gsm8k"
+    assert default_name("model:/models/my-rm/") == "my-rm"
+    assert default_name("http://verifier.local:8080/v1/score") == "verifier.local/v1/score"
+    assert default_name("https://example.com") == "example.com"
+    with RewardScorer(RewardConfig(functions=[f"{user_file}:renamed", "format"], num_procs=1)) as scorer:
+        assert list(scorer.names.values()) == ["_private", "format"]  # a Python function's __name__
+    with RewardScorer(RewardConfig(functions=[f"{user_file}:renamed", "format"], names=["mine", "fmt"],
+                                   num_procs=1)) as scorer:
+        assert scorer.score(["p"], ["1"], [{}]).functions.keys() == {"mine", "fmt"}
+    with pytest.raises(ValueError, match="share the metric name 'format'.*reward.names"):
+        RewardScorer(RewardConfig(functions=["format", "exact_match"], names=["format", "format"]))
+    with RewardScorer(RewardConfig(functions=["format"], names=["my format!"])) as scorer:
+        assert scorer.names == {"format": "my_format_"}  # what TensorBoard accepts in a tag
+    with pytest.raises(ValueError, match="reward.functions lists format more than once"):
+        RewardScorer(RewardConfig(functions=["format", "format"]))
+    with pytest.raises(ValueError, match="reward.names has 1 entries but reward.functions has 2"):
+        RewardScorer(RewardConfig(functions=["format", "exact_match"], names=["x"]))
+
+
+def test_kinds_and_what_is_checked_at_start(tmp_path):
+    assert [kind_of(s) for s in ("gsm8k", "a.py:f", "model:x", "http://h/p", "https://h", "nope")] == \
+        ["builtin", "file", "model", "http", "http", "unknown"]
+    assert "no host" in spec_problems("http:///verify")[0]
+    assert "no such directory" in model_dir_problems(str(tmp_path / "missing"))[0]
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    problems = " ".join(model_dir_problems(str(tmp_path / "lm")))
+    assert "not a ...ForSequenceClassification" in problems and "2 labels" in problems and "no tokenizer" in problems
+    with pytest.raises(ValueError, match="model:PATH.*http"):
+        RewardScorer(RewardConfig(functions=["nope"]))
