@@ -115,14 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
     t = add("train", help="train from a YAML config (+ dotted overrides)",
-                       description="Train with GRPO. Starts an embedded Ray cluster unless ray.address is set "
-                       "(ray.address=auto joins the local node's cluster). Resumes from the run dir's latest "
-                       "complete checkpoint by default (checkpoint.resume=auto|none|PATH). A run dir belongs to "
-                       "one run: a second live run on it, a config that differs in more than trainer.steps / "
-                       "checkpoint.resume, or checkpoints that all fail verification are refused. SIGTERM or "
-                       "SIGINT: the step finishes, a checkpoint is saved (within trainer.stop_grace_s), exit "
-                       "128+signal; rerunning resumes. A health guard (trainer.halt_after) halts with a "
-                       "checkpoint and a diagnosis, exit 3.")
+            description="Train with GRPO. Starts an embedded Ray cluster unless ray.address is set "
+            "(ray.address=auto joins the local node's cluster). Resumes from the run dir's latest "
+            "complete checkpoint by default (checkpoint.resume=auto|none|PATH). A run dir belongs to "
+            "one run: a second live run on it, a config that differs in more than trainer.steps / "
+            "checkpoint.resume, or checkpoints that all fail verification are refused. SIGTERM or "
+            "SIGINT: the step finishes, a checkpoint is saved (within trainer.stop_grace_s), exit "
+            "128+signal; rerunning resumes. A health guard (trainer.halt_after) halts with a "
+            "checkpoint, the plots and a diagnosis, exit 3; one that trips at the run's last step ends it "
+            "normally, with a warning.")
     t.add_argument("config", help="YAML config, e.g. examples/cpu_demo.yaml")
     t.add_argument("overrides", nargs="*", help=_overrides_help())
     t.add_argument("--overwrite", action="store_true",
@@ -131,24 +132,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     dp = add("data", help="show the data as training will use it: rendered prompts, reward columns, stats",
-                        description="Loads the config's data exactly as `train` would (files, chat template, system "
-                        "prompt, length filter) and prints the first N prompts of step 1 as the engine receives them "
-                        "(rendered text and token count), the columns the reward functions get, and per split: rows, "
-                        "filtered rows, prompt-token p50/p95/max. Starts no actor: check a template here first.")
+             description="Loads the config's data exactly as `train` would (files, chat template, system "
+             "prompt, length filter) and prints the first N prompts of step 1 as the engine receives them "
+             "(rendered text and token count), the columns the reward functions get, and per split: rows, "
+             "filtered rows, prompt-token p50/p95/max. Starts no actor: check a template here first.")
     dp.add_argument("config", help="YAML config, e.g. examples/chat_cpu.yaml")
     dp.add_argument("overrides", nargs="*", help=_overrides_help())
     dp.add_argument("-n", type=int, default=3, help="prompts to print (default 3)")
     dp.set_defaults(fn=cmd_data)
 
     s = add("submit", help="submit `train` as a job to a Ray cluster, with your own files",
-                       description="Submit a training run through Ray's Job Submission API. The job runs in an uploaded "
-                       "working dir: --working-dir DIR (default: the config's directory when the config is outside "
-                       "this checkout), with raygrpo's own code uploaded beside it, so reward and environment files "
-                       "and data that exist only in DIR reach a cluster whose nodes have never seen them; paths in "
-                       "the config are relative to DIR. A config inside the checkout uploads the checkout. Never "
-                       f"uploaded: {', '.join(SUBMIT_EXCLUDES)}. The cluster's Python needs raygrpo's dependencies "
-                       "installed (see docker/). Waits (--agent-wait) for the cluster's job agent if it is not ready "
-                       "yet. Follows the logs until the job ends unless --no-wait.")
+            description="Submit a training run through Ray's Job Submission API. The job runs in an uploaded "
+            "working dir: --working-dir DIR (default: the config's directory when the config is outside "
+            "this checkout), with raygrpo's own code uploaded beside it, so reward and environment files "
+            "and data that exist only in DIR reach a cluster whose nodes have never seen them; paths in "
+            "the config are relative to DIR. A config inside the checkout uploads the checkout. Never "
+            f"uploaded: {', '.join(SUBMIT_EXCLUDES)}. The cluster's Python needs raygrpo's dependencies "
+            "installed (see docker/). Waits (--agent-wait) for the cluster's job agent if it is not ready "
+            "yet. Follows the logs until the job ends unless --no-wait.")
     s.add_argument("config", help="YAML config (inside --working-dir, or inside this checkout)")
     s.add_argument("overrides", nargs="*", help=_overrides_help())
     s.add_argument("--address", required=True, help="the head's dashboard address, e.g. http://127.0.0.1:8265")
@@ -161,18 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_submit)
 
     sh = add("show", help="print the sample completions a run logged: prompt, completion, scores",
-                        description="Reads RUN_DIR/completions.jsonl (metrics.log_completions, a few per step) and "
-                        "prints the completions of one step: the prompt (or, multi-turn, the whole transcript with "
-                        "roles), the completion, the reward and each reward function's score, the advantage, the "
-                        "finish reason and the length.")
+             description="Reads RUN_DIR/completions.jsonl (metrics.log_completions, a few per step) and "
+             "prints the completions of one step: the prompt (or, multi-turn, the whole transcript with "
+             "roles), the completion, the reward and each reward function's score, the advantage, the "
+             "finish reason and the length.")
     sh.add_argument("run_dir", help="a run directory written by `raygrpo train`")
     sh.add_argument("--step", type=int, default=None, help="the step to show (default: the last one logged)")
     sh.add_argument("-n", type=int, default=None, help="at most this many completions (default: all of the step's)")
     sh.set_defaults(fn=cmd_show)
 
     e = add("export", help="write a checkpoint as a plain HF model directory",
-                       description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "
-                       "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
+            description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "
+            "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
     e.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-00000010")
     e.add_argument("out_dir", help="where to write the HF model (config.json, model.safetensors, tokenizer); "
                    "must be empty or new")
@@ -186,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_export)
 
     pl = add("plot", help="PNG curves of a run: reward, KL, step time split",
-                        description="Reads RUN_DIR/metrics.jsonl; writes reward.png, kl.png, step_time.png there.")
+             description="Reads RUN_DIR/metrics.jsonl; writes reward.png, kl.png, step_time.png there.")
     pl.add_argument("run_dir", help="a run directory written by `raygrpo train` (holds metrics.jsonl)")
     pl.set_defaults(fn=cmd_plot)
 
@@ -213,15 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     b = add("bench", help="measure throughput, sync cost, schedules, ZeRO stages; compare with TRL",
-                       description="Measures, in one run on this machine: (1) rollout tokens/s through a RolloutWorker "
-                       "Ray actor vs the same vLLM engine called directly, (2) a full weight update (learner -> vLLM, "
-                       "gloo) vs a raw gloo broadcast of the same bytes, and sync's share of a step, (3) sync vs async "
-                       "schedule step time, (4) learner tokens/s under ZeRO-2 and ZeRO-3, (5) TRL's GRPOTrainer on the "
-                       "same task/model/batch/steps/lr (installed on demand into .venv-bench), (6) LoRA: sync bytes and seconds "
-                       "adapter vs merged vs full, optimizer state LoRA vs full. Prints a table and "
-                       "writes it as JSON with the machine's details (see docs/benchmarks.md). --setting long: "
-                       "the regime the design is for (a ~31.5M-parameter random model, every completion 128 "
-                       "tokens), where generation dominates a step.")
+            description="Measures, in one run on this machine: (1) rollout tokens/s through a RolloutWorker "
+            "Ray actor vs the same vLLM engine called directly, (2) a full weight update (learner -> vLLM, "
+            "gloo) vs a raw gloo broadcast of the same bytes, and sync's share of a step, (3) sync vs async "
+            "schedule step time, (4) learner tokens/s under ZeRO-2 and ZeRO-3, (5) TRL's GRPOTrainer on the "
+            "same task/model/batch/steps/lr (installed on demand into .venv-bench), (6) LoRA: sync bytes and seconds "
+            "adapter vs merged vs full, optimizer state LoRA vs full. Prints a table and "
+            "writes it as JSON with the machine's details (see docs/benchmarks.md). --setting long: "
+            "the regime the design is for (a ~31.5M-parameter random model, every completion 128 "
+            "tokens), where generation dominates a step.")
     b.add_argument("overrides", nargs="*", help="dotted config overrides on the bench's pinned training settings "
                    "(cluster/bench/report.py BENCH_SETTINGS, + LONG_SETTINGS for --setting long), e.g. algo.beta=0 "
                    "learner.lr=5e-5")
