@@ -16,7 +16,6 @@ in whichever process builds the model, here the actor itself.
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import socket
 import time
@@ -30,7 +29,7 @@ from actors.multiturn import ChatTokens, run_trajectories
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
-from actors.transport.fingerprint import adapter_fingerprint, engine_fingerprint
+from actors.transport.fingerprint import WORKER_EXTENSION
 from actors.transport.lora_adapter import EngineAdapter
 from actors.transport.registry import backend, resolve_backend
 from actors.transport.vllm_plugin import PACK_ABOVE_ENV
@@ -85,6 +84,7 @@ class RolloutWorker:
             tensor_parallel_size=cfg.tensor_parallel_size,
             logprobs_mode=cfg.logprobs_mode,
             weight_transfer_config=backend(resolve_backend(cfg.weight_transfer_backend, cfg.num_gpus)).engine_config(),
+            worker_extension_cls=WORKER_EXTENSION,  # weight_fingerprint reads the weights inside every worker
             **kwargs,
         )
         self._adapter = EngineAdapter(self.llm)  # LoRA adapters from the learner (adapter-mode sync)
@@ -353,8 +353,7 @@ class RolloutWorker:
         """What this engine holds of the learner's tensors `shapes` (actors/transport/fingerprint.py),
         read inside each vLLM worker; the learner compares it with what it sent."""
         self._check_not_updating()
-        read = adapter_fingerprint if adapter else engine_fingerprint
-        workers = self.llm.apply_model(functools.partial(read, shapes=shapes, version=int(version)))
+        workers = self.llm.collective_rpc("raygrpo_weight_fingerprint", args=(shapes, int(version), adapter))
         return {"engine": f"rollout worker {self.worker_index} (pid {os.getpid()})", "version": self._version,
                 "workers": workers}
 

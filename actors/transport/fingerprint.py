@@ -114,6 +114,19 @@ def adapter_fingerprint(model: torch.nn.Module, shapes: dict[str, tuple[int, ...
     return out
 
 
+class FingerprintWorker:
+    """vLLM worker extension (the engines start with `worker_extension_cls` naming this class): the
+    fingerprint is read inside every worker by method name (LLM.collective_rpc), so an engine whose
+    workers are other processes (GPU) needs no pickled callable, which vLLM refuses by default."""
+
+    def raygrpo_weight_fingerprint(self, shapes: dict, version: int, adapter: bool) -> dict:
+        read = adapter_fingerprint if adapter else engine_fingerprint
+        return read(self.get_model(), {name: tuple(shape) for name, shape in shapes.items()}, int(version))
+
+
+WORKER_EXTENSION = f"{FingerprintWorker.__module__}.{FingerprintWorker.__qualname__}"
+
+
 # ---------------------------------------------------------------------------- comparing
 def _cast(values: list[float], dtype: str) -> list[float]:
     """The learner's values as the engine stores them (a bfloat16 engine holds rounded weights)."""

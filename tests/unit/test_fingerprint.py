@@ -7,6 +7,8 @@ import torch
 
 from actors.transport.fingerprint import (
     SAMPLES,
+    WORKER_EXTENSION,
+    FingerprintWorker,
     Recorder,
     SyncMismatch,
     adapter_fingerprint,
@@ -111,3 +113,19 @@ def test_adapter_slots_with_the_scaling_folded_into_b():
     check(expected, reports, scale={"base_model.model.k_proj.lora_B.weight": scaling})
     with pytest.raises(SyncMismatch, match="lora_B"):
         check(expected, reports)  # without the folded scaling the values differ
+
+
+def test_the_worker_extension_reads_its_model_with_plain_arguments():
+    """What LLM.collective_rpc calls in every vLLM worker; shapes arrive as lists (msgpack)."""
+    class Worker(FingerprintWorker):
+        def __init__(self, model):
+            self.model = model
+
+        def get_model(self):
+            return self.model
+
+    model = Stacked()
+    expected = sent(model, 4)
+    held = Worker(model).raygrpo_weight_fingerprint({n: list(s) for n, s in expected.shapes.items()}, 4, False)
+    check(expected, [{"engine": "e", "version": 4, "workers": [held]}])
+    assert WORKER_EXTENSION == "actors.transport.fingerprint.FingerprintWorker"
