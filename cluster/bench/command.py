@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from cluster.bench import rewards as reward_part
 from cluster.bench.learner_sync import (
     bench_learner_and_sync,
     bench_raw_broadcast,
@@ -79,7 +80,7 @@ def _run_bench(args, res: dict) -> int:
 
     user = list(args.overrides or [])
     cfg0 = load_config(None, [*setting.overrides, f"model.path={base}", *user])
-    if not args.model and setting.warm_start_steps > 0:
+    if not args.model and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards"}:  # part 7 needs no warm start
         t = time.perf_counter()
         train_set, _ = load_splits(cfg0.data.train, cfg0.data.eval, cfg0.data.num_eval, cfg0.data.task_digits,
                                    cfg0.trainer.seed)
@@ -153,6 +154,11 @@ def _run_bench(args, res: dict) -> int:
                 summary, rows = bench_schedule(train_overrides, mode, out_path.parent / f"train-{mode}")
                 res["schedules"][mode] = {**summary, "rows": rows}
                 progress(f"schedule {mode}: {fmt_value(summary.get('step_s'))} s/step")
+
+        # 7. reward-model scoring throughput, a remote verifier's overhead per batch
+        if "rewards" in parts:
+            train_set, _ = load_splits(cfg.data.train, "", 0, cfg.data.task_digits, cfg.trainer.seed)
+            reward_part.run_part(ray, res, setting, cfg, train_set, max(3, args.gen_repeats), workdir, timeout_s, progress)
     finally:
         if rollout_actor is not None:
             ray.kill(rollout_actor)
@@ -185,13 +191,14 @@ def _run_bench(args, res: dict) -> int:
 
     res["load_average_end"] = load_average()
     res["wall_seconds"] = time.perf_counter() - t_start
-    res["table"] = [list(r) for r in table_rows(res)]
+    rows = table_rows(res) + reward_part.table_rows(res)
+    res["table"] = [list(r) for r in rows]
     write_json(out_path, res)
     print()
     print(f"raygrpo bench: {res['model'].get('parameters') or 0:,} parameters, {res['machine']['cpu_count']} CPUs "
           f"({res['machine']['cpu_model']}), load average {res['load_average_start']} -> {res['load_average_end']}, "
           f"{res['wall_seconds'] / 60:.1f} min")
-    print(format_table(table_rows(res)))
+    print(format_table(rows))
     print(f"\nwritten: {out_path}")
     return 0
 

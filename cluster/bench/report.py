@@ -52,7 +52,7 @@ LONG_SETTINGS = [
     "reference.micro_batch_size=16", "data.num_eval=0", "trainer.halt_on_zero_variance=false",
 ]
 LONG_MODEL = {"hidden_size": 512, "num_layers": 8}  # tiny Qwen2, ~31.5M parameters
-ALL_PARTS = ("rollout", "learner", "sync", "schedule", "trl", "lora")
+ALL_PARTS = ("rollout", "learner", "sync", "schedule", "trl", "lora", "rewards")
 # What `--setting long` runs unless --parts says otherwise: the step-time comparison. Parts 1, 2,
 # 4 and 6 measure engine, sync and learner costs that --setting default already covers, and at
 # 31M parameters with 128-token completions they would take many minutes on 2 cores.

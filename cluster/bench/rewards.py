@@ -133,7 +133,8 @@ def table_rows(res: dict) -> list[tuple]:
 
 
 def run_part(ray, res: dict, spec, cfg, examples, repeats: int, workdir: Path, timeout_s: float, progress) -> None:
-    """Part 7: fills res["reward_model"] and res["http_verifier"]."""
+    """Part 7: fills res["reward_model"] and res["http_verifier"]; `spec` gives the reward model's shape
+    (hidden_size, num_layers: the bench model's)."""
     rm_cfg = dataclasses.replace(cfg.reward, model_batch_size=max(cfg.reward.model_batch_size, 64))
     n = cfg.trainer.prompts_per_step * cfg.trainer.group_size
     prompts, completions, answers = bench_samples(examples, n)

@@ -2,6 +2,9 @@
 server, and the table rows; the reward-model part needs Ray and runs with `raygrpo bench --parts rewards`."""
 from __future__ import annotations
 
+import pytest
+
+from cluster.bench.report import resolve_setting
 from cluster.bench.rewards import bench_http_verifier, bench_samples, table_rows
 from cluster.data.dataset import arithmetic_examples
 
@@ -16,3 +19,10 @@ def test_http_verifier_overhead_is_measured_against_the_example_server():
         "sequences": 256, "batch_size": 64, "threads": 2, "in_process_seqs_per_s": 900.0, "actor_seqs_per_s": 850.0}})
     assert [r[1] for r in rows] == ["reward model, in process", "reward model via Ray actor",
                                     "HTTP verifier, ms per batch", "HTTP verifier, 2 in flight"]
+
+
+def test_the_reward_part_is_one_of_the_bench_parts():
+    assert resolve_setting("default", parts="rewards").parts == ("rewards",)  # `raygrpo bench --parts rewards`
+    assert "rewards" in resolve_setting("default").parts  # and part of a plain `raygrpo bench`
+    with pytest.raises(ValueError, match="choose from rollout,learner,sync,schedule,trl,lora,rewards"):
+        resolve_setting("default", parts="reward")
