@@ -9,6 +9,8 @@ how old it may be).
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,9 +23,20 @@ from actors.multiturn import ChatTokens, TemplateError
 from actors.rewards import RewardScorer
 from actors.transport.fingerprint import SyncMismatch
 from actors.transport.registry import resolve_backend
-from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, sample_seed, save_batch, score_groups, trim_to_ranks
+from cluster.collect import (
+    Batch,
+    CollectStats,
+    EnvironmentNotes,
+    ScoredGroup,
+    load_batch,
+    sample_seed,
+    save_batch,
+    score_groups,
+    trim_to_ranks,
+)
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data.dataset import Example, PromptStream, load_run_data, load_tokenizer
+from cluster.data.dataset import DataError, Example, PromptStream, answer_column_problem, load_run_data, load_tokenizer
+from cluster.data.model_check import checkpoint_model_problems, eos_warning
 from cluster.data.render import conversation, multiturn_format
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
 from cluster.launch.ray_cluster import start_ray
@@ -31,6 +44,7 @@ from cluster.launch.waits import ActorFailed, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_plots
+from cluster.run.resume import ResumePoint, finished_run, resume_point
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
 from cluster.workers import LearnerGroup, RewardModels, RolloutPool, Stopwatch
@@ -61,8 +75,12 @@ class Trainer:
         # Rendered and length-filtered once, here, with the model's tokenizer: bad data fails before any actor starts.
         self.tokenizer = load_tokenizer(cfg.model.path)
         data = load_run_data(cfg, self.tokenizer)
-        for note in data.notes():
-            print(note, flush=True)
+        for note in [*data.notes(), eos_warning(cfg.model.path, cfg.rollout)]:
+            if note:
+                print(note, flush=True)
+        missing = answer_column_problem(cfg, data)  # what the answer checkers would fail on at step 1
+        if missing:
+            raise DataError(missing)
         self.heldout = data.heldout
         self.stream = PromptStream(data.train, t.seed)
         try:  # unknown reward names / missing files fail here, before any actor starts
@@ -76,6 +94,9 @@ class Trainer:
         self.reward_models: RewardModels | None = None
         if cfg.rollout.env:
             check_multiturn(cfg)
+        self.env_notes = EnvironmentNotes(cfg.rollout.max_model_len)
+        self.resume_from = ResumePoint()  # where the run (re)starts: read before any actor starts
+        self.log: MetricsLogger | None = None
         self.step = self.version = 0
         self.engine_version = 0  # the version every engine is known to hold (set after each sync)
         self.resumed_batch: Batch | None = None  # the next step's batch, from an async run's checkpoint
@@ -94,10 +115,19 @@ class Trainer:
     # ------------------------------------------------------------------ the story of a run
     def run(self) -> dict:
         run_dir_lock = claim(self.cfg, self.overwrite)  # refuses a run dir another run holds or cannot share
-        save_config(self.cfg, self.run_dir / "config.yaml")
         try:
+            start = resume_point(self.cfg)
+            if start.path is not None:  # a checkpoint of another model: refused before anything is written
+                problems = checkpoint_model_problems(start.path, self.cfg.model.path, checkpoint.HF_META_DIR)
+                if problems:
+                    raise ConfigError(problems, "checkpoint.resume")
+            save_config(self.cfg, self.run_dir / "config.yaml")
+            done = finished_run(self.cfg, start)
+            if done is not None:
+                return done
             while True:
                 try:
+                    self._open_log()  # before any actor: where to resume, and the run dir takes writes
                     self._setup()
                     return self._train()
                 except ActorFailed as e:
@@ -118,17 +148,25 @@ class Trainer:
             logs.tidy(self.run_dir)
             self.scorer.close()
             self._collector.shutdown(wait=False, cancel_futures=True)
-            if getattr(self, "log", None) is not None:
+            if self.log is not None:
                 self.log.close()
+
+    def _open_log(self) -> None:
+        """The resume point and the metrics logger (which restores rows the file lost from that
+        checkpoint's copy). TensorBoard and metrics.jsonl write here, so a full disk is named before
+        any actor starts."""
+        cfg = self.cfg
+        if self.log is not None:  # a restart after a dead learner rank
+            self.log.close()
+        self.resume_from = resume_point(cfg, restarting=self.learner_restarts > 0)
+        self.log = MetricsLogger(self.run_dir, cfg.trainer.steps, self.resume_from.step,
+                                 tensorboard=cfg.metrics.tensorboard, wandb_init=cfg.metrics.wandb_init(),
+                                 config=cfg.to_dict(), show_staleness=cfg.trainer.mode == "async",
+                                 show_kl=cfg.algo.beta > 0, extra_keys=tuple(self.scorer.metric_keys()),
+                                 carried_rows=self.resume_from.carried_rows())
 
     def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
-        if getattr(self, "log", None) is not None:  # a restart after a dead learner rank
-            self.log.close()
-        self.log = MetricsLogger(self.run_dir, t.steps, self.step, tensorboard=cfg.metrics.tensorboard,
-                                 wandb_init=cfg.metrics.wandb_init(), config=cfg.to_dict(), show_staleness=t.mode == "async",
-                                 show_kl=cfg.algo.beta > 0,
-                                 extra_keys=tuple(self.scorer.metric_keys()))
         # resumed: the evaluation before training is the one the first run logged at step 0
         before = (self.evaluate() if self.step == 0 else first_eval(self.run_dir)) if self.heldout else None
         pending: Future | None = None
@@ -162,7 +200,7 @@ class Trainer:
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < t.steps:
                 self.save_checkpoint(pending=pending)
         after = self.evaluate() if self.heldout else None
-        final = self.save_checkpoint()
+        final = self.save_checkpoint(finished=True)
         self.learners.export_hf(str(self.run_dir / "hf_model"))
         reward_model_restarts = self.reward_models.restarts
         self._teardown()
@@ -173,7 +211,7 @@ class Trainer:
 
     def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
         """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""
-        verdict = self.health.check(row, batch.stats.groups)
+        verdict = self.health.check(row, batch.stats.groups, env_failed=batch.stats.every_trajectory_failed())
         for w in verdict.warnings:
             self.log.note(f"health: {w}")
         if verdict.halt and self.step >= self.cfg.trainer.steps:  # nothing left to save by halting: end as usual
@@ -268,7 +306,8 @@ class Trainer:
         examples = self.stream.take(n)
         sw = Stopwatch()
         with sw("gen"), self._engines_lock:
-            rollouts = self._generate(examples, G, [sample_seed(t.seed, step, round_, i) for i in range(n)], stats=stats)
+            rollouts = self._generate(examples, G, [sample_seed(t.seed, step, round_, i) for i in range(n)], stats=stats,
+                                      what=f"step {step + 1}")
         with sw("reward"):
             live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
             stats.skipped_prompts += len(examples) - len(live)
@@ -292,9 +331,10 @@ class Trainer:
         return groups
 
     def _generate(self, examples: list[Example], G: int, seeds: list[int], greedy: bool = False,
-                  stats: CollectStats | None = None) -> list:
+                  stats: CollectStats | None = None, what: str = "") -> list:
         """G completions per example from the engines: single-turn, or with `rollout.env` multi-turn
-        trajectories (actors/multiturn.py) that the rest of the step reads the same way."""
+        trajectories (actors/multiturn.py) that the rest of the step reads the same way. Environment
+        failures are said when they happen (`what`: when, for the message)."""
         if not self.cfg.rollout.env:
             return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,
                                       expected_version=self.engine_version)
@@ -304,6 +344,8 @@ class Trainer:
                                                 expected_version=self.engine_version)
         if stats is not None:
             stats.add_trajectories(rollouts)
+        for line in self.env_notes.lines(rollouts, what):
+            print(line, file=sys.stderr, flush=True)
         return rollouts
 
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
@@ -328,9 +370,10 @@ class Trainer:
         configured answer checker (gsm8k, math_verify, exact_match; see RewardScorer.judge)."""
         t, ex = self.cfg.trainer, self.heldout
         with self._engines_lock:
-            greedy = self._generate(ex, 1, [0] * len(ex), greedy=True)
+            what = f"the evaluation at step {self.step}"
+            greedy = self._generate(ex, 1, [0] * len(ex), greedy=True, what=what)
             sampled = self._generate(ex, t.eval_pass_k,  # same seeds at every evaluation
-                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))])
+                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))], what=what)
 
         # one judge call for every completion (user code and math_verify fan out over the scorer's processes)
         pairs = [(i, c) for i, g in enumerate(greedy) for c in g.completions[:1]]
@@ -393,11 +436,11 @@ class Trainer:
             self.engine_version = self.version
 
     def _resume(self) -> None:
-        mode = self.cfg.checkpoint.resume
-        path = None if mode == "none" else (checkpoint.latest_complete(self.ckpt_root) if mode == "auto" else Path(mode))
-        if path is None:
+        path, state = self.resume_from.path, self.resume_from.state  # read by _open_log
+        if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
+            self.step = self.version = 0
+            self.stream.load_state({"epoch": 0, "index": 0})
             return
-        state = checkpoint.load_driver_state(path)
         self.learners.load(str(path), checkpoint.LEARNER_TAG)
         self.step, self.version = state["step"], state["weight_version"]
         self.stream.load_state(state["data"])
@@ -415,13 +458,21 @@ class Trainer:
         carried = " and the next step's batch saved with it" if self.resumed_batch is not None else ""
         print(f"resumed from {path} at step {self.step}{carried}", flush=True)
 
-    def save_checkpoint(self, pending: Future | None = None) -> Path:
-        """Learner state + everything the driver needs to continue exactly (data position, RNG, versions).
+    def save_checkpoint(self, pending: Future | None = None, finished: bool = False) -> Path:
+        """Learner state + everything the driver needs to continue exactly (data position, RNG, versions)
+        + the metrics rows of the steps it covers. `finished`: the run's last one (a rerun says it is done).
 
         async: `pending` is the next step's batch, generated with the weights one version older than
         the ones saved here. It is saved too, so a resume trains on the batch that a run that never
         stopped trains on, instead of generating it anew with newer weights."""
         tmp = checkpoint.begin(self.ckpt_root, self.step)
+        try:
+            return self._save_checkpoint(tmp, pending, finished)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a half-written checkpoint (a full disk): give its space back
+            raise
+
+    def _save_checkpoint(self, tmp: str, pending: Future | None, finished: bool) -> Path:
         data_state = self.stream.state()
         if pending is not None:
             try:
@@ -432,9 +483,11 @@ class Trainer:
                 print(f"the next step's batch failed ({type(e).__name__}: {e}); the checkpoint of step "
                       f"{self.step} is saved without it", flush=True)
         self.learners.save(str(tmp), checkpoint.LEARNER_TAG)
+        with checkpoint.naming_save_errors(tmp):
+            self.log.save_rows(tmp, self.step)
         driver_state = {"step": self.step, "weight_version": self.version,
                         "data": data_state, "rng": checkpoint.rng_state(),
-                        "config": self.cfg.to_dict()}
+                        "config": self.cfg.to_dict(), "finished": finished}
         return checkpoint.commit(tmp, self.ckpt_root, self.step, driver_state, keep=self.cfg.checkpoint.keep)
 
     def _teardown(self) -> None:

@@ -4,6 +4,7 @@ tearing them down.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from actors.reference import ReferenceActor
@@ -131,16 +132,23 @@ def bundle_node_ip(pg, bundle: int) -> str:
 
 def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
     """Wait until every actor has built its model; returns their info (node, pid) for logs and tests."""
-    infos = []
-    for i, h in enumerate(actors.rollouts):
-        infos.append({"role": f"rollout-{i}", **wait_for(h.info.remote(), f"rollout worker {i}", "starting its vLLM engine", timeout_s)})
-    for i, h in enumerate(actors.learners):
-        infos.append({"role": f"learner-{i}", **wait_for(h.info.remote(), f"learner rank {i}", "starting DeepSpeed", timeout_s)})
+    # Said before the first wait: Ray's own start-up lines go to RUN_DIR/logs, and the first waiting line
+    # comes WAITING_LINE_EVERY_S into the wait, so the console would otherwise be quiet from ray.init on.
+    roles = [f"{len(actors.rollouts)} rollout engine(s)", f"{len(actors.learners)} learner rank(s)"] + \
+        (["the reference actor"] if actors.reference is not None else []) + \
+        ([f"{len(actors.reward_models)} reward model(s)"] if actors.reward_models else [])
+    print(f"starting {', '.join(roles)}; each says what it waits on while it loads", flush=True)
+    waits = [(h, f"rollout worker {i}", "starting its vLLM engine", {"role": f"rollout-{i}"})
+             for i, h in enumerate(actors.rollouts)]
+    waits += [(h, f"learner rank {i}", "starting DeepSpeed", {"role": f"learner-{i}"}) for i, h in enumerate(actors.learners)]
     if actors.reference is not None:
-        infos.append({"role": "reference", **wait_for(actors.reference.info.remote(), "reference actor", "loading the model", timeout_s)})
-    for i, (spec, h) in enumerate(actors.reward_models.items()):
-        infos.append({"role": f"reward-{i}", "model": spec.removeprefix("model:"),
-                      **wait_for(h.info.remote(), f"reward model {spec}", "loading the reward model", timeout_s)})
+        waits.append((actors.reference, "reference actor", "loading the model", {"role": "reference"}))
+    waits += [(h, f"reward model {spec}", "loading the reward model", {"role": f"reward-{i}", "model": spec.removeprefix("model:")})
+              for i, (spec, h) in enumerate(actors.reward_models.items())]
+    infos, t0 = [], time.monotonic()
+    for handle, name, what, info in waits:  # one after another: each ready one is said, so no wait is silent long
+        infos.append({**info, **wait_for(handle.info.remote(), name, what, timeout_s)})
+        print(f"{name} ready ({time.monotonic() - t0:.0f}s)", flush=True)
     return infos
 
 

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tqdm import tqdm
 
 from cluster.run import completions
 from cluster.run.completions import COMPLETIONS_FILE
+from learner.checkpoint import naming_save_errors
 
 # What the learner reports for a step that a step's line carries.
 # train_threads_max: the most torch threads a rank trained with (more than its share where the
@@ -40,6 +42,11 @@ STEP_KEYS = (
 )
 
 
+# A checkpoint carries the metrics rows of the steps it covers (under this name): a resume restores from
+# it a row the raw file lost (a torn last line, a write cut short by a full disk or a power loss).
+CHECKPOINT_ROWS = "metrics.jsonl"
+
+
 def _jsonable(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None  # JSON has no NaN; null reads as "not applicable"
@@ -51,30 +58,38 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
                  wandb_init: dict | None = None, config: dict | None = None, show_staleness: bool = False,
-                 show_kl: bool = True, extra_keys: tuple[str, ...] = ()):
+                 show_kl: bool = True, extra_keys: tuple[str, ...] = (), carried_rows: list[dict] = ()):
         """wandb_init: wandb.init's keywords (project, name, entity, tags); None: no W&B.
         show_staleness: the progress line says how many weight versions behind each batch was (async).
         show_kl: the progress line shows the KL (not in a run without a KL term, algo.beta = 0).
-        extra_keys: this run's keys beside STEP_KEYS (the per-reward-function ones)."""
+        extra_keys: this run's keys beside STEP_KEYS (the per-reward-function ones).
+        carried_rows: the rows the checkpoint a run resumes from carries (restored where the file lost them)."""
         self.run_dir = Path(run_dir)
         self.keys = (*STEP_KEYS, *extra_keys)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.total, self.start_step, self.t0 = total_steps, start_step, time.time()
         self.show_staleness, self.show_kl = show_staleness, show_kl
-        for path in (self.path, self.run_dir / COMPLETIONS_FILE):
-            moved = supersede_rows(path, start_step)
+        for path, carried in ((self.path, carried_rows), (self.run_dir / COMPLETIONS_FILE, None)):
+            with naming_save_errors(path):  # completions.jsonl: several rows a step, none carried
+                moved, restored = supersede_rows(path, start_step, carried)
             if moved:
-                print(f"resuming at step {start_step}: moved {moved} row(s) of later steps from {path} to "
-                      f"{path.name}.superseded (they are redone now)", flush=True)
+                print(f"resuming at step {start_step}: moved {moved} row(s) of later steps (or cut short) from "
+                      f"{path} to {path.name}.superseded (those steps are redone now)", flush=True)
+            if restored:
+                print(f"resuming at step {start_step}: restored {restored} row(s) that {path} had lost from the "
+                      "checkpoint's copy", flush=True)
         self._tb = self._wandb = self._bar = None
+        self._tb_dir = self.run_dir / "tensorboard"
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_tensorboard_writer_threads()
             # Resuming: TensorBoard hides the earlier run's events of the steps redone now (the
             # ones supersede_rows moved aside; step 0's evaluation is redone too).
             purge = start_step + 1 if start_step > 0 else 0
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
+            with naming_save_errors(self._tb_dir):  # it writes (and fails on a full disk) at once
+                self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge)
         if wandb_init is not None:
             try:
                 import wandb as wb
@@ -93,9 +108,11 @@ class MetricsLogger:
         self._write({"kind": "train", **row})
         step = int(row["step"])
         if self._tb:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
-                    self._tb.add_scalar(f"train/{k}", v, step)
+            with naming_save_errors(self._tb_dir):  # a failed write of its thread is raised here, with the path
+                for k, v in row.items():
+                    if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
+                        self._tb.add_scalar(f"train/{k}", v, step)
+                self._tb.flush()
         if self._wandb:
             self._wandb.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         done = step - self.start_step
@@ -118,10 +135,12 @@ class MetricsLogger:
         text summary, a W&B table."""
         if not rows:
             return
-        completions.write_rows(self.run_dir, step, rows)
+        with naming_save_errors(self.run_dir / COMPLETIONS_FILE):
+            completions.write_rows(self.run_dir, step, rows)
         rows = [{"step": step, **r} for r in rows]
         if self._tb:
-            self._tb.add_text("completions", completions.markdown(rows), step)
+            with naming_save_errors(self._tb_dir):
+                self._tb.add_text("completions", completions.markdown(rows), step)
         if self._wandb:
             import wandb as wb
 
@@ -131,9 +150,11 @@ class MetricsLogger:
     def log_eval(self, step: int, m: dict) -> None:
         self._write({"kind": "eval", "step": step, **m})
         if self._tb:
-            for k, v in m.items():
-                if isinstance(v, (int, float)):
-                    self._tb.add_scalar(f"eval/{k}", v, step)
+            with naming_save_errors(self._tb_dir):
+                for k, v in m.items():
+                    if isinstance(v, (int, float)):
+                        self._tb.add_scalar(f"eval/{k}", v, step)
+                self._tb.flush()
         if self._wandb:
             self._wandb.log({f"eval/{k}": v for k, v in m.items()}, step=step)
         text = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items())
@@ -143,42 +164,105 @@ class MetricsLogger:
         (self._bar.write if self._bar is not None else print)(text)
 
     def _write(self, row: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        """The whole line in one write, then flushed to the disk: a crash leaves a row whole or
+        (a power loss, a full disk) cut short, which a resume replaces from its checkpoint's copy."""
+        data = (json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n").encode()
+        with naming_save_errors(self.path):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            try:
+                written = os.write(fd, data)
+                while written < len(data):  # a regular file takes it at once; a short write is finished
+                    written += os.write(fd, data[written:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def save_rows(self, directory: str | Path, through_step: int) -> None:
+        """Copy the rows of steps <= through_step into a checkpoint being written in `directory`."""
+        rows = [line for line, row in _parsed_lines(self.path) if row is not None and row["step"] <= through_step]
+        (Path(directory) / CHECKPOINT_ROWS).write_text("".join(rows))
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
         if self._tb:
-            self._tb.close()
+            try:
+                self._tb.close()
+            except Exception as e:  # noqa: BLE001 - closing after a failed write: say it, do not mask the first error
+                print(f"TensorBoard: could not finish writing {self._tb_dir} ({type(e).__name__}: {e})",
+                      file=sys.stderr, flush=True)
         if self._wandb:
             self._wandb.finish()
 
 
-def supersede_rows(path: Path, start_step: int) -> int:
-    """Make `path` hold each step once when a run (re)starts at `start_step`: rows of later steps
-    (and a line cut short by a crash) move to `<path>.superseded`, since those steps are redone.
-    Evaluations at `start_step` stay, except the one before training (step 0), which is redone."""
-    if not path.is_file():
-        return 0
-    keep, moved = [], []
-    for line in path.read_text().splitlines(keepends=True):
+def _quiet_tensorboard_writer_threads() -> None:
+    """TensorBoard writes from a thread of its own, and when a write fails (a full disk) that thread prints a
+    40-line traceback without the path. The logger raises the same error itself, naming the path and the
+    free space, at the step it happens (log_step flushes), so the thread's own report is left out."""
+    previous = threading.excepthook
+    if getattr(previous, "raygrpo_quiet_tensorboard", False):
+        return
+
+    def hook(args):
+        if type(args.thread).__name__ != "_AsyncWriterThread":  # tensorboard.summary.writer.event_file_writer
+            previous(args)
+
+    hook.raygrpo_quiet_tensorboard = True
+    threading.excepthook = hook
+
+
+def _parsed_lines(path: Path) -> list[tuple[str, dict | None]]:
+    """(line, its row or None when it is not a whole row: cut short, or not ours) for every line of `path`."""
+    out = []
+    for line in path.read_text().splitlines(keepends=True) if path.is_file() else []:
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            step = int(row["step"])
-            stays = step < start_step or (step == start_step and (row.get("kind") == "train" or start_step > 0))
-        except (ValueError, KeyError, TypeError):
-            stays = False
-        (keep if stays else moved).append(line if line.endswith("\n") else line + "\n")
+            row = row if isinstance(row, dict) and isinstance(row.get("step"), int) and line.endswith("\n") else None
+        except ValueError:
+            row = None
+        out.append((line if line.endswith("\n") else line + "\n", row))
+    return out
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The whole rows of a metrics file (e.g. a checkpoint's copy); [] when there is none."""
+    return [row for _, row in _parsed_lines(Path(path)) if row is not None]
+
+
+def supersede_rows(path: Path, start_step: int, carried: list[dict] | None = ()) -> tuple[int, int]:
+    """Make `path` hold each step once when a run (re)starts at `start_step`: rows of later steps, a
+    line cut short by a crash and the earlier of two rows of one step move to `<path>.superseded`, since
+    those steps are redone; rows of earlier steps that the file lost are restored from `carried` (the
+    checkpoint's copy). Evaluations at `start_step` stay, except the one before training (step 0),
+    which is redone. `carried` None: a file of several rows a step (completions.jsonl), which is neither
+    deduplicated nor restored. Returns (rows moved aside, rows restored)."""
+    def stays(row: dict) -> bool:
+        step = row["step"]
+        return step < start_step or (step == start_step and (row.get("kind") == "train" or start_step > 0))
+
+    lines = _parsed_lines(path)
+    one_per_step = carried is not None
+    last = {(row.get("kind"), row["step"]): i for i, (_, row) in enumerate(lines) if row is not None}
+    keep, moved = [], []
+    for i, (line, row) in enumerate(lines):  # of a step written twice (an older raygrpo's resume) the later row stays
+        if row is None or not stays(row) or (one_per_step and last[(row.get("kind"), row["step"])] != i):
+            moved.append(line)
+        else:
+            keep.append((row, line))
+    restore = [r for r in carried or () if stays(r) and (r.get("kind"), r["step"]) not in last]
+    if restore:  # in step order, a step's evaluation after its training row
+        keep += [(r, json.dumps(r) + "\n") for r in restore]
+        keep.sort(key=lambda x: (x[0]["step"], x[0].get("kind") == "eval"))
     if moved:
         with open(path.with_name(path.name + ".superseded"), "a") as f:
             f.writelines(moved)
+    if moved or restore:
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(keep))
+        tmp.write_text("".join(line for _, line in keep))
         os.replace(tmp, path)
-    return len(moved)
+    return len(moved), len(restore)
 
 
 def read_metrics(run_dir: str | Path, kind: str = "train") -> list[dict]:

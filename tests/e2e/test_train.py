@@ -142,15 +142,19 @@ def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluste
 def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster, tmp_path):
     """SIGKILL an engine's process while step 3's generation is in flight (async: it overlaps
     step 2's training): Ray restarts it, the driver re-syncs it and re-sends its prompts. With a KL
-    term: in async, reference.placement auto is the actor, which scores each batch as it is collected."""
+    term: in async, reference.placement auto is the actor, which scores each batch as it is collected;
+    it is SIGKILLed too, while step 5 is collected, and every step still has its KL."""
     run_dir = tmp_path / "async"
     cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "rollout.num_workers=2",
                  "algo.beta=0.05")
     trainer = Trainer(cfg)
     killed = kill_while_learning(trainer, at_step=1, role="rollout-1")  # training step 2, generating step 3
+    # training step 4 while step 5 is collected, its reference log-probs included: Ray restarts the
+    # reference actor and retries the call (reference.max_restarts)
+    killed_reference = kill_while_learning(trainer, at_step=3, role="reference")
     sockets = listeners_while_learning(trainer, at_step=1, role="learner-0")
     summary = trainer.run()
-    assert killed, "the worker was never killed: the test did not test anything"
+    assert killed and killed_reference, "a worker was never killed: the test did not test anything"
     # embedded cluster: rank 0's own listeners (rendezvous + weight-transfer stores, gloo) on loopback
     # only; the one wildcard socket is Ray's core-worker server, which every actor process has
     assert sum(ip == "127.0.0.1" for ip, _ in sockets) >= 2, sockets

@@ -18,7 +18,8 @@ from actors.rewards import REWARD_STATS, FunctionStats, RewardResult
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data.dataset import Example
-from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS
+from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS, MetricsLogger
+from cluster.run.resume import resume_point
 from cluster.trainer import Trainer
 from cluster.workers import Stopwatch
 from learner import checkpoint
@@ -262,7 +263,9 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
 def checkpointing_trainer(tmp_path, rewards_per_prompt):
     """A trainer whose learners write a marker file: enough for save_checkpoint and _resume's driver side."""
     t = trainer(rewards_per_prompt)
+    t.cfg.trainer.run_dir = str(tmp_path)
     t.ckpt_root = tmp_path / "checkpoints"
+    t.log = MetricsLogger(tmp_path, 10, tensorboard=False)  # the checkpoint carries its rows
     t.learners = SimpleNamespace(save=lambda d, tag: (Path(d) / "learner.bin").write_text("w"),
                                  load=lambda d, tag: None, sync_weights=lambda v: None)
     t.cfg.checkpoint.resume = "auto"
@@ -282,6 +285,7 @@ def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tm
 
     r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
     r.stream.load_state = lambda state: setattr(r.stream, "pos", state["pos"])
+    r.resume_from = resume_point(r.cfg)
     r._resume()
     assert r.step == 2 and r.stream.pos == 3
     assert r.resumed_batch.completion_ids == batch.completion_ids and r.resumed_batch.rewards == batch.rewards
@@ -290,6 +294,7 @@ def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tm
     r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
     r.stream.load_state = lambda state: setattr(r.stream, "pos", state["pos"])
     r.cfg.trainer.group_size = 4
+    r.resume_from = resume_point(r.cfg)
     r._resume()
     assert r.resumed_batch is None and r.stream.pos == 0
 

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from cluster.collect import CollectStats
 from cluster.config import RunConfig
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import MetricsLogger
@@ -26,7 +27,7 @@ def trainer(tmp_path, steps, at_step):
 
 def test_a_guard_before_the_last_step_halts_with_checkpoint_plots_and_completions_pointer(tmp_path):
     t = trainer(tmp_path, steps=5, at_step=2)
-    batch = SimpleNamespace(stats=SimpleNamespace(groups=4))
+    batch = SimpleNamespace(stats=CollectStats(groups=4))
     with pytest.raises(TrainingHalted) as e:
         t._check_health({"step": 2, "entropy": 1.0, "zero_var_groups": 0}, batch, None)
     assert "policy collapsed" in str(e.value) and "step-00000002 was saved" in str(e.value)
@@ -36,7 +37,7 @@ def test_a_guard_before_the_last_step_halts_with_checkpoint_plots_and_completion
 
 def test_a_guard_at_the_last_step_lets_the_run_end_as_usual(tmp_path, capsys):
     t = trainer(tmp_path, steps=2, at_step=2)
-    t._check_health({"step": 2, "entropy": 1.0, "zero_var_groups": 0}, SimpleNamespace(stats=SimpleNamespace(groups=4)),
+    t._check_health({"step": 2, "entropy": 1.0, "zero_var_groups": 0}, SimpleNamespace(stats=CollectStats(groups=4)),
                     None)
     out = capsys.readouterr().out
     assert "health: WARNING: token entropy 1 < trainer.entropy_floor 100" in out

@@ -1,12 +1,14 @@
 import json
 import math
+import os
 import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cluster.config import MetricsConfig
-from cluster.run.metrics import STEP_KEYS, MetricsLogger, plot_run, read_metrics
+from cluster.run.metrics import CHECKPOINT_ROWS, STEP_KEYS, MetricsLogger, plot_run, read_metrics, read_rows
+from learner.checkpoint import SaveError
 
 
 def test_every_step_line_has_the_required_keys_and_plots(tmp_path):
@@ -203,3 +205,51 @@ def test_the_runs_reward_function_keys_are_logged_beside_the_step_keys(tmp_path,
     assert "rewards" not in capsys.readouterr().out  # the console line stays short
     with pytest.raises(ValueError, match="rewards/other/mean"):
         MetricsLogger(tmp_path, 2, tensorboard=False).log_step({"step": 1, "rewards/other/mean": 1.0})
+
+
+def test_a_resume_restores_rows_the_file_lost_from_the_checkpoints_copy(tmp_path):
+    """Issue 30 case 3: a torn last row of a step that has a checkpoint was moved aside and never redone.
+    The checkpoint carries the rows of the steps it covers; the raw file ends with every step once."""
+    log = MetricsLogger(tmp_path, total_steps=3, tensorboard=False)
+    for step in (1, 2):
+        log.log_step({"step": step, "reward_mean": 0.1 * step})
+    log.log_eval(2, {"accuracy": 0.5})
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    log.save_rows(ckpt, 2)
+    log.close()
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[1][:40])  # step 1 lost whole, step 2 torn, the evaluation lost: a power loss
+    log = MetricsLogger(tmp_path, total_steps=3, start_step=2, tensorboard=False,
+                        carried_rows=read_rows(ckpt / CHECKPOINT_ROWS))
+    log.log_step({"step": 3, "reward_mean": 0.3})
+    log.close()
+    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in raw] == [("train", 1), ("train", 2), ("eval", 2), ("train", 3)]
+    assert [json.dumps(r) + "\n" for r in raw[:3]] == [line for line in lines]  # the very rows, restored
+    assert (tmp_path / "metrics.jsonl.superseded").read_text() == lines[1][:40] + "\n"
+
+
+def test_each_row_is_one_whole_write_and_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    writes = []
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(bytes(data)) or real_write(fd, data))
+    log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False)
+    log.log_step({"step": 1, "reward_mean": 0.5})
+    assert len(writes) == 1 and writes[0].endswith(b"\n") and json.loads(writes[0])["step"] == 1
+    log.path = type(log.path)("/dev/full")  # every write: ENOSPC
+    with pytest.raises(SaveError, match="could not write /dev/full: the disk is full .* MiB free"):
+        log.log_step({"step": 2, "reward_mean": 0.5})
+
+
+def test_of_a_step_written_twice_the_later_row_stays(tmp_path):
+    """A run dir an older raygrpo resumed holds redone steps twice: the later row is the step's (as
+    read_metrics reads it); the earlier moves aside."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"kind": "train", "step": s, "reward_mean": r}) + "\n"
+                            for s, r in ((1, 0.1), (2, 0.2), (2, 0.25), (3, 0.3))))
+    MetricsLogger(tmp_path, total_steps=4, start_step=3, tensorboard=False).close()
+    assert [(r["step"], r["reward_mean"]) for r in map(json.loads, path.read_text().splitlines())] == [
+        (1, 0.1), (2, 0.25), (3, 0.3)]
+    assert json.loads((tmp_path / "metrics.jsonl.superseded").read_text())["reward_mean"] == 0.2

@@ -1,0 +1,148 @@
+"""Issue 30 through the CLI on a run that finished: rerunning it, exporting it, copying it, tearing its
+metrics, resuming it from another model, a full disk under an export.
+
+One real run (Ray, vLLM, DeepSpeed) for the module, started as a user starts it: the console script,
+from the user's directory, with a config there whose paths are relative to it (they cross into the
+actors, so they must be made absolute first). Its model declares no EOS (case 7), so the same run
+shows the warning. The tests that change a run work on copies of it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from console import full_disk_wrapper, run
+
+from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
+from learner import checkpoint
+
+pytestmark = pytest.mark.timeout(900)
+STEPS = 2
+
+
+def drop_eos(model: Path) -> None:
+    """No end-of-sequence token anywhere: the tokenizer, generation_config.json, config.json."""
+    for name, key in (("tokenizer_config.json", "eos_token"), ("config.json", "eos_token_id")):
+        data = json.loads((model / name).read_text())
+        data.pop(key, None)
+        (model / name).write_text(json.dumps(data))
+    (model / "generation_config.json").unlink()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_model_dir):
+    home = tmp_path_factory.mktemp("user")
+    shutil.copytree(tiny_model_dir, home / "model")
+    drop_eos(home / "model")
+    (home / "run.yaml").write_text(yaml.safe_dump({
+        "model": {"path": "model"}, "data": {"num_eval": 0, "task_digits": 1},
+        "trainer": {"steps": STEPS, "prompts_per_step": 4, "group_size": 4, "run_dir": "runs/first",
+                    "actor_timeout_s": 300},
+        "rollout": {"max_model_len": 48, "max_new_tokens": 6, "gpu_memory_utilization": 0.03},
+        "learner": {"lr": 1.0e-3, "micro_batch_size": 8}, "reward": {"functions": ["exact_match", "format"]},
+        "checkpoint": {"every": 1}}))  # TensorBoard on: the default
+    out = run(["train", "run.yaml"], home)
+    out.report("a 2-step run")
+    assert out.returncode == 0, out.text[-3000:]
+    return home, home / "runs" / "first", out
+
+
+def test_a_model_without_eos_is_warned_about_and_weights_get_the_runs_permissions(finished):
+    """Case 7: a tokenizer without an EOS ran every completion to max_new_tokens with no warning.
+    Case 11: model.safetensors was written 0600 while everything else of the run was 0644."""
+    _, run_dir, out = finished
+    assert "warning: the model declares no end-of-sequence token" in out.text
+    assert "every completion runs to rollout.max_new_tokens=6 and the model cannot learn to stop" in out.text
+    modes = {f.relative_to(run_dir): oct(f.stat().st_mode & 0o777) for f in run_dir.rglob("*")
+             if f.is_file() and f.name != "raygrpo.lock"}
+    assert len(set(modes.values())) == 1, modes
+    assert modes[Path("hf_model/model.safetensors")] == modes[Path("config.yaml")]
+
+
+def test_a_finished_run_rerun_says_so_and_redoes_nothing(finished):
+    """Case 11: rerunning a finished run restarted every actor, redid the final evaluation (logged twice)
+    and rewrote hf_model."""
+    home, run_dir, _ = finished
+    before = {f: f.stat().st_mtime_ns for f in run_dir.rglob("*") if f.is_file() and f.name != "config.yaml"}
+    metrics = (run_dir / "metrics.jsonl").read_bytes()
+    out = run(["train", "run.yaml"], home)
+    out.report("rerun of a finished run")
+    assert out.returncode == 0, out.text[-3000:]
+    assert f"run dir {run_dir} already finished its {STEPS} steps" in out.text and "nothing to do" in out.text
+    assert "Started a local Ray instance" not in out.text and "waiting on" not in out.text  # no cluster, no actor
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    assert {f: f.stat().st_mtime_ns for f in before} == before  # nothing rewritten
+
+
+def test_export_never_deletes_a_run_and_overwrite_moves_the_old_target_aside(finished, tmp_path):
+    """Case 1: `raygrpo export RUN/checkpoints/step-1 RUN --overwrite` deleted the whole run and exited 0."""
+    home, run_dir, _ = finished
+    first = run_dir / "checkpoints" / checkpoint.step_dir_name(1)
+    listing = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    for target in (run_dir, home, first, run_dir / "checkpoints"):  # a run dir, one holding it, the checkpoint
+        out = run(["export", first, target, "--overwrite"], home)
+        assert out.returncode == 2 and "refusing to export into" in out.text and "Nothing was changed" in out.text, \
+            out.text
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == listing
+    assert checkpoint.verify(first) == []
+
+    mine = tmp_path / "exported"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    out = run(["export", first, mine, "--overwrite"], home)
+    assert out.returncode == 0, out.text
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("exported.replaced-")]
+    assert (aside / "notes.txt").read_text() == "mine" and f"moved the previous contents of {mine}" in out.text
+    assert (mine / "model.safetensors").is_file() and not (mine / "notes.txt").exists()
+    assert oct((mine / "model.safetensors").stat().st_mode & 0o777) == oct((mine / "config.json").stat().st_mode & 0o777)
+
+
+def test_a_full_disk_under_an_export_names_the_path_and_keeps_the_target(finished, tmp_path):
+    """Case 8, export: the target's filesystem is full."""
+    home, run_dir, _ = finished
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    wrap = full_disk_wrapper(disk)
+    if wrap is None:
+        pytest.skip("this machine cannot mount a private tmpfs (no root and no user namespaces)")
+    out = run(["export", run_dir / "checkpoints" / checkpoint.step_dir_name(STEPS), disk / "model"], home, wrap=wrap)
+    assert out.returncode == 1, out.text
+    assert f"could not write {disk / 'model'}: the disk is full" in out.text and "0 MiB free" in out.text, out.text
+    assert "the export's target is left as it was" in out.text and "Traceback" not in out.text
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_any_actor(finished, tmp_path, tiny_model_dir):
+    """Case 9: checkpoint.resume pointing at another model's checkpoint failed 27 s in, in the learner
+    (a state_dict size mismatch)."""
+    home, run_dir, _ = finished
+    other = build_tiny_model(tmp_path / "wider", TinyModelSpec(hidden_size=256, num_layers=2, seed=0))
+    ckpt = run_dir / "checkpoints" / checkpoint.step_dir_name(STEPS)
+    out = run(["train", "run.yaml", f"model.path={other}", f"checkpoint.resume={ckpt}", "trainer.run_dir=runs/other",
+               f"trainer.steps={STEPS + 1}"], home)
+    assert out.returncode == 2, out.text[-3000:]
+    assert f"{ckpt} was trained from another model than model.path {other}" in out.text
+    assert "hidden_size 128 vs 256" in out.text and "waiting on" not in out.text and "Traceback" not in out.text
+    assert not (home / "runs" / "other" / "config.yaml").exists()  # refused before anything was written
+
+
+def test_a_copied_run_dir_with_a_torn_and_a_lost_row_resumes_and_restores_both(finished):
+    """Case 10: a copied or moved run dir could not be resumed (its own path was part of the config check).
+    Case 3: a torn last row of metrics.jsonl was moved aside for good when its step had a checkpoint.
+    The copy loses row 1 and has row 2 cut short; resumed with one more step, its raw metrics.jsonl
+    holds steps 1, 2, 3 once each, rows 1 and 2 as they were written."""
+    home, run_dir, _ = finished
+    copy = home / "runs" / "copied"
+    shutil.copytree(run_dir, copy)
+    original = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (copy / "metrics.jsonl").write_text(original[1][:50])
+    out = run(["train", "run.yaml", f"trainer.run_dir={copy.relative_to(home)}", f"trainer.steps={STEPS + 1}"], home)
+    out.report("resume of a copied run dir")
+    assert out.returncode == 0, out.text[-3000:]
+    assert f"resumed from {copy / 'checkpoints' / checkpoint.step_dir_name(STEPS)} at step {STEPS}" in out.text
+    assert "restored 2 row(s)" in out.text
+    raw = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert [json.loads(r)["step"] for r in raw] == [1, 2, 3] and raw[:2] == original
+    assert (copy / "metrics.jsonl.superseded").read_text() == original[1][:50] + "\n"
