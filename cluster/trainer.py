@@ -35,7 +35,7 @@ from cluster.collect import (
     trim_to_ranks,
 )
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data.dataset import DataError, Example, PromptStream, answer_column_problem, load_run_data, load_tokenizer
+from cluster.data.dataset import DataError, Example, PromptStream, load_run_data, load_tokenizer, reward_column_problem
 from cluster.data.model_check import checkpoint_model_problems, eos_warning
 from cluster.data.render import conversation, multiturn_format
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
@@ -78,7 +78,7 @@ class Trainer:
         for note in [*data.notes(), eos_warning(cfg.model.path, cfg.rollout)]:
             if note:
                 print(note, flush=True)
-        missing = answer_column_problem(cfg, data)  # what the answer checkers would fail on at step 1
+        missing = reward_column_problem(cfg, data)  # what the reward functions would fail on at step 1
         if missing:
             raise DataError(missing)
         self.heldout = data.heldout

@@ -11,6 +11,7 @@ to continue exactly where the run stopped.
 """
 from __future__ import annotations
 
+import ast
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from cluster.data.model_check import tokenizer_problems
 from cluster.data.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
 
 TASKS = ("addition", "subtraction")
-__all__ = ["DataError", "Example", "PromptStream", "RunData", "answer_column_problem", "load_run_data", "load_splits",
+__all__ = ["DataError", "Example", "PromptStream", "RunData", "reward_column_problem", "load_run_data", "load_splits",
            "load_tokenizer"]
 
 
@@ -146,9 +147,38 @@ class RunData:
         return [n for n in (r.filtered_note() for r in self.reports) if n] + self.warnings
 
 
-def answer_column_problem(cfg, data: RunData) -> str | None:
-    """The answer checkers among reward.functions (gsm8k, math_verify, exact_match) compare against the
-    column reward.answer_key: a row without it is a reward error at every sample of step 1. Said at load."""
+# What the scorer passes to every reward function besides the dataset's columns (actors/rewards.py).
+SCORER_KEYWORDS = frozenset({"prompt", "completion", "prompts", "completions", "completion_ids", "_num_tokens",
+                             "_finish_reason", "_max_new_tokens", "_overlong_buffer", "_answer_key", "_messages",
+                             "_turns"})
+
+
+def required_columns(spec: str) -> list[str]:
+    """The parameters without a default of the user reward function `spec` (path/to/file.py:name) that the
+    scorer does not pass itself: each must be a column of every row. Read from the file's source, so the
+    driver runs no user code; [] where `name` is not a plain `def` at the file's top level."""
+    path, _, name = spec.rpartition(":")
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return []  # a file that does not load is the reward pool's to report, at start
+    found = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    if not found:
+        return []
+    a = found[-1].args  # the last definition is the one Python keeps
+    positional = a.posonlyargs + a.args
+    required = positional[:len(positional) - len(a.defaults)]
+    if required and required[0].arg not in ("prompts", "completions"):
+        required = required[2:]  # a per-sample function gets (prompt, completion) by position
+    required += [k for k, default in zip(a.kwonlyargs, a.kw_defaults) if default is None]
+    return [p.arg for p in required if p.arg not in SCORER_KEYWORDS]
+
+
+def reward_column_problem(cfg, data: RunData) -> str | None:
+    """What reward.functions would fail on at step 1, said at load: the answer checkers (gsm8k,
+    math_verify, exact_match) compare against the column reward.answer_key, and a user function's
+    parameter without a default (required_columns) needs its column in every row. The held-out rows
+    count for a user function only where the evaluation scores with it (no answer checker configured)."""
     checkers = [f for f in cfg.reward.functions if f in ANSWER_CHECKERS]
     key = cfg.reward.answer_key
     for name, rows in (("train", data.train), ("eval", data.heldout)):
@@ -158,6 +188,16 @@ def answer_column_problem(cfg, data: RunData) -> str | None:
                     f"{', '.join(checkers)} compare(s) against; e.g. {missing[0].where or 'a row'}: columns "
                     f"{', '.join(missing[0].fields) or 'none'}. Set reward.answer_key to the answer's column, or "
                     "choose reward functions that need no answer")
+    scored = [("train", data.train)] + ([] if checkers else [("eval", data.heldout)])
+    for spec in (f for f in cfg.reward.functions if f.rpartition(":")[0].endswith(".py")):
+        for column in required_columns(spec):
+            for name, rows in scored:
+                missing = [e for e in rows if column not in e.fields]
+                if missing:
+                    return (f"reward function {spec} takes {column!r} (a parameter without a default), a column "
+                            f"{len(missing)} of {len(rows)} {name} rows lack; e.g. {missing[0].where or 'a row'}: "
+                            f"columns {', '.join(missing[0].fields) or 'none'}. Add the column to the data, give the "
+                            "parameter a default, or rename it to a column the data has")
     return None
 
 

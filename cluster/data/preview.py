@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from actors.completions import stop_token_ids
 from actors.reward_functions import ANSWER_CHECKERS, gsm8k_gold, math_verify_gold, parse_number
-from cluster.data.dataset import PromptStream, answer_column_problem, load_run_data, load_tokenizer, prompt_token_limit
+from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit, reward_column_problem
 from cluster.data.model_check import eos_warning
 
 EXTRA_FIELDS = "_num_tokens, _finish_reason, _max_new_tokens, _overlong_buffer, _answer_key"
@@ -93,6 +93,6 @@ def preview(cfg, n: int, out=print) -> None:
     out(f"reward.functions: {functions}")
     if isinstance(data.train[0].prompt, list):
         out('  a TRL-style function gets prompts as message lists and completions as [{"role": "assistant", "content": text}]')
-    missing = answer_column_problem(cfg, data)
+    missing = reward_column_problem(cfg, data)
     if missing:
         out(f"  ERROR (`raygrpo train` refuses this data): {missing}")

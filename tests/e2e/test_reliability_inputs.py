@@ -93,6 +93,24 @@ def test_a_missing_answer_column_is_found_at_load(home, tiny_chat_model_dir):
     assert fixed.returncode == 0 and "ERROR" not in fixed.text
 
 
+def test_a_user_reward_functions_missing_column_is_found_at_load(home, tiny_chat_model_dir):
+    """Case 11 (each reward's required columns at load): a user function with a parameter the data lacks
+    failed on every sample of step 1, after every actor had started. Its source is read, never run."""
+    (home / "my_rewards.py").write_text("def by_level(prompt, completion, level, **kw):\n"
+                                        "    return float(len(completion) < 10 * level)\n")
+    rows = [{"prompt": [{"role": "user", "content": f"Say {a}."}], "answer": str(a)} for a in range(8)]
+    (home / "problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = write(home, base_config(str(tiny_chat_model_dir), data={"train": "problems.jsonl"},
+                                  rollout={"max_model_len": 96}, reward={"functions": ["my_rewards.py:by_level"]}))
+    out = run(["train", cfg], home)
+    assert out.returncode == 2, out.text[-2000:]
+    assert f"reward function {home / 'my_rewards.py'}:by_level takes 'level' (a parameter without a default), a " \
+           "column 8 of 8 train rows lack; e.g." in out.text
+    assert "problems.jsonl:1" in out.text and "waiting on" not in out.text and not (home / "runs/r/config.yaml").exists()
+    shown = run(["data", cfg], home)
+    assert shown.returncode == 0 and "ERROR (`raygrpo train` refuses this data): reward function" in shown.text
+
+
 def test_an_unknown_role_is_warned_and_an_override_with_a_hash_is_taken_whole(home, tiny_chat_model_dir):
     """Case 11: a message role "wizard" was accepted silently. Case 12: overrides are YAML, so
     `data.system_prompt=Solve it. End with #### and the number.` silently became "Solve it. End with"."""

@@ -1,12 +1,16 @@
 import pytest
 
+from cluster.config import RunConfig
 from cluster.data.dataset import (
     DataError,
     Example,
     PromptStream,
+    RunData,
     arithmetic_examples,
     load_jsonl,
     load_splits,
+    required_columns,
+    reward_column_problem,
     unknown_roles_note,
 )
 
@@ -58,3 +62,33 @@ def test_an_unknown_message_role_is_warned_about_with_where_it_is():
     note = unknown_roles_note(rows, "train")
     assert note.startswith("warning: 1 train prompt(s)") and "'wizard'" in note and "d.jsonl:2" in note
     assert unknown_roles_note(rows[:1] + rows[2:], "train") is None
+
+
+def test_a_user_reward_functions_required_columns_are_read_from_its_source(tmp_path):
+    """Issue 30 case 11: each reward's required columns are checked at load (the driver runs no user code)."""
+    f = tmp_path / "rewards.py"
+    f.write_text("import sys\nsys.exit(3)  # never run by the check\n"
+                 "def per_sample(prompt, completion, difficulty, answer=None, *, topic, _num_tokens, **kw):\n"
+                 "    return 0.0\n"
+                 "def batched(prompts, completions, completion_ids, source, **kw):\n"
+                 "    return [0.0] * len(prompts)\n"
+                 "alias = per_sample\n")
+    assert required_columns(f"{f}:per_sample") == ["difficulty", "topic"]
+    assert required_columns(f"{f}:batched") == ["source"]
+    assert required_columns(f"{f}:alias") == [] and required_columns(f"{tmp_path}/gone.py:f") == []
+
+    def run(functions, rows, heldout=()):
+        cfg = RunConfig()
+        cfg.reward.functions = functions
+        data = RunData([Example("p", r, where=f"d.jsonl:{i + 1}") for i, r in enumerate(rows)],
+                       [Example("p", r) for r in heldout], [])
+        return reward_column_problem(cfg, data)
+
+    problem = run([f"{f}:per_sample"], [{"difficulty": 1, "topic": "a"}, {"difficulty": 2}])
+    assert problem.startswith(f"reward function {f}:per_sample takes 'topic' (a parameter without a default), "
+                              "a column 1 of 2 train rows lack; e.g. d.jsonl:2: columns difficulty")
+    assert run([f"{f}:per_sample"], [{"difficulty": 1, "topic": "a"}]) is None
+    assert "takes 'source'" in run([f"{f}:batched"], [{"answer": "1"}], heldout=[{"answer": "1"}])
+    # held-out rows matter only where the evaluation scores with the user function (no answer checker)
+    assert "1 of 1 eval rows lack" in run([f"{f}:batched"], [{"source": "x"}], heldout=[{"answer": "1"}])
+    assert run(["exact_match", f"{f}:batched"], [{"source": "x", "answer": "1"}], heldout=[{"answer": "1"}]) is None
