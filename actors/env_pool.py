@@ -74,10 +74,10 @@ def _env_main(conn, specs: list[str]) -> None:
             return
         if msg is None:
             return
-        if msg[1] == "close":  # nothing of the user's runs: answer at once
-            answer(*msg)
-        else:
-            threading.Thread(target=answer, args=msg, daemon=True, name=f"env-{msg[0]}").start()
+        # Every answer from a thread of its own, a close's too: this loop must keep reading while answers
+        # wait for the pool to read them (the pool sends a whole batch before it reads, and a batch's
+        # answers can outgrow the pipe's buffer; a blocked reader here would block both sides for good).
+        threading.Thread(target=answer, args=msg, daemon=True, name=f"env-{msg[0]}").start()
 
 
 @dataclass

@@ -69,7 +69,7 @@ class Recorder:
 
 # ---------------------------------------------------------------------------- engine side
 def engine_fingerprint(model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], version: int) -> dict:
-    """Inside a vLLM worker (LLM.apply_model): {"values": {name: samples}, "dtypes": {name: dtype},
+    """Inside a vLLM worker (FingerprintWorker): {"values": {name: samples}, "dtypes": {name: dtype},
     "skipped": [names]} of the learner's tensors `shapes` as this worker holds them. A name vLLM
     stacks (q/k/v into qkv_proj, gate/up into gate_up_proj) is read from its rows of the stacked
     parameter; a name this worker holds only a shard of is skipped."""

@@ -134,3 +134,17 @@ def test_pool_refuses_a_class_that_does_not_load(tmp_path):
     path.write_text("class Env:\n    pass\n")
     with pytest.raises(ValueError, match="no method reset"):
         EnvPool(f"{path}:Env", num_procs=1, timeout_s=1.0)
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_bigger_than_the_pipe_does_not_deadlock():
+    """400 conversations close at once (the tools demo's evaluation): the answers outgrow the pipe's
+    buffer while the pool is still sending. The process must keep reading while its answers wait for
+    the pool, or both sides block on a full pipe for good."""
+    pool = EnvPool("calculator", num_procs=1, timeout_s=30.0)
+    try:
+        keys = [f"trajectory-{i:05d}" for i in range(3000)]
+        assert all(ok for ok, _ in pool.run([(k, "open", {}) for k in keys]))
+        assert all(ok for ok, _ in pool.run([(k, "close", None) for k in keys]))
+    finally:
+        pool.close()
