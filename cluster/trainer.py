@@ -1,7 +1,7 @@
 """The driver loop: one GRPO step is generate -> score -> reference -> advantages -> train -> sync.
 
-Sync and async schedules share this code. A batch is collected by `_collect` (generation,
-rewards and, with a reference actor, its log-probs) in a background thread; the sync schedule
+Sync and async schedules share this code. A batch is collected by `_collect` (generation, rewards
+and, with a reference actor, its log-probs; cluster/collecting.py) in a background thread; the sync schedule
 waits for it right away, the async one starts collecting step k+1 before training step k, so
 collecting overlaps training and each batch is one weight version old (`max_staleness` bounds
 how old it may be).
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,19 +24,14 @@ from actors.transport.fingerprint import SyncMismatch
 from actors.transport.registry import resolve_backend
 from cluster.collect import (
     Batch,
-    CollectStats,
     EnvironmentNotes,
-    ScoredGroup,
     load_batch,
-    sample_seed,
     save_batch,
-    score_groups,
-    trim_to_ranks,
 )
+from cluster.collecting import Collecting
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data.dataset import DataError, Example, PromptStream, load_run_data, load_tokenizer, reward_column_problem
+from cluster.data.dataset import DataError, PromptStream, load_run_data, load_tokenizer, reward_column_problem
 from cluster.data.model_check import checkpoint_model_problems, eos_warning
-from cluster.data.render import conversation, multiturn_format
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
@@ -65,7 +59,7 @@ def check_multiturn(cfg: RunConfig) -> None:
         raise ConfigError([str(e)], "rollout.env") from None
 
 
-class Trainer:
+class Trainer(Collecting):
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
         self.cfg, self.overwrite = cfg, overwrite
@@ -259,95 +253,6 @@ class Trainer:
             self.engine_version = self.version
             return out
 
-    # ------------------------------------------------------------------ collecting a batch
-    def _collect_async(self, step: int, lend_to: int | None = None) -> Future:
-        self.position_before_pending = self.stream.state()  # the collector is idle whenever this is called
-        return self._collector.submit(self._collect, step, lend_to)
-
-    def _collect(self, step: int, lend_to: int | None = None) -> Batch:
-        """Steps 1-3: prompts -> G completions each -> rewards, refilled and trimmed for the learner;
-        then the reference actor's log-probs of what is kept. `lend_to`: the learners' train call
-        this collection overlaps (async), which then gets the collecting side's idle cores."""
-        t = self.cfg.trainer
-        state, stats = self.stream.state(), CollectStats()
-        groups = self._collect_round(step, 0, t.prompts_per_step, stats)
-        if t.dynamic_sampling:
-            groups += self._refill(step, t.prompts_per_step - len(groups), stats)
-        groups = trim_to_ranks(groups, t.group_size, self.cfg.learner.num_ranks)
-        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.version)
-        if self.actors.reference is not None and batch.examples:
-            # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
-            # async schedule it then runs while the learner trains on the previous batch.
-            t0 = time.perf_counter()
-            batch.ref_logp = wait_for(
-                self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
-                "reference actor", "computing reference log-probs", t.actor_timeout_s)
-            stats.ref_s = time.perf_counter() - t0
-        if self.lend and lend_to is not None:  # collected before that train call ended: lend it the cores
-            self.learners.lend_threads(lend_to, self.lend)
-        return batch
-
-    def _refill(self, step: int, missing: int, stats: CollectStats) -> list[ScoredGroup]:
-        """DAPO dynamic sampling: groups whose rewards are all equal carry no signal and were dropped;
-        replace them from more prompts, at most `trainer.max_extra_prompts` per step."""
-        out: list[ScoredGroup] = []
-        budget, round_ = self.cfg.trainer.max_extra_prompts, 1
-        while len(out) < missing and budget > 0:
-            n = min(missing - len(out), budget)
-            budget -= n
-            stats.extra_prompts += n
-            out += self._collect_round(step, round_, n, stats)
-            round_ += 1
-        return out
-
-    def _collect_round(self, step: int, round_: int, n: int, stats: CollectStats) -> list[ScoredGroup]:
-        """Take n prompts, generate G completions each, score them; returns the groups worth training on."""
-        t, G = self.cfg.trainer, self.cfg.trainer.group_size
-        examples = self.stream.take(n)
-        sw = Stopwatch()
-        with sw("gen"), self._engines_lock:
-            rollouts = self._generate(examples, G, [sample_seed(t.seed, step, round_, i) for i in range(n)], stats=stats,
-                                      what=f"step {step + 1}")
-        with sw("reward"):
-            live = [(ex, ro) for ex, ro in zip(examples, rollouts) if not ro.skipped]
-            stats.skipped_prompts += len(examples) - len(live)
-            m = self.cfg.metrics
-            groups = score_groups(self.scorer, live, G, stats, max_new_tokens=self.cfg.rollout.model_token_cap(),
-                                  dynamic_sampling=t.dynamic_sampling, eos_id=self.tokenizer.eos_token_id,
-                                  samples=m.completions_per_step if m.log_completions else 0,
-                                  advantage_estimator=self.cfg.algo.advantage_estimator)
-        for name in stats.hung_functions():  # it would score every sample with the fallback for the rest of the run
-            raise RuntimeError(
-                f"the reward function {name} timed out on every one of its {stats.reward_functions[name]['calls']} "
-                f"calls at step {step + 1} ({self.scorer.timeout_setting(name)}): it hangs, or needs longer. Fix it "
-                f"or raise that timeout; metrics and checkpoints so far are in {self.run_dir}")
-        if stats.every_group_failed():
-            raise RuntimeError(
-                f"every reward call failed at step {step + 1} ({stats.reward_errors} errors), e.g. "
-                f"{'; '.join(stats.error_samples[:2])}. Fix the reward function(s) {self.cfg.reward.functions}; "
-                f"metrics and checkpoints so far are in {self.run_dir}")
-        stats.gen_s += sw.t["gen_s"]
-        stats.reward_s += sw.t["reward_s"]
-        return groups
-
-    def _generate(self, examples: list[Example], G: int, seeds: list[int], greedy: bool = False,
-                  stats: CollectStats | None = None, what: str = "") -> list:
-        """G completions per example from the engines: single-turn, or with `rollout.env` multi-turn
-        trajectories (actors/multiturn.py) that the rest of the step reads the same way. Environment
-        failures are said when they happen (`what`: when, for the message)."""
-        if not self.cfg.rollout.env:
-            return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,
-                                      expected_version=self.engine_version)
-        fmt = multiturn_format(self.cfg)
-        rollouts = self.pool.generate_multiturn([conversation(e.prompt, fmt) for e in examples],
-                                                [e.fields for e in examples], G, seeds, greedy,
-                                                expected_version=self.engine_version)
-        if stats is not None:
-            stats.add_trajectories(rollouts)
-        for line in self.env_notes.lines(rollouts, what):
-            print(line, file=sys.stderr, flush=True)
-        return rollouts
-
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
         """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner
         value that does not apply, e.g. kl at beta=0 or every one after a step with nothing to train on)."""
@@ -363,33 +268,6 @@ class Trainer:
             **({"sync_verified": m["sync"].get("verified", False), "sync_verify_s": m["sync"].get("verify_s", 0.0)}
                if "sync" in m else {}),
         }
-
-    # ------------------------------------------------------------------ evaluation
-    def evaluate(self) -> dict:
-        """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = the verdict of the
-        configured answer checker (gsm8k, math_verify, exact_match; see RewardScorer.judge)."""
-        t, ex = self.cfg.trainer, self.heldout
-        with self._engines_lock:
-            what = f"the evaluation at step {self.step}"
-            greedy = self._generate(ex, 1, [0] * len(ex), greedy=True, what=what)
-            sampled = self._generate(ex, t.eval_pass_k,  # same seeds at every evaluation
-                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))], what=what)
-
-        # one judge call for every completion (user code and math_verify fan out over the scorer's processes)
-        pairs = [(i, c) for i, g in enumerate(greedy) for c in g.completions[:1]]
-        pairs += [(len(ex) + i, c) for i, s in enumerate(sampled) for c in s.completions]
-        verdicts = self.scorer.judge([ex[i % len(ex)].prompt for i, _ in pairs], [c for _, c in pairs],
-                                     [ex[i % len(ex)].fields for i, _ in pairs])
-        right = [False] * (2 * len(ex))
-        for (i, _), v in zip(pairs, verdicts):
-            right[i] = right[i] or v
-        ok, passk = right[:len(ex)], right[len(ex):]
-        m = {"accuracy": sum(ok) / len(ex), f"pass@{t.eval_pass_k}": sum(passk) / len(ex), "num_prompts": len(ex)}
-        if self.cfg.rollout.env:  # how often the greedy trajectories call the environment's tools
-            calls = [g.completions[0].tool_calls if g.completions else 0 for g in greedy]
-            m |= {"tool_calls_per_trajectory": sum(calls) / len(ex), "tool_call_rate": sum(c > 0 for c in calls) / len(ex)}
-        self.log.log_eval(self.step, m)
-        return m
 
     # ------------------------------------------------------------------ actors, checkpoints
     def _setup(self) -> None:

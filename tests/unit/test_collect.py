@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import cluster.trainer as trainer_module
+import cluster.collecting as collecting_module
 from actors.completions import Completion, PromptRollout
 from actors.multiturn import MultiTurnRollout, Trajectory
 from actors.rewards import REWARD_STATS, FunctionStats, RewardResult
@@ -114,7 +114,7 @@ def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatc
                 calls.append(len(completion_ids))
                 return [[-0.5] * len(c) for c in completion_ids]
 
-    monkeypatch.setattr(trainer_module, "wait_for", lambda refs, *what: refs)
+    monkeypatch.setattr(collecting_module, "wait_for", lambda refs, *what: refs)
     t = trainer([[1, 0], [1, 1], [0, 1], [0, 0]], dynamic=True)
     t.actors = SimpleNamespace(reference=FakeReference())
     b = t._collect(step=0)
