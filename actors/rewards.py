@@ -28,7 +28,8 @@ it. Within a group (the G completions of one prompt): a function that returned n
 the group makes those samples *unscorable*: their reward is NaN, they are left out of the group's
 statistics and of the loss (the learner's mask), never scored as 0, and counted. A function that
 returned null for *every* sample of a group has no opinion on that prompt (TRL's multi-task use)
-and is left out of the group's sum; a group no function scored is unscorable as a whole.
+and is left out of the group's sum; a group no function scored is unscorable as a whole (with no
+function configured, an environment's reward alone scores every sample).
 
 Errors. A call that raises, returns a non-number / NaN, exceeds its timeout or kills its process
 is a reward *error*: counted per function, printed, and the sample gets `reward.fallback`.
@@ -142,7 +143,7 @@ def combine(values: dict[str, list], weights: dict[str, float], failed: list[boo
         for i in group:
             if failed[i]:
                 rewards[i] = env_rewards[i] + fallback
-            elif not applies or any(values[s][i] is None for s in applies):
+            elif values and (not applies or any(values[s][i] is None for s in applies)):
                 rewards[i], unscorable[i] = NAN, True
             else:
                 rewards[i] = env_rewards[i] + sum(weights[s] * values[s][i] for s in applies)

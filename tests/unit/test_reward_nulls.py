@@ -46,6 +46,12 @@ def test_errors_get_the_fallback_and_environment_rewards_add():
     assert _same(rewards, [1.25, -1.0, N, 0.0]) and out == [False, False, True, False]
 
 
+def test_with_no_reward_function_the_environment_alone_scores():
+    # reward.functions: [] with rollout.env set: every sample is scored, by its environment's reward
+    rewards, out = combine({}, {}, [False] * 4, [0.25, 0.25, 1.0, 0.0], -1.0, 2)
+    assert rewards == [0.25, 0.25, 1.0, 0.0] and out == [False] * 4
+
+
 def test_weights_apply_to_what_applies():
     rewards, _ = _combine({"a": [1.0, 1.0], "b": [2.0, 0.0]}, group_size=2, weights={"a": 0.5, "b": 2.0})
     assert rewards == [4.5, 0.5]
