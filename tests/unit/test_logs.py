@@ -84,8 +84,11 @@ def test_the_drivers_ray_info_lines_go_to_the_run_log(monkeypatch, tmp_path, cap
     monkeypatch.setenv(logs.LEVEL_ENV, "WARNING")
     ray_logger = logging.getLogger("ray")
     before = list(ray_logger.handlers), ray_logger.level
-    # Ray's handler keeps the stderr it was made with (another test's capture, maybe): point it at this one's
-    streams = [(h, h.stream) for h in before[0] if isinstance(h, logging.StreamHandler)]
+    # Ray's handler keeps the stderr it was made with (another test's capture, maybe): point it at this one's.
+    # Only Ray's own: where ray was imported before pytest's logging plugin set up (an e2e module imports
+    # it at collection), pytest's capture handlers sit on the "ray" logger too.
+    streams = [(h, h.stream) for h in before[0]
+               if isinstance(h, logging.StreamHandler) and not type(h).__module__.startswith("_pytest")]
     for h, _ in streams:
         h.stream = sys.stderr  # not setStream: it flushes the old stream, which may be closed
     try:
