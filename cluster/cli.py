@@ -97,7 +97,8 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
-DEMO_RECIPES = ("addition", "lora", "async", "chat", "tools")  # cluster/demo/recipes.py RECIPES (the CLI imports nothing heavy)
+# cluster/demo/recipes.py RECIPES (the CLI imports nothing heavy)
+DEMO_RECIPES = ("addition", "lora", "async", "chat", "tools", "reward_model")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--recipe", default="addition", choices=DEMO_RECIPES,
                    help="the training mode shown: addition (default: full fine-tuning, sync schedule), lora (only the "
                    "adapter travels to vLLM), async (trainer.mode=async), chat (BPE chat model, conversational word "
-                   "problems, gsm8k reward), tools (multi-turn with the calculator environment)")
+                   "problems, gsm8k reward), tools (multi-turn with the calculator environment), reward_model (scored by a "
+                   "reward model alone, built from the warm start on its own samples)")
     d.add_argument("--run-dir", default=None, help="default: runs/demo, or runs/demo-RECIPE")
     d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo config's)")
     d.add_argument("--cache-dir", default=".cache/demo", help="where the base model and warm start are cached")
@@ -207,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--warm-start-steps", type=_positive_int, default=None, metavar="N",
                    help="at most N supervised warm-start steps (default: the recipe's cap; it stops earlier at its "
                    "target accuracy). Fewer give a weaker start: for a quick look, not for a figure")
+    d.add_argument("--reward-model-steps", type=_positive_int, default=None, metavar="N",
+                   help="--recipe reward_model: its reward model's Bradley-Terry steps (default: the recipe's). Fewer "
+                   "give a weaker reward model: for a quick look, not for a figure")
     d.add_argument("--warm-start-threads", type=int, default=1, choices=range(1, 65), metavar="N",
                    help="torch threads in the warm start (default 1; another count gives another floating-point "
                    "trajectory, as another CPU does)")

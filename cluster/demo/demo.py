@@ -5,7 +5,7 @@ format (supervised, cached), 3. train it with GRPO through the full system (Ray,
 rollout worker, DeepSpeed learner, reference, a verified weight sync after every step),
 4. print held-out accuracy before and after, side by side, and where everything is.
 The recipes (cluster/demo/recipes.py) choose the training mode: addition (the default), lora,
-async, chat, tools.
+async, chat, tools, reward_model (whose reward model is built from the warm start, after it).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cluster.config import load_config
 from cluster.data.dataset import load_run_data, load_splits, load_tokenizer
+from cluster.demo.policyreward import build_policy_reward_model, describe, policy_reward_result
 from cluster.demo.recipes import CHAT_MODEL, MODEL, RECIPES, Recipe
 from cluster.demo.tinychat import build_tiny_chat_model
 from cluster.demo.tinymodel import build_tiny_model, num_parameters
@@ -53,6 +54,20 @@ def _warm_start_examples(cfg, base: Path) -> list:
     return load_run_data(cfg, load_tokenizer(str(base))).train
 
 
+def _reward_model(recipe: Recipe, warm: Path, examples: list, seed: int, args) -> list[str]:
+    """The reward_model recipe's reward model, built (or reused) from the warm start on its train split, as the
+    run's reward.functions; [] for the other recipes."""
+    if recipe.reward_model is None:
+        return []
+    t0 = time.time()
+    spec = dataclasses.replace(recipe.reward_model, seed=seed, threads=args.warm_start_threads,
+                               steps=args.reward_model_steps or recipe.reward_model.steps)
+    rm = build_policy_reward_model(warm, Path(args.cache_dir) / f"rm-{warm.name}", examples, spec)
+    print(f"      reward model from the warm start ({spec.steps} Bradley-Terry steps on its own samples, "
+          f"{time.time() - t0:.0f} s, cached): {rm}\n      it {describe(policy_reward_result(rm)['report'])}")
+    return [f"reward.functions=[model:{rm}]"]
+
+
 def run_demo(args) -> int:
     t0 = time.time()
     recipe, cache = RECIPES[args.recipe], Path(args.cache_dir)
@@ -68,14 +83,16 @@ def run_demo(args) -> int:
     spec = dataclasses.replace(recipe.warm_start, seed=cfg.trainer.seed, threads=args.warm_start_threads,
                                steps=args.warm_start_steps or recipe.warm_start.steps)  # None: the recipe's
     t_warm = time.time()
-    warm = warm_start(base, cache / recipe.warm_start_name(spec), _warm_start_examples(cfg, base), spec,
+    examples = _warm_start_examples(cfg, base)
+    warm = warm_start(base, cache / recipe.warm_start_name(spec), examples, spec,
                       sequence=recipe.sequence, check=recipe.check, task="" if recipe.base == "addition" else recipe.name)
     done = warm_start_result(warm)
     print(f"[2/4] warm-started model (supervised, seed {spec.seed}, {spec.threads} torch thread(s): stopped at "
           f"step {done['steps']} with {recipe.check_name} {done['accuracy']:.3f} on its own {spec.num_check} check "
           f"prompts, target {spec.target_accuracy:.2f} at {spec.checks_in_a_row} checks in a row; "
           f"{time.time() - t_warm:.0f} s, cached): {warm}")
-    cfg = load_config(recipe.config, [f"model.path={warm}", *overrides])
+    cfg = load_config(recipe.config, [f"model.path={warm}", *_reward_model(recipe, warm, examples, spec.seed, args),
+                                      *overrides])
     if Path(cfg.trainer.run_dir).exists():  # a demo starts fresh; a real run would resume from its checkpoint
         shutil.rmtree(cfg.trainer.run_dir)
     print(f"[3/4] GRPO: {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x G={cfg.trainer.group_size}, "

@@ -13,8 +13,11 @@ from, what data it writes, and how its warm start trains and checks itself. `run
             rendered with the chat template and scored by the gsm8k reward
   tools     multi-turn with the built-in calculator on 3-digit products: the warm start can use the
             tool but does not call it; GRPO has to learn to call it and use its answer
+  reward_model  the addition task scored by a learned reward model alone (`model:PATH`, a
+            RewardModelActor): initialised from the warm start, trained on its own samples
+            (cluster/demo/policyreward.py), built and cached after the warm start; exact_match only judges
 
-The three addition recipes share their base model and cached warm start.
+The addition recipes share their base model and cached warm start.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cluster.demo.checks import forced_call_accuracy, gsm8k_accuracy
+from cluster.demo.policyreward import PolicyRewardSpec
 from cluster.demo.tasks import chat_rows, conversation_sequence, tool_rows
 from cluster.demo.tinychat import TinyChatSpec
 from cluster.demo.tinymodel import TinyModelSpec
@@ -55,6 +59,7 @@ class Recipe:
     check: Check = greedy_accuracy  # how it checks itself (stops at warm_start.target_accuracy)
     check_name: str = "greedy accuracy"
     tool_stats: bool = False  # print the greedy evaluation's tool calls per trajectory
+    reward_model: PolicyRewardSpec | None = None  # built from the warm start; the run's reward.functions
 
     def warm_start_name(self, spec: WarmStartSpec) -> str:
         """The cached warm start's directory: the addition recipes share one (the demo's own)."""
@@ -94,4 +99,5 @@ RECIPES = {r.name: r for r in (
            check=forced_call_accuracy, check_name="greedy accuracy with a forced first call", tool_stats=True,
            warm_start=WarmStartSpec(steps=2000, batch_size=64, lr=1e-3, target_accuracy=0.5, check_every=50,
                                     num_check=200)),
+    Recipe("reward_model", EXAMPLES / "reward_model.yaml", reward_model=PolicyRewardSpec()),
 )}

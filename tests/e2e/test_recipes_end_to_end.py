@@ -2,14 +2,16 @@
 vLLM, DeepSpeed), with a short warm start and a small evaluation: each prints the before/after table
 and verdict, writes `kind: eval` rows, and verifies the weight sync at every step that sent one.
 Whether each recipe *learns* is shown by the full runs in docs/STATUS.md, not here (minutes each).
-The recipes share one cache dir, as a user's do: addition, lora and async share their base model
-and warm start, chat and tools theirs.
+The recipes share one cache dir, as a user's do: addition, lora, async and reward_model share their
+base model and warm start, chat and tools theirs. reward_model trains on its reward model's score
+alone (built from the warm start, a few Bradley-Terry steps here), so it keeps its own reward.functions.
 """
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 
 from cluster.cli import DEMO_RECIPES, main
 from cluster.demo.recipes import RECIPES
@@ -41,11 +43,14 @@ def test_the_cli_offers_every_recipe():
     assert set(DEMO_RECIPES) == set(RECIPES)
 
 
-@pytest.mark.parametrize("recipe", ["addition", "lora", "async", "chat", "tools"])
+@pytest.mark.parametrize("recipe", ["addition", "lora", "async", "chat", "tools", "reward_model"])
 def test_recipe_runs_a_few_steps_with_a_verified_sync(recipe, cache, length_reward, ray_cluster, tmp_path, capsys):
     run_dir = tmp_path / "run"
+    # a reward model's scores differ between samples: every group has a signal without a second reward
+    rewards = (["--reward-model-steps", "20"] if recipe == "reward_model"
+               else [f"reward.functions=[{CHECKER[recipe]}, '{length_reward}:reward']"])
     assert main(["demo", "--recipe", recipe, "--run-dir", str(run_dir), "--cache-dir", str(cache), "--seed", "1",
-                 *SMALL, f"reward.functions=[{CHECKER[recipe]}, '{length_reward}:reward']"]) == 0
+                 *SMALL, *rewards]) == 0
     out = capsys.readouterr().out
     assert "[4/4] held-out evaluation (16 unseen prompts)" in out and "verdict: held-out greedy accuracy" in out
     assert ("tool_calls_per_trajectory (greedy)" in out) == (recipe == "tools")
@@ -64,6 +69,11 @@ def test_recipe_runs_a_few_steps_with_a_verified_sync(recipe, cache, length_rewa
         assert "mode: async" in config
     if recipe == "tools":
         assert "env: calculator" in config and "tool_call_rate" in evals[-1]
+    if recipe == "reward_model":  # built after the warm start, from it; the run scored by it alone
+        rm = cache / "rm-warm-to0.25-seed1-threads1"
+        assert "reward model from the warm start (20 Bradley-Terry steps on its own samples" in out
+        assert yaml.safe_load(config)["reward"]["functions"] == [f"model:{rm}"]
+        assert all("rewards/addition_rm/mean" in r for r in rows), rows[0].keys()
     if recipe == "chat":
         first = json.loads((cache / "data-chat" / "train.jsonl").read_text().splitlines()[0])
         assert first["prompt"][0]["role"] == "system" and "####" in first["answer"]
