@@ -47,9 +47,10 @@ class PolicyRewardSpec:
     steps: int = 600
     batch_size: int = 64  # pairs per step
     lr: float = 3e-4
-    synthetic_fraction: float = 0.25  # of the negatives: a near miss instead of a policy sample
-    swapped_fraction: float = 0.25  # of the negatives: another prompt's sum (every answer is a negative as often
-    #                                 as it is a positive, so no answer is good on its own)
+    # The negatives' mix; the rest (half by default) are the policy's own wrong samples.
+    synthetic_fraction: float = 0.25  # a near miss of any kind (tinyreward's `wrong_completion`)
+    swapped_fraction: float = 0.25  # another prompt's sum (every answer is a negative as often as it is a
+    #                                 positive, so no answer is good on its own)
     policy_positive_fraction: float = 0.5  # of the positives: a correct policy sample (when there is one)
     seed: int = 0
     threads: int = 1  # torch threads; another count gives another floating-point trajectory
