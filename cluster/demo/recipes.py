@@ -15,7 +15,8 @@ from, what data it writes, and how its warm start trains and checks itself. `run
             tool but does not call it; GRPO has to learn to call it and use its answer
   reward_model  the addition task scored by a learned reward model alone (`model:PATH`, a
             RewardModelActor): initialised from the warm start, trained on its own samples
-            (cluster/demo/policyreward.py), built and cached after the warm start; exact_match only judges
+            (cluster/demo/policyreward.py), built and cached after the warm start; exact_match only judges.
+            It does not learn yet (docs/STATUS.md, "Rewards")
 
 The addition recipes share their base model and cached warm start.
 """
@@ -44,9 +45,6 @@ ADDITION_WARM_START = WarmStartSpec(steps=2000, batch_size=64, lr=1e-3, target_a
 CHAT_MODEL = TinyChatSpec(model=MODEL, corpus="recipes")
 TRAIN_ROWS, EVAL_ROWS = 5000, 400
 ONE_DIGIT = {"lo": 1, "hi": 9, "b_lo": 1, "b_hi": 9}
-# The reward_model recipe's reward model: 2000 Bradley-Terry steps at lr 1e-3 (600 at 3e-4 ranked the sum above
-# the policy's wrong samples 81% of the time, and GRPO found its blind spots within 25 steps).
-REWARD_MODEL = PolicyRewardSpec(steps=2000, lr=1e-3)
 TOOL_FRACTION = 0.3  # of the warm start's rows that show a call: enough to learn its format, not its habit
 
 
@@ -102,5 +100,5 @@ RECIPES = {r.name: r for r in (
            check=forced_call_accuracy, check_name="greedy accuracy with a forced first call", tool_stats=True,
            warm_start=WarmStartSpec(steps=2000, batch_size=64, lr=1e-3, target_accuracy=0.5, check_every=50,
                                     num_check=200)),
-    Recipe("reward_model", EXAMPLES / "reward_model.yaml", reward_model=REWARD_MODEL),
+    Recipe("reward_model", EXAMPLES / "reward_model.yaml", reward_model=PolicyRewardSpec()),
 )}
