@@ -17,12 +17,14 @@ and drifted down or gamed it (round sums scored high; docs/STATUS.md, "Rewards")
 3. Bradley-Terry: -log sigmoid(r(right) - r(wrong)) on pairs that share a prompt.
 
 Like the warm start it counts steps, never time, runs on `threads` torch threads and is cached by
-its spec (and the warm start's), so the same spec gives the same weights. Which prompts it samples
+its spec and the policy's weights (their sha256: a warm start rebuilt in place, e.g. with other
+--warm-start-steps, is another policy), so the same spec gives the same weights. Which prompts it samples
 and trains on is the caller's business: the demo passes GRPO's train split, never the held-out one.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -89,8 +91,8 @@ def build_policy_reward_model(policy_dir: str | os.PathLike, out_dir: str | os.P
     of `examples`' prompts, in `out_dir`; returns the directory."""
     out = Path(out_dir)
     policy = Path(policy_dir).resolve()
-    key = {**dataclasses.asdict(spec), "policy": str(policy), "n": len(examples),
-           "first": examples[0].prompt if examples else ""}
+    key = {**dataclasses.asdict(spec), "policy": str(policy), "policy_sha256": _weights_sha256(policy),
+           "n": len(examples), "first": examples[0].prompt if examples else ""}
     if (out / SPEC_FILE).is_file() and json.loads((out / SPEC_FILE).read_text()).get("spec") == key:
         return out
     if out.exists():  # a stale one (another spec or policy): the cache dir is ours, rebuild it
@@ -103,6 +105,13 @@ def build_policy_reward_model(policy_dir: str | os.PathLike, out_dir: str | os.P
         return _build(policy, out, examples, spec, key, progress)
     finally:
         torch.set_num_threads(threads)
+
+
+def _weights_sha256(policy: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(policy.glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def _split(examples: list[Example], spec: PolicyRewardSpec) -> tuple[list[Example], list[Example]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import shutil
 
 import pytest
 import torch
@@ -73,5 +74,13 @@ def test_the_reward_model_starts_from_the_policy_and_is_cached_by_spec(tiny_mode
     build_policy_reward_model(tiny_model_dir, tmp_path / "rm", prompts, TINY, progress=False)  # another spec: rebuilt
     trained = AutoModelForSequenceClassification.from_pretrained(out)
     assert not torch.equal(trained.model.embed_tokens.weight, rm.model.embed_tokens.weight)
+    policy_copy = tmp_path / "policy"  # the same directory, other weights (a warm start rebuilt in place): rebuilt
+    shutil.copytree(tiny_model_dir, policy_copy)
+    first = build_policy_reward_model(policy_copy, tmp_path / "rm2", prompts, TINY, progress=False)
+    mtime = (first / "model.safetensors").stat().st_mtime_ns
+    policy.model.embed_tokens.weight.data.mul_(2)
+    policy.save_pretrained(policy_copy)
+    build_policy_reward_model(policy_copy, tmp_path / "rm2", prompts, TINY, progress=False)
+    assert (first / "model.safetensors").stat().st_mtime_ns != mtime
     with pytest.raises(ValueError, match="num_check"):
         build_policy_reward_model(tiny_model_dir, tmp_path / "small", prompts[:10], TINY, progress=False)
