@@ -15,8 +15,7 @@ from, what data it writes, and how its warm start trains and checks itself. `run
             tool but does not call it; GRPO has to learn to call it and use its answer
   reward_model  the addition task scored by a learned reward model alone (`model:PATH`, a
             RewardModelActor): initialised from the warm start, trained on its own samples
-            (cluster/demo/policyreward.py), built and cached after the warm start; exact_match only judges.
-            It does not learn yet (docs/STATUS.md, "Rewards")
+            (cluster/demo/policyreward.py), built and cached after the warm start; exact_match only judges
 
 The addition recipes share their base model and cached warm start.
 """
