@@ -36,7 +36,7 @@ import torch
 
 from actors.reward_functions import exact_match
 from cluster.data.dataset import Example
-from cluster.demo.tinyreward import wrong_completion
+from cluster.demo.tinyreward import train_bradley_terry, wrong_completion
 
 SPEC_FILE = "raygrpo_reward_model.json"  # the same file name as tinyreward's: {"spec", "report"}
 SAMPLES_FILE = "policy_samples.jsonl"  # what it trained on: {"prompt", "completion", "correct"}
@@ -166,23 +166,14 @@ def _build(policy: Path, out: Path, examples: list[Example], spec: PolicyRewardS
     model = Qwen2ForSequenceClassification.from_pretrained(policy, num_labels=1, dtype=torch.float32,
                                                            pad_token_id=tok.pad_token_id)
     rng = random.Random(spec.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / spec.steps))
-    model.train()
-    for step in range(spec.steps):
+
+    def pairs() -> tuple[list[str], list[str]]:
         batch = rng.sample(train, spec.batch_size)
-        pairs = [_pair(e, own[e.prompt], spec, rng, train) for e in batch]
-        r = _scores(model, tok, [e.prompt + p[0] for e, p in zip(batch, pairs)] +
-                    [e.prompt + p[1] for e, p in zip(batch, pairs)])
-        loss = -torch.nn.functional.logsigmoid(r[:len(batch)] - r[len(batch):]).mean()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if progress and step % 100 == 0:
-            print(f"policy reward model: step {step}/{spec.steps}, loss {loss.item():.3f}", flush=True)
-    model.eval()
+        chosen = [_pair(e, own[e.prompt], spec, rng, train) for e in batch]
+        return [e.prompt + p[0] for e, p in zip(batch, chosen)], [e.prompt + p[1] for e, p in zip(batch, chosen)]
+
+    train_bradley_terry(model, lambda texts: _scores(model, tok, texts), pairs, spec.steps, spec.lr,
+                        "policy reward model" if progress else "")
     report = check_report(model, tok, check, own, random.Random(f"check-{spec.seed}"))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

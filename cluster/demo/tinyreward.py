@@ -103,6 +103,27 @@ def _scores(model, tok, texts: list[str]):
     return model(input_ids=input_ids, attention_mask=mask).logits[:, 0]
 
 
+def train_bradley_terry(model, scores, pairs, steps: int, lr: float, progress: str = "") -> None:
+    """Bradley-Terry: minimise -log sigmoid(r(right) - r(wrong)) over `steps` batches of `pairs()`
+    (right texts, wrong texts), AdamW with a 20-step warm-up and a linear decay to 5%; `scores(texts)`
+    gives the model's rewards. `progress`: a name to print the loss under every 100 steps ("": silent)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    model.train()
+    for step in range(steps):
+        right, wrong = pairs()
+        r = scores(right + wrong)
+        loss = -torch.nn.functional.logsigmoid(r[:len(right)] - r[len(right):]).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if progress and step % 100 == 0:
+            print(f"{progress}: step {step}/{steps}, loss {loss.item():.3f}", flush=True)
+    model.eval()
+
+
 def _train_and_save(out: Path, spec: RewardModelSpec, spec_dict: dict, progress: bool) -> Path:
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
@@ -116,23 +137,14 @@ def _train_and_save(out: Path, spec: RewardModelSpec, spec_dict: dict, progress:
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, torch_dtype="float32")
     model = Qwen2ForSequenceClassification(config).to(torch.float32)
     train, check = _split(spec)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / spec.steps))
-    model.train()
-    for step in range(spec.steps):
+
+    def pairs() -> tuple[list[str], list[str]]:
         batch = rng.sample(train, spec.batch_size)
         good = [e.prompt + e.fields["answer"] for e in batch]
-        bad = [e.prompt + wrong_completion(int(e.fields["answer"]), rng) for e in batch]
-        r = _scores(model, tok, good + bad)
-        loss = -torch.nn.functional.logsigmoid(r[:len(batch)] - r[len(batch):]).mean()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if progress and step % 100 == 0:
-            print(f"reward model: step {step}/{spec.steps}, loss {loss.item():.3f}", flush=True)
-    model.eval()
+        return good, [e.prompt + wrong_completion(int(e.fields["answer"]), rng) for e in batch]
+
+    train_bradley_terry(model, lambda texts: _scores(model, tok, texts), pairs, spec.steps, spec.lr,
+                        "reward model" if progress else "")
     accuracy = pairwise_accuracy(model, tok, check, random.Random(f"check-{spec.seed}"))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
