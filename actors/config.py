@@ -172,36 +172,3 @@ class RewardConfig:
         at_least(p, "reward.http_max_batch", self.http_max_batch, 1)
         at_least(p, "reward.http_concurrency", self.http_concurrency, 1)
         return p
-
-
-@dataclass
-class ReferenceConfig:
-    """The frozen reference model that serves log-probs for the KL term (started only when beta > 0)."""
-
-    micro_batch_size: int = 16
-    dtype: str = "auto"
-    # Who computes the reference log-probs: "actor" (this separate process, its own device: large
-    # models; it scores each batch as it is collected, so in the async schedule it overlaps
-    # training), "learner" (a frozen copy on every learner rank, in the rank's training loop: no
-    # extra hop; with LoRA the base model, adapters off, no copy), "auto" (learner with LoRA and in
-    # the sync schedule on CPU, else actor; measured in docs/benchmarks.md).
-    placement: str = "auto"
-    num_cpus: float = 0.25
-    num_gpus: float = 0.0
-    threads: int = 0  # torch threads of the reference actor; 0: the thread budget decides
-    max_restarts: int = 3
-    prompt_sharing: bool = True  # the completions of a prompt share its forward pass (actors/runtime/sequences.py)
-
-    def problems(self) -> list[str]:
-        p = []
-        if self.placement not in ("auto", "actor", "learner"):
-            p.append(f"reference.placement must be auto|actor|learner, got {self.placement!r}")
-        at_least(p, "reference.threads", self.threads, 0, " (0: the thread budget decides)")
-        at_least(p, "reference.micro_batch_size", self.micro_batch_size, 1)
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            p.append(f"reference.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
-        if self.num_cpus < 0 or self.num_gpus < 0:
-            p.append(f"reference.num_cpus and reference.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
-        if self.max_restarts < -1:
-            p.append(f"reference.max_restarts must be >= 0 (or -1: unlimited), got {self.max_restarts}")
-        return p

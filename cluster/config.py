@@ -19,14 +19,14 @@ from typing import Any
 
 import yaml
 
-from actors.config import ReferenceConfig, RewardConfig, RolloutConfig
+from actors.config import RewardConfig, RolloutConfig
 from actors.envs import env_spec_problems
 from actors.runtime.checks import at_least
 from cluster.config_names import unknown_key_problem
 from cluster.data.files import path_problem, split_paths
 from cluster.data.model_check import model_problems, weight_problems
 from cluster.paths import absolute_paths
-from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig
+from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig, ReferenceConfig
 
 
 class ConfigError(ValueError):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.runtime.sequences import SharedPrompts, micro_batch_order, pack_shared
+from learner.sequences import SharedPrompts, micro_batch_order, pack_shared
 
 
 @dataclass
@@ -106,7 +106,7 @@ class TrainBatch:
     def micro_batches(self, size: int, by_length: bool = False, share_prompts: bool = False) -> list[MicroBatch]:
         """Chunks of at most `size` sequences, each padded to its own longest sequence: consecutive
         ones, or with `by_length` in the order that computes the fewest token slots (sequences of
-        about one length together; with `share_prompts`, for prompt sharing: actors/runtime/sequences.py
+        about one length together; with `share_prompts`, for prompt sharing: learner/sequences.py
         micro_batch_order). The loss of a batch is a sum over its micro-batches, so which sequences
         share one changes only the order of float additions."""
         order = micro_batch_order(self.prompt_ids, self.completion_ids, size, share_prompts) if by_length \
@@ -124,7 +124,7 @@ class MicroBatch:
                prompt length P sits at P - 1 + j); C = longest completion here
     mask:       [n, C] 1 on completion tokens trained on (not padding, not environment tokens)
     advantages: [n]; behavior_logp/ref_logp: [n, C] (0 on padding)
-    shared:     the same rows laid out for prompt sharing (actors/runtime/sequences.py): its distinct
+    shared:     the same rows laid out for prompt sharing (learner/sequences.py): its distinct
                 prompts once, then the completions, whose [n, C] line up with the fields above
     """
 

@@ -64,7 +64,7 @@ class LearnerConfig:
     mu: int = 1  # inner optimisation passes over each batch (GRPO's mu)
     max_nonfinite_steps: int = 3  # consecutive NaN/inf losses or grads before the run stops
     gradient_checkpointing: bool = False
-    # The G completions of a prompt share one forward pass of it (actors/runtime/sequences.py; the same
+    # The G completions of a prompt share one forward pass of it (learner/sequences.py; the same
     # log-probs and gradients to float rounding). Not with gradient checkpointing or ZeRO-3.
     prompt_sharing: bool = True
     # LoRA (peft): 0 = full fine-tuning. With a rank, only the adapters train and travel to the engines.
@@ -139,6 +139,39 @@ class LearnerConfig:
             p.append(f"learner.lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_target_modules or not all(isinstance(m, str) and m for m in self.lora_target_modules):
             p.append("learner.lora_target_modules must be a non-empty list of module names (e.g. q_proj)")
+        return p
+
+
+@dataclass
+class ReferenceConfig:
+    """The frozen reference model that serves log-probs for the KL term (started only when beta > 0)."""
+
+    micro_batch_size: int = 16
+    dtype: str = "auto"
+    # Who computes the reference log-probs: "actor" (this separate process, its own device: large
+    # models; it scores each batch as it is collected, so in the async schedule it overlaps
+    # training), "learner" (a frozen copy on every learner rank, in the rank's training loop: no
+    # extra hop; with LoRA the base model, adapters off, no copy), "auto" (learner with LoRA and in
+    # the sync schedule on CPU, else actor; measured in docs/benchmarks.md).
+    placement: str = "auto"
+    num_cpus: float = 0.25
+    num_gpus: float = 0.0
+    threads: int = 0  # torch threads of the reference actor; 0: the thread budget decides
+    max_restarts: int = 3
+    prompt_sharing: bool = True  # the completions of a prompt share its forward pass (learner/sequences.py)
+
+    def problems(self) -> list[str]:
+        p = []
+        if self.placement not in ("auto", "actor", "learner"):
+            p.append(f"reference.placement must be auto|actor|learner, got {self.placement!r}")
+        at_least(p, "reference.threads", self.threads, 0, " (0: the thread budget decides)")
+        at_least(p, "reference.micro_batch_size", self.micro_batch_size, 1)
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            p.append(f"reference.dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            p.append(f"reference.num_cpus and reference.num_gpus must be >= 0, got {self.num_cpus} and {self.num_gpus}")
+        if self.max_restarts < -1:
+            p.append(f"reference.max_restarts must be >= 0 (or -1: unlimited), got {self.max_restarts}")
         return p
 
 

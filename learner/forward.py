@@ -6,16 +6,16 @@ from collections.abc import Callable
 
 import torch
 
-from actors.runtime.sequences import shared_prompt_logits
 from learner import grpo
 from learner.batch import MicroBatch
+from learner.sequences import shared_prompt_logits
 
 
 def completion_logits(model, mb: MicroBatch, device, share_prompts: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [n, C, V], token ids [n, C]): row j of a sequence scores its completion token j.
 
     With `share_prompts`, where it saves work, the rows of one prompt share its forward pass
-    (actors/runtime/sequences.py; raises PromptSharingUnsupported for a cache that cannot be shared);
+    (learner/sequences.py; raises PromptSharingUnsupported for a cache that cannot be shared);
     else one pass per sequence, the log-softmax then taken over the completion positions only."""
     if share_prompts and mb.shared.saves_work():
         return shared_prompt_logits(model, mb.shared, device), mb.shared.completion_ids.to(device)

@@ -46,7 +46,7 @@ def _check_choice(name, value, allowed):
 # --------------------------------------------------------------------------- #
 # Rows of logits turned to float32 at a time: up to 2**24 elements (64 MiB), and at least one row.
 # A small vocabulary fits a whole micro-batch in one chunk (one op, not one per row); callers with
-# a big one pass a row per token ([K, 1, V], actors/runtime/sequences.py), which keeps a no-grad pass at
+# a big one pass a row per token ([K, 1, V], learner/sequences.py), which keeps a no-grad pass at
 # ~2 chunks of extra memory (measured on an H100: 127 MiB for 8192 positions x 151,936 bf16 logits).
 # Under autograd each chunk's float32 copy is kept for the backward pass, so training holds the
 # float32 logits of the micro-batch either way; only a recomputing kernel would avoid that.

@@ -23,7 +23,6 @@ import time
 import torch
 
 from actors.runtime.devices import on_gpu, resolve_dtype
-from actors.runtime.sequences import PromptSharingUnsupported
 from actors.runtime.threads import node_cores, use_threads
 from learner import checkpoint, grpo
 from learner.batch import MicroBatch, TrainBatch
@@ -33,6 +32,7 @@ from learner.export import write_hf_dir
 from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
 from learner.lora import adapter_config_json, param_counts, write_adapter_dir
 from learner.rank_setup import build_ds_config, build_model, init_process_group, param_groups, scheduler_factory, seed_everything
+from learner.sequences import PromptSharingUnsupported
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
 # then / tokens, averaged over the mu passes). Entropy and logprob_diff_mean are too, measured on the first pass only.

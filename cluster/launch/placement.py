@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from actors.reference import ReferenceActor
 from actors.reward_model import RewardModelActor
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
 from cluster.launch.waits import wait_for
+from learner.reference import ReferenceActor
 from learner.worker import LearnerWorker
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.config import ReferenceConfig
-from actors.reference import ReferenceActor
-from actors.runtime.sequences import pack_sequences
+from learner.config import ReferenceConfig
 from learner.grpo import token_logprobs
+from learner.reference import ReferenceActor
+from learner.sequences import pack_sequences
 
 TOL = 1e-5
 

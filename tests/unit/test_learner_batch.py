@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.runtime.sequences import micro_batch_order, slots
 from learner.batch import TrainBatch
 from learner.config import AlgoConfig
 from learner.grpo import LossInputs, policy_loss
 from learner.rank_setup import lr_factor
+from learner.sequences import micro_batch_order, slots
 
 
 def _batch():

@@ -1,4 +1,4 @@
-"""Prompt sharing (actors/runtime/sequences.py): the rows of one prompt share its forward pass. Log-probs and
+"""Prompt sharing (learner/sequences.py): the rows of one prompt share its forward pass. Log-probs and
 gradients must be those of one pass per sequence, on more than one architecture; a model whose cache
 cannot be shared falls back. Small random models, built here (no files)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from actors.runtime.sequences import PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared, shared_prompt_logits
 from learner.grpo import token_logprobs
+from learner.sequences import PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared, shared_prompt_logits
 
 
 def qwen2(**kw):

@@ -7,11 +7,10 @@ import os
 import pytest
 import torch
 
-from actors.config import ReferenceConfig
 from actors.runtime.threads import node_cores, use_threads
 from cluster.config import ConfigError, RunConfig, TrainerConfig, load_config
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
-from learner.config import AlgoConfig, LearnerConfig
+from learner.config import AlgoConfig, LearnerConfig, ReferenceConfig
 from learner.forward import model_blocks
 
 

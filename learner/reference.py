@@ -11,10 +11,10 @@ import os
 
 import torch
 
-from actors.config import ReferenceConfig
 from actors.runtime.devices import on_gpu, resolve_dtype
-from actors.runtime.sequences import completion_logprobs
 from actors.runtime.threads import node_cores, use_threads
+from learner.config import ReferenceConfig
+from learner.sequences import completion_logprobs
 
 
 class ReferenceActor:
