@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-# Never reach for a hub: every model here is built by cluster/demo/tinymodel.py.
+# Never reach for a hub: every model here is built by cluster/models/tinymodel.py.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -14,8 +14,8 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # After the switches above: huggingface_hub reads them when it is first imported.
-from cluster.demo.tinychat import TinyChatSpec, build_tiny_chat_model  # noqa: E402
-from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
+from cluster.models.tinychat import TinyChatSpec, build_tiny_chat_model  # noqa: E402
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
 
 # Built once per machine and reused across sessions (the builder is deterministic and caches).
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))

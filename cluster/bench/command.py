@@ -29,9 +29,9 @@ from cluster.bench.table import fmt_value, format_table, table_rows
 from cluster.bench.trl import bench_trl, parse_threads, trl_main, trl_settings
 from cluster.config import load_config
 from cluster.data.dataset import load_splits
-from cluster.demo.tinymodel import build_tiny_model, num_parameters
-from cluster.demo.warmstart import WarmStartSpec, warm_start
 from cluster.launch.ray_cluster import start_ray
+from cluster.models.tinymodel import build_tiny_model, num_parameters
+from cluster.models.warmstart import WarmStartSpec, warm_start
 
 
 def run_bench(args) -> int:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from actors.runtime.sockets import free_port
-from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 from learner.batch import TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
 from learner.worker import LearnerWorker

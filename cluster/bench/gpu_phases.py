@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 
 
 def _timed(fn, sync) -> float:

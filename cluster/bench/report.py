@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from cluster.config import ConfigError
-from cluster.demo.tinymodel import TinyModelSpec
+from cluster.models.tinymodel import TinyModelSpec
 
 # The bench's own training config (dotted overrides on the dataclass defaults), pinned here so
 # the figures in docs/benchmarks.md stay reproducible when examples/cpu_demo.yaml is retuned.

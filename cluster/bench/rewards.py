@@ -24,7 +24,7 @@ from actors.config import RewardConfig
 from actors.reward_http import HttpVerifier
 from actors.reward_model import RewardModelActor, RewardModelScorer
 from actors.runtime.threads import node_cores
-from cluster.demo.tinymodel import build_tokenizer
+from cluster.models.tinymodel import build_tokenizer
 from cluster.paths import PROJECT_ROOT
 
 VERIFIER = PROJECT_ROOT / "examples" / "verifier_server.py"

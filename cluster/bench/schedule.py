@@ -11,7 +11,7 @@ import torch
 from cluster.bench.report import progress, schedule_summary
 from cluster.config import load_config
 from cluster.data.dataset import load_splits
-from cluster.demo.warmstart import greedy_accuracy
+from cluster.models.warmstart import greedy_accuracy
 from cluster.trainer import Trainer
 
 

@@ -27,8 +27,8 @@ from cluster.bench.report import (
 from cluster.bench.rollout import renice_to
 from cluster.bench.schedule import heldout_examples
 from cluster.data.dataset import PromptStream, load_splits
-from cluster.demo.warmstart import greedy_accuracy
 from cluster.launch.ray_cluster import WORKER_ENV
+from cluster.models.warmstart import greedy_accuracy
 from cluster.paths import PROJECT_ROOT
 
 

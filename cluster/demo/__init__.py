@@ -1,3 +1,3 @@
-"""The CPU demo (demo.py) and the offline models it and the tests train: the tiny Qwen2 builder
-(tinymodel.py), the tiny chat model (tinychat.py), the supervised warm start (warmstart.py) and
-the word-problem data (wordproblems.py)."""
+"""The CPU demo (demo.py): its recipes (recipes.py), how their warm starts check themselves
+(checks.py) and the reward_model recipe's policy-initialised reward model (policyreward.py). The
+models it trains come from cluster/models/."""

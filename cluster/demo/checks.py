@@ -1,4 +1,4 @@
-"""How the `chat` and `tools` recipes' warm starts check themselves (cluster/demo/warmstart.py
+"""How the `chat` and `tools` recipes' warm starts check themselves (cluster/models/warmstart.py
 `check`): plain transformers generation in the warm start's own process, no engines.
 
 chat   greedy single-turn accuracy under the `gsm8k` verdict (the recipe's reward);

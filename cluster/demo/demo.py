@@ -19,9 +19,9 @@ from cluster.config import load_config
 from cluster.data.dataset import load_run_data, load_splits, load_tokenizer
 from cluster.demo.policyreward import build_policy_reward_model, describe, policy_reward_result
 from cluster.demo.recipes import CHAT_MODEL, MODEL, RECIPES, Recipe
-from cluster.demo.tinychat import build_tiny_chat_model
-from cluster.demo.tinymodel import build_tiny_model, num_parameters
-from cluster.demo.warmstart import warm_start, warm_start_result
+from cluster.models.tinychat import build_tiny_chat_model
+from cluster.models.tinymodel import build_tiny_model, num_parameters
+from cluster.models.warmstart import warm_start, warm_start_result
 from cluster.run.metrics import plot_run, read_metrics
 from cluster.trainer import Trainer
 

@@ -1,7 +1,7 @@
 """A reward model for the addition task, initialised from the warm-started policy and trained on
 the policy's own samples: the standard RLHF recipe, offline and deterministic.
 
-Why not the reward model of cluster/demo/tinyreward.py: trained from random weights on synthetic
+Why not the reward model of cluster/models/tinyreward.py: trained from random weights on synthetic
 wrong completions only, it ranked them well (0.96 pairwise) but GRPO found what it had never seen
 and drifted down or gamed it (round sums scored high; docs/STATUS.md, "Rewards"). Here:
 
@@ -36,7 +36,7 @@ import torch
 
 from actors.reward_functions import exact_match
 from cluster.data.dataset import Example
-from cluster.demo.tinyreward import train_bradley_terry, wrong_completion
+from cluster.models.tinyreward import train_bradley_terry, wrong_completion
 
 SPEC_FILE = "raygrpo_reward_model.json"  # the same file name as tinyreward's: {"spec", "report"}
 SAMPLES_FILE = "policy_samples.jsonl"  # what it trained on: {"prompt", "completion", "correct"}

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from cluster.demo.checks import forced_call_accuracy, gsm8k_accuracy
 from cluster.demo.policyreward import PolicyRewardSpec
-from cluster.demo.tasks import chat_rows, conversation_sequence, tool_rows
-from cluster.demo.tinychat import TinyChatSpec
-from cluster.demo.tinymodel import TinyModelSpec
-from cluster.demo.warmstart import Check, Sequence, WarmStartSpec, answer_sequence, greedy_accuracy
-from cluster.demo.wordproblems import write_jsonl
+from cluster.models.tasks import chat_rows, conversation_sequence, tool_rows
+from cluster.models.tinychat import TinyChatSpec
+from cluster.models.tinymodel import TinyModelSpec
+from cluster.models.warmstart import Check, Sequence, WarmStartSpec, answer_sequence, greedy_accuracy
+from cluster.models.wordproblems import write_jsonl
 from cluster.paths import PROJECT_ROOT
 
 MODEL = TinyModelSpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512, seed=0)

@@ -14,7 +14,7 @@ import pytest
 
 from cluster.config import load_config
 from cluster.data.dataset import load_examples
-from cluster.demo.wordproblems import conversational_rows, write_jsonl
+from cluster.models.wordproblems import conversational_rows, write_jsonl
 from cluster.run.metrics import read_metrics
 from cluster.trainer import Trainer
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cluster.bench.console_lines import classify
-from cluster.demo.wordproblems import conversational_rows, write_jsonl
+from cluster.models.wordproblems import conversational_rows, write_jsonl
 from cluster.run.metrics import read_metrics
 
 BIN = Path(sys.executable).parent

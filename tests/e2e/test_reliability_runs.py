@@ -16,7 +16,7 @@ import pytest
 import yaml
 from console import full_disk_wrapper, run
 
-from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 from learner import checkpoint
 
 pytestmark = pytest.mark.timeout(900)

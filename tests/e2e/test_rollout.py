@@ -10,9 +10,9 @@ import pytest
 from actors.completions import split_evenly
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
-from cluster.demo.tinymodel import build_tokenizer
+from cluster.models.tinymodel import build_tokenizer
 
-EOS = 1  # cluster/demo/tinymodel.py
+EOS = 1  # cluster/models/tinymodel.py
 MAX_NEW = 16
 PROMPTS = ["1+2=", "3+4=", "10+20=", "7*8=", "99-9="]
 

@@ -1,4 +1,4 @@
-"""What cluster/demo/tinymodel.py writes loads and generates in transformers and in stock vLLM.
+"""What cluster/models/tinymodel.py writes loads and generates in transformers and in stock vLLM.
 
 (DeepSpeed loading is covered by the learner's tests, which initialise it anyway.)
 """
@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from cluster.demo.tinychat import ENDOFTEXT, IM_END
-from cluster.demo.tinymodel import EOS, PAD, num_parameters
+from cluster.models.tinychat import ENDOFTEXT, IM_END
+from cluster.models.tinymodel import EOS, PAD, num_parameters
 
 
 def test_transformers_loads_and_generates(tiny_model_dir):

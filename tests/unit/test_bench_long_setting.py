@@ -6,7 +6,7 @@ from actors.config import RolloutConfig
 from cluster.bench import report, table, trl
 from cluster.cli import build_parser
 from cluster.config import ConfigError, load_config
-from cluster.demo.tinymodel import _padded_vocab, build_tokenizer
+from cluster.models.tinymodel import _padded_vocab, build_tokenizer
 
 
 def test_min_new_tokens_is_validated():

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from cluster.cli import build_parser, main
-from cluster.demo.tinymodel import TinyModelSpec, build_tiny_model
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 
 COMMANDS = ["train", "data", "submit", "show", "export", "plot", "demo", "bench"]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cluster.cli import main
-from cluster.demo.wordproblems import conversational_rows, write_jsonl
+from cluster.models.wordproblems import conversational_rows, write_jsonl
 
 
 def _config(tmp_path, model_dir, train) -> str:

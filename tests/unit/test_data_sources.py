@@ -9,8 +9,8 @@ import pytest
 from cluster.config import ConfigError, load_config
 from cluster.data.dataset import DataError, load_examples, load_run_data
 from cluster.data.render import PromptFormat, render
-from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
-from cluster.demo.wordproblems import conversational_rows, write_jsonl
+from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
+from cluster.models.wordproblems import conversational_rows, write_jsonl
 
 ROWS = conversational_rows(6, seed=1)
 

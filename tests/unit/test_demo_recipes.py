@@ -8,9 +8,9 @@ import pytest
 from cluster.cli import build_parser
 from cluster.data.dataset import Example
 from cluster.demo.recipes import RECIPES
-from cluster.demo.tasks import chat_rows, conversation_sequence, tool_rows
-from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
-from cluster.demo.warmstart import WarmStartSpec
+from cluster.models.tasks import chat_rows, conversation_sequence, tool_rows
+from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
+from cluster.models.warmstart import WarmStartSpec
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
 from cluster.config import ConfigError, load_config
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
-from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
+from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
 from cluster.trainer import check_multiturn
 from learner.batch import TrainBatch
 

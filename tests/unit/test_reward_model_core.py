@@ -8,8 +8,8 @@ import torch
 
 from actors.config import RewardConfig
 from actors.reward_model import RewardModelScorer
-from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
-from cluster.demo.tinymodel import build_tokenizer
+from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
+from cluster.models.tinymodel import build_tokenizer
 
 
 def _random_reward_model(path, tokenizer, pad_token_id):

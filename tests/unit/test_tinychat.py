@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.demo.tinychat import ENDOFTEXT, IM_END, IM_START, TinyChatSpec, build_bpe_tokenizer
+from cluster.models.tinychat import ENDOFTEXT, IM_END, IM_START, TinyChatSpec, build_bpe_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 
 from cluster.data.dataset import load_splits
 from cluster.demo.demo import noise_verdict
-from cluster.demo.warmstart import WarmStartSpec, warm_start, warm_start_result
+from cluster.models.warmstart import WarmStartSpec, warm_start, warm_start_result
 
 
 def test_noise_verdict_compares_the_gain_with_two_standard_errors():

@@ -1,7 +1,7 @@
 """Tiny word problems with GSM8K-style answers ("... #### 7"), generated from a seed.
 
 Used twice: as the text the offline chat model's BPE tokenizer is trained on
-(cluster/demo/tinychat.py), and as the conversational dataset of the CPU chat example and the tests
+(cluster/models/tinychat.py), and as the conversational dataset of the CPU chat example and the tests
 (`write_jsonl`), so that what the tokenizer saw is what the model is asked.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from cluster.data.dataset import Example
-from cluster.demo.wordproblems import ITEMS, NAMES, SYSTEM_PROMPT
+from cluster.models.wordproblems import ITEMS, NAMES, SYSTEM_PROMPT
 
 TOOL_SYSTEM = "Use calc(expression) for arithmetic. End with the answer after ####."
 

@@ -1,7 +1,7 @@
 """A tiny reward model for the addition task, built and trained offline.
 
 A Qwen2ForSequenceClassification (one label) with the character-level tokenizer of
-cluster/demo/tinymodel.py, trained with the Bradley-Terry loss -log sigmoid(r(correct) - r(wrong)) on
+cluster/models/tinymodel.py, trained with the Bradley-Terry loss -log sigmoid(r(correct) - r(wrong)) on
 pairs that share a prompt: `a+b=` followed by the sum, against a wrong completion of the kinds a
 policy writes (near misses, other numbers, dropped or extra digits, trailing junk). It counts
 steps, never time, and is cached by its spec, so the same spec gives the same weights.
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from cluster.data.dataset import Example, arithmetic_examples
-from cluster.demo.tinymodel import build_tokenizer
+from cluster.models.tinymodel import build_tokenizer
 
 SPEC_FILE = "raygrpo_reward_model.json"
 
@@ -182,7 +182,7 @@ def reward_model_result(out_dir: str | os.PathLike) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cluster.demo.tinyreward [OUT_DIR]`: build the addition reward model that
+    """`python -m cluster.models.tinyreward [OUT_DIR]`: build the addition reward model that
     examples/reward_model.yaml points at (cached: a second call returns at once)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("out", nargs="?", default=".cache/reward_model/addition-rm", help="where the model goes")

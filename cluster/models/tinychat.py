@@ -25,10 +25,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from cluster.config import load_config
 from cluster.data.dataset import load_run_data, load_tokenizer
-from cluster.demo.tasks import chat_rows, tool_rows
-from cluster.demo.tinymodel import TinyModelSpec, is_cached, write_model_dir
-from cluster.demo.warmstart import WarmStartSpec, warm_start
-from cluster.demo.wordproblems import conversational_rows, write_jsonl
+from cluster.models.tasks import chat_rows, tool_rows
+from cluster.models.tinymodel import TinyModelSpec, is_cached, write_model_dir
+from cluster.models.warmstart import WarmStartSpec, warm_start
+from cluster.models.wordproblems import conversational_rows, write_jsonl
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
@@ -54,7 +54,7 @@ class TinyChatSpec:
     vocab_size: int = 1024  # an upper bound: the small corpus may run out of merges before it
     corpus_size: int = 2000  # word problems the tokenizer is trained on
     pad_token: bool = True  # False: no pad token at all (as some base models ship)
-    # "recipes": also the chat and tools recipes' conversations (cluster/demo/tasks.py), so their
+    # "recipes": also the chat and tools recipes' conversations (cluster/models/tasks.py), so their
     # numbers and calc(...) calls tokenize the way the recipes ask them
     corpus: str = "wordproblems"
 
@@ -121,10 +121,10 @@ def build_tiny_chat_model(out_dir: str | os.PathLike, spec: TinyChatSpec = TinyC
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m cluster.demo.tinychat`: build the chat model, write the word-problem JSONL files that
+    """`python -m cluster.models.tinychat`: build the chat model, write the word-problem JSONL files that
     examples/chat_cpu.yaml trains on, and warm-start a copy of the model on them (supervised, cached),
     so that GRPO starts from a model that is sometimes right."""
-    p = argparse.ArgumentParser(prog="python -m cluster.demo.tinychat", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m cluster.models.tinychat", description=main.__doc__)
     p.add_argument("--model-dir", default=".cache/chat/tiny-chat-qwen2", help="where the base model goes (cached)")
     p.add_argument("--data-dir", default="examples/data", help="where wordproblems_{train,eval}.jsonl go")
     p.add_argument("--train-rows", type=int, default=256)
