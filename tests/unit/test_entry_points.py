@@ -23,15 +23,6 @@ def test_project_root_is_the_checkout():
     assert (PROJECT_ROOT / "setup.py").is_file() and PROJECT_ROOT == Path(__file__).resolve().parents[2]
 
 
-def test_gloo_engine_class_named_for_vllm_resolves():
-    from vllm.distributed.weight_transfer.base import WeightTransferEngine
-
-    from actors.transport import gloo_trainer
-
-    cls = resolve(gloo_trainer.ENGINE_MODULE, gloo_trainer.ENGINE_CLASS)
-    assert issubclass(cls, WeightTransferEngine) and cls.__name__ == gloo_trainer.ENGINE_CLASS
-
-
 @pytest.mark.parametrize("group", ["console_scripts", "vllm.general_plugins"])
 def test_setup_py_entry_points_resolve(group):
     setup = (PROJECT_ROOT / "setup.py").read_text()

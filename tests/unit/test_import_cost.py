@@ -1,10 +1,13 @@
 """What importing a module costs (pyproject.toml's lazy imports, docs/DESIGN.md "Layout and the import
 rule"): the driver's modules import no vLLM, DeepSpeed or transformers (a config error stays quick),
 a learner rank no vLLM (it runs on a GPU image without vLLM until it syncs weights), and the CLI
-nothing heavy until a command runs."""
+nothing heavy until a command runs; the unit tier no vLLM at all."""
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
+UNIT = Path(__file__).resolve().parent
 HEAVY = {"vllm", "deepspeed", "peft", "transformers", "datasets", "matplotlib", "ray", "trl"}
 
 
@@ -26,3 +29,26 @@ def test_the_driver_the_config_check_and_the_bench_import_none_of_the_heavy_pack
 
 def test_a_learner_rank_imports_no_vllm():
     assert "vllm" not in imported("learner.worker")
+
+
+def imports_vllm(path: Path) -> bool:
+    """Whether the module at `path` has an `import vllm...` or `from vllm... import` anywhere (a test's body included)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+        if any(n.split(".")[0] == "vllm" for n in names):
+            return True
+    return False
+
+
+def test_no_unit_test_module_imports_vllm():
+    """The unit tier runs without vLLM (seconds-fast; an image without it can run it): no unit test names vllm,
+    and collecting tests/unit (every module and what it imports of the project, as pytest does) loads none.
+    A test that needs vLLM belongs in tests/e2e."""
+    named = sorted(p.name for p in UNIT.glob("test_*.py") if imports_vllm(p))
+    assert not named, f"{named} import vllm: move those tests to tests/e2e"
+    code = ("import sys, pytest; rc = pytest.main(['--collect-only', '-qq', '-p', 'no:cacheprovider', sys.argv[1]]); "
+            "print(); print(int(rc), 'vllm' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(UNIT)], capture_output=True, text=True, cwd=UNIT.parents[1])
+    assert done.stdout.split()[-2:] == ["0", "False"], \
+        f"collecting tests/unit loaded vllm (a project module a unit test imports pulls it in):\n{done.stdout[-2000:]}"

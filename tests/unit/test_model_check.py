@@ -47,7 +47,10 @@ def test_a_model_dir_without_tokenizer_files_is_refused(tiny_model_dir, tmp_path
         f.unlink()
     with pytest.raises(DataError, match="its tokenizer has no vocabulary"):
         load_tokenizer(str(bare))
-    assert load_tokenizer(str(tiny_model_dir)) is not None
+    # the intact directory loads the tokenizer it was built with: one token per character, none unknown
+    tok = load_tokenizer(str(tiny_model_dir))
+    ids = tok("12+34=", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 6 and tok.unk_token_id not in ids and tok.decode(ids) == "12+34="
 
 
 def without_eos(tiny_model_dir, dst):

@@ -4,7 +4,6 @@ import pytest
 
 from actors.config import RolloutConfig
 from actors.transport.registry import BACKENDS, backend
-from actors.transport.vllm_plugin import register
 
 
 def test_the_config_accepts_exactly_auto_and_the_registered_backends():
@@ -27,17 +26,3 @@ def test_each_backend_gives_the_driver_its_init_info():
 def test_an_unknown_backend_is_named_with_the_known_ones():
     with pytest.raises(ValueError, match=r"'ipc'; known: gloo, nccl"):
         backend("ipc")
-
-
-def test_the_vllm_plugin_registers_our_backend_and_the_trainer_init_info_resolves():
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
-
-    from actors.transport.gloo_trainer import GlooTrainerInitInfo
-
-    register()
-    register()  # vLLM may call a plugin more than once
-    assert "gloo" in WeightTransferEngineFactory._registry and "gloo" in WeightTransferTrainerFactory._registry
-    info = backend("gloo").trainer_init_info(
-        {"master_address": "127.0.0.1", "master_port": 0, "world_size": 2, "bucket_bytes": 1 << 20, "timeout_s": 5.0},
-        rank=0)
-    assert isinstance(info, GlooTrainerInitInfo) and info.is_sender and info.world_size == 2

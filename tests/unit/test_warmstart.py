@@ -1,12 +1,14 @@
 """The demo's warm start: it stops at a target accuracy (not a step count), records where it
 stopped, and caches per spec (seed and thread count included); the demo's noise verdict."""
 import dataclasses
+import random
 
 import pytest
+import torch
 
 from cluster.data.dataset import load_splits
 from cluster.demo.demo import noise_verdict
-from cluster.models.warmstart import WarmStartSpec, warm_start, warm_start_result
+from cluster.models.warmstart import WarmStartSpec, greedy_accuracy, warm_start, warm_start_result
 
 
 def test_noise_verdict_compares_the_gain_with_two_standard_errors():
@@ -27,6 +29,19 @@ def test_warm_start_stops_at_its_target_and_caches_per_spec(tiny_model_dir, tmp_
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime  # same spec: reused
     unreachable = dataclasses.replace(spec, target_accuracy=1.01, threads=2)  # another spec: trained again, to the cap
     warm_start(tiny_model_dir, tmp_path / "w", train, unreachable, progress=False)
-    assert warm_start_result(out)["steps"] == 6 and warm_start_result(out)["accuracy"] is not None
+    # run to the cap, the accuracy recorded is that of the saved model on the 8 held-out check prompts
+    assert warm_start_result(out)["steps"] == 6
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check = list(train)
+    random.Random(f"warm-check-{spec.seed}").shuffle(check)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(unreachable.threads)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+        accuracy = greedy_accuracy(model, AutoTokenizer.from_pretrained(out), check[:spec.num_check])
+    finally:
+        torch.set_num_threads(threads)
+    assert warm_start_result(out)["accuracy"] == accuracy
     with pytest.raises(ValueError, match="num_check"):
         warm_start(tiny_model_dir, tmp_path / "x", train[:10], spec, progress=False)

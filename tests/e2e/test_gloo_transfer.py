@@ -1,4 +1,5 @@
-"""The gloo weight-transfer backend in isolation: no vLLM engine, no Ray.
+"""The gloo weight-transfer backend in isolation: no vLLM engine, no Ray. In tests/e2e because it
+imports vLLM's weight-transfer interfaces (the backend is built on them), which the unit tier does not.
 
 The trainer side runs in the test's thread; each "engine" is a GlooWeightTransferEngine
 around a stand-in model that records what `load_weights` received, driven by a client that,
@@ -7,6 +8,7 @@ like RayVLLMWeightSyncClient, fans each call out to every engine concurrently.
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 import threading as th
 import time
@@ -16,7 +18,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from vllm.distributed.weight_transfer.base import ModuleSource, WeightTransferInitRequest  # noqa: TID253 (vLLM side)
+from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
+    ModuleSource,
+    WeightTransferEngine,
+    WeightTransferInitRequest,
+)
 from vllm.distributed.weight_transfer.factory import (  # noqa: TID253 (vLLM side)
     WeightTransferEngineFactory,
     WeightTransferTrainerFactory,
@@ -24,13 +30,14 @@ from vllm.distributed.weight_transfer.factory import (  # noqa: TID253 (vLLM sid
 
 import actors.transport.vllm_plugin
 from actors.runtime.sockets import new_gloo_group
-from actors.transport import shared_memory
+from actors.transport import gloo_trainer, shared_memory  # noqa: TID253 - the gloo backend under test
 from actors.transport.gloo_engine import GlooWeightTransferEngine
 from actors.transport.gloo_protocol import BucketBuffers, plan_buckets
 from actors.transport.gloo_trainer import (  # noqa: TID253 - the gloo backend under test
     GlooTrainerInitInfo,
     GlooTrainerWeightTransferEngine,
 )
+from actors.transport.registry import backend
 
 
 class RecordingModel(torch.nn.Module):
@@ -368,3 +375,20 @@ def test_engine_failing_mid_update_fails_the_sender_at_once(shared):
         assert torch.equal(engine.model.received[name], param.detach()), name
     trainer.shutdown()
     engine.shutdown()
+
+
+def test_the_vllm_plugin_registers_our_backend_and_the_trainer_init_info_resolves():
+    """The registry's gloo entry, as vLLM's factories see it once the plugin has run."""
+    actors.transport.vllm_plugin.register()
+    actors.transport.vllm_plugin.register()  # vLLM may call a plugin more than once
+    assert "gloo" in WeightTransferEngineFactory._registry and "gloo" in WeightTransferTrainerFactory._registry
+    info = backend("gloo").trainer_init_info(
+        {"master_address": "127.0.0.1", "master_port": 0, "world_size": 2, "bucket_bytes": 1 << 20, "timeout_s": 5.0},
+        rank=0)
+    assert isinstance(info, GlooTrainerInitInfo) and info.is_sender and info.world_size == 2
+
+
+def test_gloo_engine_class_named_for_vllm_resolves():
+    """vLLM's lazy engine factory imports the engine class by name in the engine's process: the name resolves."""
+    cls = getattr(importlib.import_module(gloo_trainer.ENGINE_MODULE), gloo_trainer.ENGINE_CLASS)
+    assert issubclass(cls, WeightTransferEngine) and cls.__name__ == gloo_trainer.ENGINE_CLASS
