@@ -1,0 +1,88 @@
+"""Issue 36 (reliability round 3), through the CLI as a user hits each case: a cluster address that
+accepts and never answers, a gateway that answers 404, torn lines in a run dir's JSONL files, demo
+arguments out of range, a working dir that cannot be uploaded.
+
+Each runs `raygrpo` as a user does (the installed console script, from a directory of the user's).
+"""
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+
+import pytest
+from console import run
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture
+def silent_listener():
+    """A TCP listener on 127.0.0.1 that accepts connections and never answers (nor closes them)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        srv.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    t.join(2)
+    for c in held:
+        c.close()
+    srv.close()
+
+
+@pytest.fixture
+def gateway_404():
+    """An HTTP server on 127.0.0.1 answering 404 to everything (a gateway with no route to a dashboard)."""
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_error(404)
+
+        do_POST = do_PUT = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def user_config(tmp_path) -> str:
+    (tmp_path / "c.yaml").write_text("model:\n  path: /nonexistent-model\ntrainer:\n  run_dir: /tmp/raygrpo-never\n")
+    return "c.yaml"
+
+
+def test_submit_to_an_address_that_never_answers_ends_with_a_clear_error_and_says_what_it_waits_on(
+        silent_listener, tmp_path):
+    """Case 2: nothing was printed for 600 s and --agent-wait did not bound it."""
+    out = run(["submit", user_config(tmp_path), "--address", silent_listener, "--agent-wait", "27", "--no-wait"],
+              tmp_path, timeout=200)
+    out.report("submit to a silent listener, --agent-wait 27")
+    assert out.returncode == 1, out.text[-3000:]
+    assert f"the Ray cluster at {silent_listener} did not answer within 27s" in out.text, out.text[-3000:]
+    assert "Raise --agent-wait" in out.text and "Traceback" not in out.text
+    assert f"waiting on the Ray cluster at {silent_listener} (asking for its Ray version)" in out.text, out.text[-3000:]
+    # the auth probe (at most 10 s) + the version request (27 s of silence) + start-up; never 600 s
+    assert out.seconds < 120, out.seconds
+    assert out.longest_silence()[0] < 40, out.longest_silence()
+
+
+def test_submit_to_a_gateway_answering_404_is_not_blamed_on_the_ray_version(gateway_404, tmp_path):
+    """Case 6: "Jobs API is not supported ... Ray 1.9 or higher" for an address that is no dashboard."""
+    out = run(["submit", user_config(tmp_path), "--address", gateway_404, "--no-wait"], tmp_path, timeout=200)
+    assert out.returncode == 1, out.text[-3000:]
+    assert "answered 404 Not Found" in out.text and "no Ray dashboard is serving there" in out.text, out.text[-3000:]
+    assert "1.9" not in out.text and "Traceback" not in out.text, out.text[-3000:]
