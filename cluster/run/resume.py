@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.run.metrics import CHECKPOINT_ROWS, read_rows
+from cluster.run.jsonl import read_jsonl, torn_note
+from cluster.run.metrics import CHECKPOINT_ROWS
 from learner import checkpoint
 from learner.export import export_checkpoint
 
@@ -27,8 +28,13 @@ class ResumePoint:
         return int(self.state.get("step", 0))
 
     def carried_rows(self) -> list[dict]:
-        """The metrics rows the checkpoint carries (of the steps it covers)."""
-        return read_rows(self.path / CHECKPOINT_ROWS) if self.path is not None else []
+        """The metrics rows the checkpoint carries (of the steps it covers); torn lines are named, and skipped."""
+        if self.path is None:
+            return []
+        rows, torn = read_jsonl(self.path / CHECKPOINT_ROWS)
+        if torn:
+            print(torn_note(self.path / CHECKPOINT_ROWS, torn), flush=True)
+        return [r for r in rows if isinstance(r.get("step"), int)]
 
 
 def resume_point(cfg, restarting: bool = False) -> ResumePoint:

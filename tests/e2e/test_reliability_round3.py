@@ -7,6 +7,7 @@ Each runs `raygrpo` as a user does (the installed console script, from a directo
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import threading
 
@@ -86,3 +87,30 @@ def test_submit_to_a_gateway_answering_404_is_not_blamed_on_the_ray_version(gate
     assert out.returncode == 1, out.text[-3000:]
     assert "answered 404 Not Found" in out.text and "no Ray dashboard is serving there" in out.text, out.text[-3000:]
     assert "1.9" not in out.text and "Traceback" not in out.text, out.text[-3000:]
+
+
+def completion_row(step: int, i: int) -> str:
+    return json.dumps({"step": step, "prompt_index": i, "sample": 0, "prompt": f"{i}+1=", "completion": str(i + 1),
+                       "reward": 1.0, "rewards": {"exact_match": 1.0}, "advantage": 0.0, "finish_reason": "stop",
+                       "num_tokens": 2}) + "\n"
+
+
+def test_show_and_plot_say_how_many_torn_lines_they_skipped_and_where(tmp_path):
+    """Case 3: `raygrpo show` dropped torn lines silently and reported "3 of 3 logged completion(s)"."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [completion_row(1, 0), completion_row(1, 1), completion_row(1, 2), completion_row(1, 3)]
+    lines[1] = lines[1][:40] + "\n"  # a row cut short mid-step, then the run went on
+    (run_dir / "completions.jsonl").write_text("".join(lines) + completion_row(1, 4)[:30])  # and a torn last line
+    out = run(["show", "run"], tmp_path, timeout=120)
+    assert out.returncode == 0, out.text
+    assert "completions.jsonl: skipped 2 torn line(s)" in out.text and "line(s) 2, 5" in out.text, out.text
+    assert "step 1, 3 of 3 logged completion(s)" in out.text and "2 torn line(s) skipped, so a step may miss some" in out.text
+
+    row = {"kind": "train", "reward_mean": 0.5, "kl": 0.0, "time/step_s": 1.0}
+    (run_dir / "metrics.jsonl").write_text(json.dumps({**row, "step": 1}) + "\n" + json.dumps({**row, "step": 2})[:25]
+                                           + "\n" + json.dumps({**row, "step": 3}) + "\n")
+    out = run(["plot", "run"], tmp_path, timeout=120)
+    assert out.returncode == 0, out.text
+    assert out.text.count("torn line(s)") == 1 and "metrics.jsonl: skipped 1 torn line(s)" in out.text, out.text
+    assert "line(s) 2" in out.text and (run_dir / "reward.png").is_file()
