@@ -26,6 +26,7 @@ from pathlib import Path
 from actors.reward_pool import is_file_spec
 from cluster.launch.auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
 from cluster.launch.submit_client import CONNECT_TIMEOUT_S, bounded, make_client
+from cluster.launch.upload_check import UploadProblem, check_upload
 from cluster.paths import PROJECT_ROOT
 
 # The entrypoint of a submitted job (runs the CLI with the cluster's Python; see the script).
@@ -145,6 +146,10 @@ def submit(args, cfg, log_level: str) -> int:
             raise SubmitError("; ".join(problems))
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
+    try:  # a symlink loop or an over-size directory: before Ray spends minutes packing it
+        check_upload(wd, SUBMIT_EXCLUDES)
+    except UploadProblem as e:
+        raise SubmitError(str(e)) from None
     wait = args.agent_wait
     mode = dashboard_auth_mode(args.address, timeout_s=min(CONNECT_TIMEOUT_S, wait))
     use_cluster_auth_mode(mode, args.address)  # before the client reads the mode

@@ -114,3 +114,41 @@ def test_show_and_plot_say_how_many_torn_lines_they_skipped_and_where(tmp_path):
     assert out.returncode == 0, out.text
     assert out.text.count("torn line(s)") == 1 and "metrics.jsonl: skipped 1 torn line(s)" in out.text, out.text
     assert "line(s) 2" in out.text and (run_dir / "reward.png").is_file()
+
+
+def test_demo_refuses_zero_steps_and_a_negative_seed_at_once(tmp_path):
+    """Untried case: `raygrpo demo --steps 0`, `raygrpo demo --seed -1` (and trainer.seed=-1 in a config)."""
+    for args, says in ((["--steps", "0"], "argument --steps: '0' is not a whole number of at least 1"),
+                       (["--seed", "-1"], "argument --seed: '-1' is not a seed: a whole number from 0 to 2**32-1"),
+                       (["--seed=-1"], "argument --seed: '-1' is not a seed")):
+        out = run(["demo", *args, "--run-dir", "runs/d"], tmp_path, timeout=120)
+        assert out.returncode == 2 and says in out.text, out.text
+        assert out.seconds < 60 and not (tmp_path / "runs").exists() and not (tmp_path / ".cache").exists()
+    (tmp_path / "c.yaml").write_text("model:\n  path: /nonexistent\ntrainer:\n  seed: -1\n")
+    out = run(["data", "c.yaml"], tmp_path, timeout=120)
+    assert out.returncode == 2 and "trainer.seed must be a whole number from 0 to 2**32-1, got -1" in out.text, out.text
+
+
+def test_submit_refuses_a_working_dir_with_a_symlink_loop_or_over_rays_package_limit(tmp_path, gateway_404):
+    """Untried case: `submit --working-dir` with a symlink loop or a huge directory: a clear error before
+    anything is packed or sent, in bounded time; what .rayignore excludes is not counted."""
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    (project / "c.yaml").write_text("model:\n  path: /nonexistent-model\ntrainer:\n  run_dir: /tmp/raygrpo-never\n")
+    (project / "sub" / "up").symlink_to("..")
+    out = run(["submit", "project/c.yaml", "--working-dir", "project", "--address", gateway_404], tmp_path, timeout=120)
+    assert out.returncode == 2, out.text
+    assert f"the symlink {project}/sub/up points to {project}, a directory it is inside of (a loop)" in out.text
+    assert "add sub/up to a .rayignore" in out.text and "Traceback" not in out.text
+    (project / "sub" / "up").unlink()
+
+    with open(project / "weights.bin", "wb") as f:  # sparse: 600 MiB by size, nothing on the disk
+        f.truncate(600 * 2**20)
+    out = run(["submit", "project/c.yaml", "--working-dir", "project", "--address", gateway_404], tmp_path, timeout=120)
+    assert out.returncode == 2, out.text
+    assert "holds more than 512 MiB (Ray's package limit) to upload" in out.text and "weights.bin (600 MiB)" in out.text
+    assert out.seconds < 60
+
+    (project / ".rayignore").write_text("weights.bin\n")  # excluded: the submit goes on (to the 404 gateway)
+    out = run(["submit", "project/c.yaml", "--working-dir", "project", "--address", gateway_404], tmp_path, timeout=120)
+    assert out.returncode == 1 and "answered 404 Not Found" in out.text and "package limit" not in out.text, out.text
