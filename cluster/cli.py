@@ -97,6 +97,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _seed(text: str) -> int:
+    if not text.isdigit() or int(text) >= 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: a whole number from 0 to 2**32-1")
+    return int(text)
+
+
 # cluster/demo/recipes.py RECIPES (the CLI imports nothing heavy)
 DEMO_RECIPES = ("addition", "lora", "async", "chat", "tools", "reward_model")
 
@@ -202,10 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "problems, gsm8k reward), tools (multi-turn with the calculator environment), reward_model (scored by a "
                    "reward model alone, built from the warm start on its own samples)")
     d.add_argument("--run-dir", default=None, help="default: runs/demo, or runs/demo-RECIPE")
-    d.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo config's)")
+    d.add_argument("--steps", type=_positive_int, default=None, metavar="N",
+                   help="GRPO steps, at least 1 (default: the demo config's)")
     d.add_argument("--cache-dir", default=".cache/demo", help="where the base model and warm start are cached")
-    d.add_argument("--seed", type=int, default=None,
-                   help="seed of the warm start and of GRPO (sets trainer.seed; default: the demo config's)")
+    d.add_argument("--seed", type=_seed, default=None,
+                   help="seed of the warm start and of GRPO, 0 to 2**32-1 (sets trainer.seed; default: the demo config's)")
     d.add_argument("--warm-start-steps", type=_positive_int, default=None, metavar="N",
                    help="at most N supervised warm-start steps (default: the recipe's cap; it stops earlier at its "
                    "target accuracy). Fewer give a weaker start: for a quick look, not for a figure")

@@ -119,6 +119,8 @@ class TrainerConfig:
             if getattr(self, name) < 0:
                 p.append(f"trainer.{name} must be >= 0 (0: off), got {getattr(self, name)}")
         at_least(p, "trainer.steps", self.steps, 1)
+        if not 0 <= self.seed < 2**32:  # numpy's and vLLM's seeds are unsigned 32-bit
+            p.append(f"trainer.seed must be a whole number from 0 to 2**32-1, got {self.seed}")
         at_least(p, "trainer.prompts_per_step", self.prompts_per_step, 1)
         at_least(p, "trainer.group_size", self.group_size, 2, " (group advantages need a group)")
         if self.mode not in ("sync", "async"):

@@ -75,8 +75,8 @@ class LearnerConfig:
     # adapter: only the adapter travels and vLLM applies it (engines start with enable_lora);
     # merged: base + adapter merged layer group by layer group, sent as plain weights (engines without LoRA)
     lora_sync: str = "adapter"
-    # With LoRA and algo.beta > 0 the reference is the learner's own model with adapters disabled;
-    # true starts the separate reference actor anyway.
+    # With LoRA, algo.beta > 0 and reference.placement auto the reference is the learner's own model
+    # with adapters disabled; true (or reference.placement: actor) starts the separate reference actor anyway.
     lora_reference_actor: bool = False
     num_cpus: float = 0.5
     num_gpus: float = 0.0

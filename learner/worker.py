@@ -31,6 +31,7 @@ from learner.config import AlgoConfig, LearnerConfig
 from learner.export import write_hf_dir
 from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
 from learner.lora import adapter_config_json, param_counts, write_adapter_dir
+from learner.op_build import build_dir, check_shm_op_build
 from learner.rank_setup import build_ds_config, build_model, init_process_group, param_groups, scheduler_factory, seed_everything
 from learner.sequences import PromptSharingUnsupported
 
@@ -66,6 +67,8 @@ class LearnerWorker:
                           # Ray gives each rank its own device(s), so the rank is local rank 0 there.
                           LOCAL_RANK="0")
         init_process_group(self.on_gpu, master_addr, master_port, rank, world_size)
+        if not self.on_gpu:  # DeepSpeed compiles its shared-memory op here once: say so; a stale lock is an error
+            check_shm_op_build(build_dir())
         # DeepSpeed adopts the group made above (it initializes torch.distributed only if nobody did)
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
                                    rank=rank, world_size=world_size, verbose=False)

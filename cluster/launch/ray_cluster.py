@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
 
 from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
 
@@ -39,7 +41,59 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
     # wait on each other, and each limits its own threads.
     cpus = num_cpus or max(8, os.cpu_count() or 1)
     print(f"starting an embedded Ray cluster ({cpus} logical CPUs; ray.address joins a running one)", flush=True)
-    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True)
+    start_with_retries(lambda: ray.init(num_cpus=cpus, include_dashboard=False,
+                                        runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True),
+                       ray.shutdown)
+
+
+# Ray gives its raylet a fixed 30 s to register with the GCS (ray/_private/node.py); on a busy machine
+# (load averages of 15-38 seen) it misses that now and then, and the same start works a moment later.
+START_ATTEMPTS = 3
+START_RETRY_PAUSE_S = 5.0
+STARTUP_TIMEOUT = ("timed out during startup", "failed to startup", "GCS has become overloaded")
+
+
+class RayStartFailed(RuntimeError):
+    """The embedded Ray cluster did not start, after the retries."""
+
+
+def is_startup_timeout(e: BaseException) -> bool:
+    return any(t in str(e) for t in STARTUP_TIMEOUT)
+
+
+def start_with_retries(start, cleanup, attempts: int = START_ATTEMPTS, pause_s: float = START_RETRY_PAUSE_S,
+                       say=None, sleep=time.sleep):
+    """start() (ray.init of the embedded cluster), retried when Ray's own start-up timed out (the reason
+    printed each time; cleanup() between tries); after the last try a RayStartFailed that says it was Ray's
+    start-up and what to do. Any other error is raised at once."""
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except Exception as e:
+            if not is_startup_timeout(e):
+                raise
+            reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            try:
+                cleanup()
+            except Exception:  # noqa: BLE001 - a half-started cluster: the next try starts afresh anyway
+                pass
+            if attempt == attempts:
+                raise RayStartFailed(
+                    f"Ray's own start-up timed out {attempts} times (Ray: {reason}; load average "
+                    f"{_load()}): Ray gives its raylet a fixed 30 s to register, which a busy machine can miss. Nothing "
+                    "of the run was started or lost. Run the same command again when the machine is less loaded, or "
+                    "start Ray once by hand (`ray start --head`) and pass ray.address=auto, so each run joins it") from e
+            say(f"Ray's start-up timed out (attempt {attempt} of {attempts}; Ray: {reason}; load average {_load()}): "
+                f"a busy machine; starting it again in {pause_s:.0f}s")
+            sleep(pause_s)
+
+
+def _load() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
 
 
 def join_cluster(address: str, runtime_env: dict | None = None) -> None:

@@ -13,7 +13,8 @@ What the job gets (Ray's runtime env), decided by where the config lives:
 
 Ray's job agent may not be ready ("No available agent to submit job, please try again later": the
 head is still starting, or another Ray on the node holds the agent's port): submit waits for it,
-bounded (`--agent-wait`), and names the likely causes if it never comes.
+bounded (`--agent-wait`), and names the likely causes if it never comes. Every request to the
+cluster is bounded and says what it waits on (cluster/launch/submit_client.py).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from actors.reward_pool import is_file_spec
 from cluster.launch.auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
+from cluster.launch.submit_client import CONNECT_TIMEOUT_S, bounded, make_client
+from cluster.launch.upload_check import UploadProblem, check_upload
 from cluster.paths import PROJECT_ROOT
 
 # The entrypoint of a submitted job (runs the CLI with the cluster's Python; see the script).
@@ -134,7 +137,7 @@ def agent_advice(address: str, wait_s: float, ray_error: str) -> str:
 def submit(args, cfg, log_level: str) -> int:
     """`raygrpo submit CONFIG --address URL [--working-dir DIR] [overrides]`: `cfg` is the config loaded
     without its paths checked (they are checked here, as the job will see them), `log_level` the job's."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobStatus
 
     wd, config_rel, py_modules = plan(Path(args.config), args.working_dir)
     if py_modules or args.working_dir:
@@ -143,14 +146,21 @@ def submit(args, cfg, log_level: str) -> int:
             raise SubmitError("; ".join(problems))
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-    use_cluster_auth_mode(dashboard_auth_mode(args.address), args.address)  # before the client reads the mode
-    client = JobSubmissionClient(args.address)
+    try:  # a symlink loop or an over-size directory: before Ray spends minutes packing it
+        check_upload(wd, SUBMIT_EXCLUDES)
+    except UploadProblem as e:
+        raise SubmitError(str(e)) from None
+    wait = args.agent_wait
+    mode = dashboard_auth_mode(args.address, timeout_s=min(CONNECT_TIMEOUT_S, wait))
+    use_cluster_auth_mode(mode, args.address)  # before the client reads the mode
+    client = make_client(args.address, wait)
     runtime_env = {"working_dir": str(wd), "excludes": SUBMIT_EXCLUDES} | ({"py_modules": py_modules} if py_modules else {})
     try:
-        job_id = submit_waiting_for_agent(client, args.address, args.agent_wait,
-                                          entrypoint=entrypoint(config_rel, args.overrides, log_level, py_modules),
-                                          runtime_env=runtime_env)
-    except AgentUnavailable:
+        job_id = bounded(lambda: submit_waiting_for_agent(
+            client, args.address, wait, entrypoint=entrypoint(config_rel, args.overrides, log_level, py_modules),
+            runtime_env=runtime_env), "uploading the working dir and submitting the job", args.address, wait,
+            whole_call_bound=False)
+    except (AgentUnavailable, ConnectionError):
         raise
     except Exception as e:  # a token problem gets its own explanation
         raise (explain_auth_failure(e, args.address) or e) from e
@@ -161,8 +171,8 @@ def submit(args, cfg, log_level: str) -> int:
         return 0
     seen = 0
     while True:
-        status = client.get_job_status(job_id)
-        logs = client.get_job_logs(job_id)
+        status = bounded(lambda: client.get_job_status(job_id), f"the status of job {job_id}", args.address, wait)
+        logs = bounded(lambda: client.get_job_logs(job_id), f"the logs of job {job_id}", args.address, wait)
         sys.stdout.write(logs[seen:])
         sys.stdout.flush()
         seen = len(logs)

@@ -17,6 +17,8 @@ import json
 import math
 from pathlib import Path
 
+from cluster.run.jsonl import read_jsonl, torn_note
+
 COMPLETIONS_FILE = "completions.jsonl"
 
 
@@ -57,18 +59,9 @@ def write_rows(run_dir: str | Path, step: int, rows: list[dict]) -> None:
             f.write(json.dumps({"step": step, **row}, default=str) + "\n")
 
 
-def read_rows(run_dir: str | Path) -> list[dict]:
-    """Every logged completion, a line cut short by a crash skipped."""
-    path = Path(run_dir) / COMPLETIONS_FILE
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+def read_rows(run_dir: str | Path) -> tuple[list[dict], list[int]]:
+    """(every logged completion, the numbers of the lines skipped as torn: cut short by a crash)."""
+    return read_jsonl(Path(run_dir) / COMPLETIONS_FILE)
 
 
 # --------------------------------------------------------------------------- reading them
@@ -142,7 +135,9 @@ def table(rows: list[dict]) -> tuple[list[str], list[list]]:
 def show(run_dir: str | Path, step: int | None, n: int | None, out=print) -> None:
     """`raygrpo show`: the completions logged at `step` (default: the last step that has any)."""
     run_dir = Path(run_dir)
-    rows = read_rows(run_dir)
+    rows, torn = read_rows(run_dir)
+    if torn:  # a partly lost step must not look complete
+        out(torn_note(run_dir / COMPLETIONS_FILE, torn))
     if not rows:
         why = "no such directory" if not run_dir.is_dir() else f"no {COMPLETIONS_FILE} there"
         raise FileNotFoundError(f"{run_dir}: {why}. `raygrpo train` writes it with metrics.log_completions=true "
@@ -154,7 +149,8 @@ def show(run_dir: str | Path, step: int | None, n: int | None, out=print) -> Non
         raise FileNotFoundError(f"{run_dir}/{COMPLETIONS_FILE} has no completions of step {step}; logged steps: "
                                 f"{_ranges(steps)}")
     shown = picked if n is None else picked[:n]
-    out(f"{run_dir}: step {step}, {len(shown)} of {len(picked)} logged completion(s) (steps logged: {_ranges(steps)})")
+    out(f"{run_dir}: step {step}, {len(shown)} of {len(picked)} logged completion(s) (steps logged: {_ranges(steps)})"
+        + (f"; {len(torn)} torn line(s) skipped, so a step may miss some" if torn else ""))
     for row in shown:
         out("")
         out(format_row(row))

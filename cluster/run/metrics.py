@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from cluster.run import completions
 from cluster.run.completions import COMPLETIONS_FILE
+from cluster.run.jsonl import read_jsonl, torn_note
 from learner.checkpoint import naming_save_errors
 
 # What the learner reports for a step that a step's line carries.
@@ -71,6 +72,9 @@ class MetricsLogger:
         self.total, self.start_step, self.t0 = total_steps, start_step, time.time()
         self.show_staleness, self.show_kl = show_staleness, show_kl
         for path, carried in ((self.path, carried_rows), (self.run_dir / COMPLETIONS_FILE, None)):
+            torn = read_jsonl(path)[1]
+            if torn:  # moved aside below with the rows of the steps redone
+                print(torn_note(path, torn, "moving aside") + f" (to {path.name}.superseded)", flush=True)
             with naming_save_errors(path):  # completions.jsonl: several rows a step, none carried
                 moved, restored = supersede_rows(path, start_step, carried)
             if moved:
@@ -265,21 +269,16 @@ def supersede_rows(path: Path, start_step: int, carried: list[dict] | None = ())
     return len(moved), len(restore)
 
 
-def read_metrics(run_dir: str | Path, kind: str = "train") -> list[dict]:
-    """The rows of one kind, one per step (a later row for the same step wins); a line cut short
-    by a crash is skipped with a warning."""
-    rows: dict[int, dict] = {}
+def read_metrics(run_dir: str | Path, kind: str = "train", warn: bool = True) -> list[dict]:
+    """The rows of one kind, one per step (a later row for the same step wins); lines cut short by a
+    crash are skipped, and (warn) one warning says how many and which."""
     path = Path(run_dir) / "metrics.jsonl"
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                print(f"warning: {path}:{n} is not a complete JSON line (a run stopped while writing it?); skipped",
-                      file=sys.stderr)
-                continue
-            if row.get("kind") == kind:
-                rows[row["step"]] = row
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a run dir written by `raygrpo train`?")
+    found, torn = read_jsonl(path)
+    if torn and warn:
+        print(torn_note(path, torn), file=sys.stderr, flush=True)
+    rows = {row["step"]: row for row in found if row.get("kind") == kind and isinstance(row.get("step"), int)}
     return [rows[s] for s in sorted(rows)]
 
 
@@ -319,7 +318,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     rows = read_metrics(run_dir)
     if not rows:
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl has no training steps to plot")
-    evals = read_metrics(run_dir, "eval")
+    evals = read_metrics(run_dir, "eval", warn=False)  # the train read said it
     steps = [r["step"] for r in rows]
 
     def col(key):

@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.run.metrics import CHECKPOINT_ROWS, read_rows
+from cluster.run.jsonl import read_jsonl, torn_note
+from cluster.run.metrics import CHECKPOINT_ROWS
 from learner import checkpoint
 from learner.export import export_checkpoint
+from learner.hf_dir import hf_dir_problem
 
 
 @dataclass
@@ -27,8 +29,13 @@ class ResumePoint:
         return int(self.state.get("step", 0))
 
     def carried_rows(self) -> list[dict]:
-        """The metrics rows the checkpoint carries (of the steps it covers)."""
-        return read_rows(self.path / CHECKPOINT_ROWS) if self.path is not None else []
+        """The metrics rows the checkpoint carries (of the steps it covers); torn lines are named, and skipped."""
+        if self.path is None:
+            return []
+        rows, torn = read_jsonl(self.path / CHECKPOINT_ROWS)
+        if torn:
+            print(torn_note(self.path / CHECKPOINT_ROWS, torn), flush=True)
+        return [r for r in rows if isinstance(r.get("step"), int)]
 
 
 def resume_point(cfg, restarting: bool = False) -> ResumePoint:
@@ -53,8 +60,9 @@ def finished_run(cfg, point: ResumePoint) -> dict | None:
         return None
     run_dir = Path(cfg.trainer.run_dir)
     hf = run_dir / "hf_model"
-    if not (hf / "config.json").is_file():  # it stopped between its final checkpoint and the export
-        print(f"{hf} is missing: exporting it from {point.path}", flush=True)
+    problem = hf_dir_problem(hf) if hf.exists() else f"{hf} is missing"
+    if problem:  # it stopped between its final checkpoint and the end of the export (an incomplete one moves aside)
+        print(f"{problem} (the run stopped during its final export?): exporting it again from {point.path}", flush=True)
         export_checkpoint(point.path, hf, overwrite=True)
     print(f"run dir {run_dir} already finished its {point.step} steps (checkpoint {point.path}, HF model {hf}): "
           f"nothing to do. Raise trainer.steps to train on from there", flush=True)

@@ -8,6 +8,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cluster.config import MetricsConfig
 from cluster.run.metrics import CHECKPOINT_ROWS, STEP_KEYS, MetricsLogger, plot_run, read_metrics, read_rows
+from cluster.run.resume import ResumePoint
 from learner.checkpoint import SaveError
 
 
@@ -70,7 +71,8 @@ def test_a_restart_from_step_0_redoes_the_evaluation_before_training(tmp_path):
 def test_reader_skips_a_truncated_last_line(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "reward_mean": 0.5}\n{"kind": "tr')
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
-    assert "metrics.jsonl:2 is not a complete JSON line" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "metrics.jsonl: skipped 1 torn line(s) (not whole JSON rows" in err and err.rstrip().endswith("line(s) 2")
 
 
 def test_an_undeclared_step_metric_is_refused(tmp_path):
@@ -253,3 +255,22 @@ def test_of_a_step_written_twice_the_later_row_stays(tmp_path):
     assert [(r["step"], r["reward_mean"]) for r in map(json.loads, path.read_text().splitlines())] == [
         (1, 0.1), (2, 0.25), (3, 0.3)]
     assert json.loads((tmp_path / "metrics.jsonl.superseded").read_text())["reward_mean"] == 0.2
+
+
+def test_a_resume_names_the_torn_lines_it_moves_aside_and_those_of_the_checkpoints_copy(tmp_path, capsys):
+    """Issue 36 case 3 for the resume reader: torn lines of metrics.jsonl, completions.jsonl and the
+    checkpoint's copy are counted and named by line number, not dropped silently."""
+    row = json.dumps({"kind": "train", "step": 1, "reward_mean": 0.5}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(row + row[:20])
+    (tmp_path / "completions.jsonl").write_text('{"step": 1, "compl\n' + json.dumps({"step": 1}) + "\n")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / CHECKPOINT_ROWS).write_text(row + '{"kind": "tr\n')
+    carried = ResumePoint(ckpt, {"step": 1}).carried_rows()
+    assert [r["step"] for r in carried] == [1]
+    MetricsLogger(tmp_path, total_steps=2, start_step=1, tensorboard=False, carried_rows=carried).close()
+    out = capsys.readouterr().out
+    assert f"{ckpt / CHECKPOINT_ROWS}: skipped 1 torn line(s)" in out and "line(s) 2" in out, out
+    assert f"{tmp_path / 'metrics.jsonl'}: moving aside 1 torn line(s)" in out, out
+    assert f"{tmp_path / 'completions.jsonl'}: moving aside 1 torn line(s) (not whole JSON rows: a run stopped while " \
+           "writing them?): line(s) 1 (to completions.jsonl.superseded)" in out, out

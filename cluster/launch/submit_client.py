@@ -1,0 +1,95 @@
+"""Ray's job submission client with every request bounded, and saying what it waits on.
+
+Ray's JobSubmissionClient calls `requests` without a timeout: an address that accepts connections
+and never answers (a wedged dashboard, a proxy, the wrong port of something else) would hold
+`raygrpo submit` silently forever. Here every request has a connect timeout (CONNECT_TIMEOUT_S) and a
+read timeout (`--agent-wait`), and each call runs while the console says, every
+WAITING_LINE_EVERY_S (as the actors' waits do: cluster/launch/waits.py), what it is waiting on.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from cluster.launch.waits import WAITING_LINE_EVERY_S
+
+CONNECT_TIMEOUT_S = 10.0
+VERSION_404 = "Version check returned 404"  # Ray's words when GET /api/version answers 404
+
+
+class ClusterUnreachable(ConnectionError):
+    """The cluster's address did not answer (in time), or is not a Ray dashboard (the CLI: "error", exit 1)."""
+
+
+def bounded(fn, what: str, address: str, wait_s: float, say=None, whole_call_bound: bool = True):
+    """fn() in a helper thread; every WAITING_LINE_EVERY_S a line says what it waits on; after wait_s
+    (plus the connect timeout) a ClusterUnreachable naming the address and `what`. fn's own error is
+    raised as it is. (fn's requests carry their own timeouts, so the thread ends too.)
+    whole_call_bound False: only fn's requests' own timeouts bound it (an upload that keeps sending
+    may take longer than wait_s; a silent cluster still ends it after wait_s of silence)."""
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = e
+
+    t = threading.Thread(target=run, name=f"raygrpo-submit: {what}", daemon=True)
+    t0 = time.monotonic()
+    limit = wait_s + CONNECT_TIMEOUT_S if whole_call_bound else float("inf")
+    t.start()
+    while True:
+        t.join(timeout=max(0.0, min(WAITING_LINE_EVERY_S, limit - (time.monotonic() - t0))))
+        if not t.is_alive():
+            break
+        waited = time.monotonic() - t0
+        if waited >= limit:
+            raise ClusterUnreachable(no_answer(address, what, wait_s))
+        bound = f"at most --agent-wait={wait_s:.0f}s" if whole_call_bound else f"at most --agent-wait={wait_s:.0f}s of silence"
+        say(f"waiting on the Ray cluster at {address} ({what}): {waited:.0f}s so far, {bound}")
+    if "error" in result:
+        raise translate(result["error"], address, what, wait_s)
+    return result["value"]
+
+
+def no_answer(address: str, what: str, wait_s: float) -> str:
+    return (f"the Ray cluster at {address} did not answer within {wait_s:.0f}s ({what}): something accepts "
+            "connections there but does not answer. Is it the head's dashboard address (http://HEAD:8265 unless "
+            "`ray start --head --dashboard-port` set another)? Is the head overloaded? Raise --agent-wait if it is "
+            "just slow")
+
+
+def translate(e: BaseException, address: str, what: str, wait_s: float) -> BaseException:
+    """Ray's and requests' errors of an unreachable address, in words that tell what happened."""
+    kinds = {f"{c.__module__}.{c.__name__}" for c in type(e).__mro__}  # requests' errors, without importing it here
+    if "requests.exceptions.Timeout" in kinds:
+        if "requests.exceptions.ConnectTimeout" in kinds:
+            return ClusterUnreachable(f"could not connect to the Ray cluster at {address} within {CONNECT_TIMEOUT_S:.0f}s "
+                                      f"({what}): is the host reachable and the head running?")
+        return ClusterUnreachable(no_answer(address, what, wait_s))
+    if VERSION_404 in str(e):  # Ray blames its own version for any 404; it is rarely that
+        return ClusterUnreachable(
+            f"{address} answered 404 Not Found to Ray's GET /api/version: no Ray dashboard is serving there (a "
+            "different service, a gateway or proxy that does not route /api/ to it, or a path in the address). "
+            "Pass the head's dashboard address, e.g. http://HEAD:8265 (`ray status` on the head; the dashboard "
+            "needs `ray[default]`)")
+    if isinstance(e, ConnectionError) and "Failed to connect to Ray" in str(e):
+        return ClusterUnreachable(f"nothing answers at {address} ({what}): is the head running, and is this its "
+                                  "dashboard address (http://HEAD:8265 unless set otherwise)?")
+    return e
+
+
+def make_client(address: str, wait_s: float, say=None):
+    """A JobSubmissionClient for `address` whose requests are bounded (connect CONNECT_TIMEOUT_S, read
+    wait_s); its constructor (which asks the cluster for its version) runs under `bounded`."""
+    from ray.job_submission import JobSubmissionClient
+
+    class BoundedClient(JobSubmissionClient):
+        def _do_request(self, method, endpoint, **kwargs):
+            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, wait_s))
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return bounded(lambda: BoundedClient(address), "asking for its Ray version", address, wait_s, say)

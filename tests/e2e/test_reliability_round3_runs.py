@@ -1,0 +1,147 @@
+"""Issue 36's untried cases that need a run (real Ray, vLLM, DeepSpeed), through the CLI: a driver killed
+during the final export (what it leaves in hf_model/; the rerun finishes it, nothing lost), a full disk
+while completions.jsonl is written (a clear error naming the path), and a rollout worker killed in an
+async run which is then stopped by SIGTERM and resumed.
+
+One 1-step run for the module, started as a user starts it (the console script, from the user's directory).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+from console import RAYGRPO, full_disk_wrapper, run
+
+from learner.hf_dir import hf_dir_problem
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def config(run_dir: str) -> dict:
+    return {"model": {"path": "model"}, "data": {"num_eval": 0, "task_digits": 1},
+            "trainer": {"steps": 1, "prompts_per_step": 4, "group_size": 4, "run_dir": run_dir, "actor_timeout_s": 300},
+            "rollout": {"max_model_len": 48, "max_new_tokens": 6, "gpu_memory_utilization": 0.03},
+            "learner": {"lr": 1.0e-3, "micro_batch_size": 8}, "reward": {"functions": ["exact_match"]},
+            "metrics": {"tensorboard": False}}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, tiny_model_dir):
+    home = tmp_path_factory.mktemp("user")
+    shutil.copytree(tiny_model_dir, home / "model")
+    return home
+
+
+@pytest.fixture(scope="module")
+def finished(home):
+    (home / "run.yaml").write_text(yaml.safe_dump(config("runs/first")))
+    out = run(["train", "run.yaml"], home)
+    out.report("a 1-step run")
+    assert out.returncode == 0, out.text[-3000:]
+    run_dir = home / "runs" / "first"
+    assert hf_dir_problem(run_dir / "hf_model") is None
+    return home, run_dir
+
+
+@pytest.mark.parametrize("torn", ["weights cut short", "config only"])
+def test_a_driver_killed_during_the_final_export_is_finished_by_the_rerun(finished, torn):
+    """Untried case: the driver killed during the final export. The final checkpoint is written first (marked
+    finished), so what a kill can leave is an hf_model/ whose weights are cut short or not yet written; the
+    rerun used to see its config.json and call the run done. Now it exports again; the torn copy is kept aside."""
+    home, run_dir = finished
+    hf = run_dir / "hf_model"
+    weights = (hf / "model.safetensors").read_bytes()
+    if torn == "weights cut short":
+        (hf / "model.safetensors").write_bytes(weights[: len(weights) // 3])
+    else:
+        (hf / "model.safetensors").unlink()
+    out = run(["train", "run.yaml"], home)
+    out.report(f"rerun after an export killed ({torn})")
+    assert out.returncode == 0, out.text[-3000:]
+    assert "(the run stopped during its final export?): exporting it again from" in out.text, out.text[-3000:]
+    assert "already finished its 1 steps" in out.text
+    assert hf_dir_problem(hf) is None and (hf / "model.safetensors").read_bytes() == weights  # the same export
+    assert len(list(run_dir.glob("hf_model.replaced-*"))) >= 1  # the torn one moved aside, nothing deleted
+
+
+def test_a_full_disk_while_completions_jsonl_is_written_names_the_path(home, tmp_path):
+    """Untried case: completions.jsonl on a full disk (a link into a full 64 KiB tmpfs, mounted in a private
+    mount namespace: nothing outside sees it). The run ends with the path, the cause and the free space; the
+    step's metrics row, written before, is kept."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    wrap = full_disk_wrapper(disk)
+    if wrap is None:
+        pytest.skip("this machine cannot mount a tmpfs in a private mount namespace (needs root or user namespaces)")
+    run_dir = home / "runs" / "full"
+    run_dir.mkdir(parents=True)
+    (run_dir / "completions.jsonl").symlink_to(disk / "completions.jsonl")
+    (home / "full.yaml").write_text(yaml.safe_dump(config("runs/full")))
+    out = run(["train", "full.yaml"], home, wrap=wrap)
+    out.report("completions.jsonl on a full disk")
+    assert out.returncode == 1, out.text[-3000:]
+    assert f"could not write {run_dir / 'completions.jsonl'}: the disk is full" in out.text, out.text[-3000:]
+    assert "MiB free on that filesystem" in out.text and "Traceback" not in out.text
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1]
+
+
+def train_steps(run_dir) -> list[int]:
+    """The train steps of metrics.jsonl as written (whole lines only), in file order."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")] \
+        if path.exists() else []
+    return [r["step"] for r in rows if r.get("kind") == "train"]
+
+
+def wait_until(what: str, ok, proc, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if ok():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: never happened (exit code {proc.poll()})")
+
+
+def test_an_async_run_with_a_killed_rollout_worker_then_sigterm_resumes_each_step_once(home, tmp_path):
+    """Untried case: a rollout worker SIGKILLed in an async run (Ray restarts it), then SIGTERM (the step
+    finishes, a checkpoint is saved, exit 143), then the rerun resumes: metrics.jsonl holds each step once."""
+    run_dir = home / "runs" / "async"
+    (home / "async.yaml").write_text(yaml.safe_dump(
+        {**config("runs/async"), "algo": {"beta": 0.0}, "checkpoint": {"every": 1}}
+        | {"trainer": {**config("runs/async")["trainer"], "mode": "async", "steps": 100_000}}))
+    log = open(tmp_path / "first.log", "w")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    proc = subprocess.Popen([RAYGRPO, "train", "async.yaml"], cwd=home, stdout=log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+    try:
+        wait_until("step 1 logged", lambda: 1 in train_steps(run_dir), proc)
+        [worker] = [a for a in json.loads((run_dir / "placement.json").read_text()) if a["role"] == "rollout-0"]
+        os.kill(worker["pid"], signal.SIGKILL)
+        killed_after = train_steps(run_dir)[-1]
+        wait_until("two more steps after the kill", lambda: train_steps(run_dir)[-1] >= killed_after + 2, proc)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    out = (tmp_path / "first.log").read_text()
+    assert rc == 128 + signal.SIGTERM, out[-3000:]
+    assert "stopped by SIGTERM after step" in out and "Traceback" not in out, out[-3000:]
+    stopped_at = train_steps(run_dir)[-1]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("rollout_restarts", 0) >= 1 for r in rows if r["kind"] == "train"), "no restart was logged"
+
+    rerun = run(["train", "async.yaml", f"trainer.steps={stopped_at + 1}"], home)
+    rerun.report("async rerun after a killed worker and SIGTERM")
+    assert rerun.returncode == 0, rerun.text[-3000:]
+    assert "resumed from" in rerun.text and "Traceback" not in rerun.text, rerun.text[-3000:]
+    assert train_steps(run_dir) == list(range(1, stopped_at + 2))

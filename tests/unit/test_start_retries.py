@@ -1,0 +1,84 @@
+"""Issue 36 case 4, a start that survives a busy machine: the embedded Ray start retried with its reason
+(the start faked), and DeepSpeed's shared-memory op build announced, its stale lock named."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from cluster.launch.ray_cluster import RayStartFailed, start_with_retries
+from learner.op_build import SHM_OP, StaleBuildLock, check_shm_op_build, processes_working_in
+
+RAY_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet failed to "
+               "startup or the GCS has become overloaded.")
+
+
+def fake_start(failures: int, error: str = RAY_TIMEOUT):
+    calls = []
+
+    def start():
+        calls.append(1)
+        if len(calls) <= failures:
+            raise Exception(error)  # what ray.init raises (ray/_private/node.py)
+        return "started"
+    return start, calls
+
+
+def test_a_start_up_timeout_is_retried_with_the_reason_printed():
+    start, calls = fake_start(failures=2)
+    said, cleaned, slept = [], [], []
+    assert start_with_retries(start, lambda: cleaned.append(1), say=said.append, sleep=slept.append) == "started"
+    assert len(calls) == 3 and len(cleaned) == 2 and len(slept) == 2
+    assert "Ray's start-up timed out (attempt 1 of 3; Ray: The current node timed out during startup" in said[0]
+    assert "attempt 2 of 3" in said[1] and "load average" in said[1]
+
+
+def test_the_last_failure_says_it_was_rays_start_up_and_what_to_do():
+    start, calls = fake_start(failures=5)
+    said = []
+    with pytest.raises(RayStartFailed) as e:
+        start_with_retries(start, lambda: None, say=said.append, sleep=lambda s: None)
+    assert len(calls) == 3 and len(said) == 2
+    text = str(e.value)
+    assert text.startswith("Ray's own start-up timed out 3 times (Ray: The current node timed out during startup")
+    assert "fixed 30 s" in text and "Run the same command again" in text and "ray start --head" in text
+    assert "ray.address=auto" in text
+
+
+def test_any_other_start_error_is_not_retried():
+    start, calls = fake_start(failures=1, error="Invalid argument num_cpus")
+    with pytest.raises(Exception, match="Invalid argument num_cpus"):
+        start_with_retries(start, lambda: None, say=lambda t: None, sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+def test_a_first_build_is_announced_and_a_cached_one_is_quiet(tmp_path):
+    said = []
+    assert check_shm_op_build(tmp_path, say=lambda t, **kw: said.append(t)) == "building"
+    assert f"compiling DeepSpeed's shared-memory op {SHM_OP}" in said[0] and str(tmp_path) in said[0]
+    (tmp_path / f"{SHM_OP}.so").write_bytes(b"")
+    assert check_shm_op_build(tmp_path, say=lambda t, **kw: said.append(t)) == "cached" and len(said) == 1
+
+
+def test_a_stale_build_lock_is_named_and_a_live_one_waited_for(tmp_path):
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    old = time.time() - 600
+    os.utime(lock, (old, old))
+    with pytest.raises(StaleBuildLock) as e:  # a build killed part-way: no process works in the directory
+        check_shm_op_build(tmp_path, say=lambda t, **kw: None, builders=lambda d: [])
+    assert f"the build lock {lock} is stale: it is 600s old" in str(e.value) and f"rm {lock}" in str(e.value)
+    said = []  # a build running (ninja's working directory is the build directory)
+    assert check_shm_op_build(tmp_path, say=lambda t, **kw: said.append(t), builders=lambda d: [4242]) == "waiting"
+    assert "pid(s) 4242" in said[0] and "waiting for its build" in said[0]
+    os.utime(lock)  # just taken, ninja not started yet: not stale
+    assert check_shm_op_build(tmp_path, say=lambda t, **kw: None, builders=lambda d: []) == "waiting"
+
+
+def test_the_process_scan_finds_a_process_working_in_the_directory(tmp_path):
+    p = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
+    try:
+        assert p.pid in processes_working_in(tmp_path)
+    finally:
+        p.kill()
+        p.wait()
