@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.reward_functions import ANSWER_CHECKERS
+from actors.rewards.functions import ANSWER_CHECKERS
 from cluster.data.files import DataError, raise_problems, read_rows
 from cluster.data.model_check import tokenizer_problems
 from cluster.data.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
@@ -147,7 +147,7 @@ class RunData:
         return [n for n in (r.filtered_note() for r in self.reports) if n] + self.warnings
 
 
-# What the scorer passes to every reward function besides the dataset's columns (actors/rewards.py).
+# What the scorer passes to every reward function besides the dataset's columns (actors/rewards/scorer.py).
 SCORER_KEYWORDS = frozenset({"prompt", "completion", "prompts", "completions", "completion_ids", "_num_tokens",
                              "_finish_reason", "_max_new_tokens", "_overlong_buffer", "_answer_key", "_messages",
                              "_turns"})
