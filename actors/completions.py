@@ -29,7 +29,7 @@ class PromptRollout:
     def training_rows(self) -> list[tuple]:
         """Per completion, what the learner trains on: (prompt_ids, completion_ids, behavior_logp,
         loss_mask); loss_mask None = every completion token is the model's (multi-turn rollouts,
-        actors/multiturn.py, answer the same call with their environment tokens masked)."""
+        actors/multiturn/trajectories.py, answer the same call with their environment tokens masked)."""
         return [(self.prompt_ids, c.token_ids, c.logprobs, None) for c in self.completions]
 
 

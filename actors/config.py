@@ -49,8 +49,8 @@ class RolloutConfig:
     num_gpus: float = 0.0
     threads: int = 0  # torch threads per engine; 0: the thread budget (cluster/launch/thread_budget.py) decides
     max_restarts: int = 3  # Ray restarts a dead worker this many times
-    # Multi-turn rollouts (actors/multiturn.py): an environment answers each assistant turn.
-    # "" = single-turn completions. A built-in name (actors/envs.py ENVS, e.g. "calculator") or
+    # Multi-turn rollouts (actors/multiturn/trajectories.py): an environment answers each assistant turn.
+    # "" = single-turn completions. A built-in name (actors/multiturn/envs.py ENVS, e.g. "calculator") or
     # user code as "path/to/file.py:ClassName"; one instance per trajectory, Env(**example_fields).
     env: str = ""
     max_turns: int = 1  # assistant turns per trajectory (multi-turn); max_model_len caps its tokens
@@ -116,7 +116,7 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     """Reward functions, summed with weights: built-ins, `path/to/file.py:function`, `model:PATH`
-    (a reward model), `http(s)://...` (a remote verifier); actors/reward_kinds.py."""
+    (a reward model), `http(s)://...` (a remote verifier); actors/rewards/registry.py."""
 
     # gsm8k | math_verify | exact_match | format | overlong_penalty | path/to/file.py:fn (per-sample or
     # TRL-style) | model:PATH | http://HOST[:PORT]/PATH

@@ -24,8 +24,8 @@ import torch
 
 from actors.completions import PromptRollout, completion_from_vllm, stop_token_ids
 from actors.config import RolloutConfig
-from actors.env_pool import EnvPool
-from actors.multiturn import ChatTokens, run_trajectories
+from actors.multiturn.env_pool import EnvPool
+from actors.multiturn.trajectories import ChatTokens, run_trajectories
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
@@ -178,7 +178,7 @@ class RolloutWorker:
                            seeds: list[int] | None = None, greedy: bool = False) -> list:
         """`group_size` multi-turn trajectories per conversation (a list of chat messages), driven
         turn by turn with `cfg.env` answering each turn; `fields[i]` build conversation i's
-        environments. Returns one actors.multiturn.MultiTurnRollout per conversation."""
+        environments. Returns one actors.multiturn.trajectories.MultiTurnRollout per conversation."""
         self._check_not_updating()
         use_threads(self._threads)
         if self._envs is None:

@@ -79,7 +79,7 @@ class CollectStats:
     samples: list[dict] = field(default_factory=list)  # completions logged for this step (cluster/run/completions.py)
 
     def add_trajectories(self, rollouts: list) -> None:
-        """Count what the multi-turn rollouts (actors.multiturn.MultiTurnRollout) of a round did."""
+        """Count what the multi-turn rollouts (actors.multiturn.trajectories.MultiTurnRollout) of a round did."""
         for ro in rollouts:
             self.env_s += ro.env_s
             for t in ro.trajectories:
@@ -99,7 +99,7 @@ class CollectStats:
         self.zero_var_groups += not has_signal(rewards)
 
     def add_functions(self, functions: dict) -> None:
-        """Sum one scoring round's per-function stats (actors.rewards.FunctionStats by name) into the step's."""
+        """Sum one scoring round's per-function stats (actors.rewards.base.FunctionStats by name) into the step's."""
         for name, st in functions.items():
             acc = self.reward_functions.setdefault(name, {"values": [], "errors": 0, "unscorable": 0, "calls": 0,
                                                           "timeouts": 0, "seconds": 0.0, "truncated": None})
@@ -117,7 +117,7 @@ class CollectStats:
         """Count the lengths of a scored rollout's completions (multi-turn: also per assistant turn,
         a turn being a run of model tokens in the loss mask, cut when it does not end with EOS)."""
         for c in rollout.completions:
-            if hasattr(c, "loss_mask"):  # a multi-turn trajectory (actors/multiturn.py)
+            if hasattr(c, "loss_mask"):  # a multi-turn trajectory (actors/multiturn/trajectories.py)
                 self.lengths.append(sum(c.loss_mask))
                 self.clipped += not c.turn_ended
                 for turn in model_turns(c.token_ids, c.loss_mask):
@@ -182,7 +182,7 @@ class EnvironmentNotes:
         self.max_model_len, self.overflow_said = max_model_len, False
 
     def lines(self, rollouts: list, what: str) -> list[str]:
-        """Lines for one round of multi-turn rollouts (actors.multiturn.MultiTurnRollout); `what`: "step 3"."""
+        """Lines for one round of multi-turn rollouts (actors.multiturn.trajectories.MultiTurnRollout); `what`: "step 3"."""
         trajectories = [t for ro in rollouts for t in ro.trajectories]
         failed = [t.env_error for t in trajectories if t.env_error is not None]
         out = []
@@ -228,7 +228,7 @@ class Batch:
     def from_groups(cls, groups: list[ScoredGroup], stream_state: dict, stats: CollectStats,
                     version_if_empty: int) -> Batch:
         # training_rows(): (prompt_ids, completion_ids, behavior_logp, loss_mask or None) per completion,
-        # the same for single-turn (actors/rollout.py) and multi-turn (actors/multiturn.py) rollouts
+        # the same for single-turn (actors/rollout.py) and multi-turn (actors/multiturn/trajectories.py) rollouts
         rows = [row for g in groups for row in g.rollout.training_rows()]
         rewards = [r for g in groups for r in g.rewards]
         # an unscorable completion (NaN reward) is kept in its group's place with a loss mask of 0s
@@ -317,7 +317,7 @@ def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tok
                  dynamic_sampling: bool, eos_id: int | None = None, samples: int = 0,
                  advantage_estimator: str = "grpo") -> list[ScoredGroup]:
     """Rewards for every completion of `live` (example, rollout) pairs, G completions each, from
-    `scorer` (actors/rewards.py RewardScorer); every group is counted in `stats` (with its completions'
+    `scorer` (actors/rewards/scorer.py RewardScorer); every group is counted in `stats` (with its completions'
     lengths; `eos_id` ends a multi-turn turn), and with dynamic sampling the groups without signal are
     not returned. Up to `samples` completions are kept in `stats.samples` (cluster/run/completions.py),
     with the advantage `advantage_estimator` gives them in training."""

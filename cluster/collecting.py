@@ -96,7 +96,7 @@ class Collecting:
     def _generate(self, examples: list[Example], G: int, seeds: list[int], greedy: bool = False,
                   stats: CollectStats | None = None, what: str = "") -> list:
         """G completions per example from the engines: single-turn, or with `rollout.env` multi-turn
-        trajectories (actors/multiturn.py) that the rest of the step reads the same way. Environment
+        trajectories (actors/multiturn/trajectories.py) that the rest of the step reads the same way. Environment
         failures are said when they happen (`what`: when, for the message)."""
         if not self.cfg.rollout.env:
             return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,

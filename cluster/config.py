@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from actors.config import RewardConfig, RolloutConfig
-from actors.envs import env_spec_problems
+from actors.multiturn.envs import env_spec_problems
 from actors.runtime.checks import at_least
 from cluster.config_names import unknown_key_problem
 from cluster.data.files import path_problem, split_paths

@@ -3,7 +3,7 @@ the run dir all need (and nothing else of the project, so any module can import 
 import os
 from pathlib import Path
 
-from actors.envs import is_env_file_spec
+from actors.runtime.user_code import is_file_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,7 +16,7 @@ def absolute_paths(data: dict) -> dict:
         return os.path.abspath(v) if isinstance(v, str) and v else v
 
     def spec(v):  # path/to/file.py:name
-        return f"{path(v.rpartition(':')[0])}:{v.rpartition(':')[2]}" if is_env_file_spec(v) else v
+        return f"{path(v.rpartition(':')[0])}:{v.rpartition(':')[2]}" if is_file_spec(v) else v
 
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     sections = {name: out.get(name) if isinstance(out.get(name), dict) else {} for name in

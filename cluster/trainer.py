@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from actors.env_pool import EnvPool
-from actors.multiturn import ChatTokens, TemplateError
-from actors.rewards import RewardScorer
+from actors.multiturn.env_pool import EnvPool
+from actors.multiturn.trajectories import ChatTokens, TemplateError
+from actors.rewards.scorer import RewardScorer
 from actors.transport.fingerprint import SyncMismatch
 from actors.transport.registry import resolve_backend
 from cluster.collect import (
@@ -41,7 +41,7 @@ from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_p
 from cluster.run.resume import ResumePoint, finished_run, resume_point
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
-from cluster.workers import LearnerGroup, RewardModels, RolloutPool, Stopwatch
+from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
 from learner import checkpoint
 from learner.batch import TrainBatch
 from learner.grpo import group_advantages
@@ -85,7 +85,6 @@ class Trainer(Collecting):
         if problems:
             self.scorer.close()
             raise ConfigError(problems, "reward config")
-        self.reward_models: RewardModels | None = None
         if cfg.rollout.env:
             check_multiturn(cfg)
         self.env_notes = EnvironmentNotes(cfg.rollout.max_model_len)
@@ -196,7 +195,7 @@ class Trainer(Collecting):
         after = self.evaluate() if self.heldout else None
         final = self.save_checkpoint(finished=True)
         self.learners.export_hf(str(self.run_dir / "hf_model"))
-        reward_model_restarts = self.reward_models.restarts
+        reward_model_restarts = self.scorer.restarts
         self._teardown()
         write_plots(self.run_dir)
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
@@ -281,12 +280,10 @@ class Trainer(Collecting):
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
         self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
             cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner(),
-            reward_models=tuple(self.scorer.model_specs()))
+            reward_models=self.scorer.actor_paths())
         self.placement = wait_ready(self.actors, cfg.trainer.actor_timeout_s)
         self.threads = apply_thread_budget(self.actors, self.placement, cfg)
-        self.reward_models = RewardModels(self.actors.reward_models, cfg.trainer.actor_timeout_s)
-        for spec in self.actors.reward_models:
-            self.scorer.attach_model(spec, self.reward_models.submitter(spec))
+        self.scorer.attach(self.actors.reward_models, cfg.trainer.actor_timeout_s)  # it calls their handles itself
         self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
                      for p in self.placement if "threads_when_collecting_idles" in p}
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
@@ -369,9 +366,6 @@ class Trainer(Collecting):
         return checkpoint.commit(tmp, self.ckpt_root, self.step, driver_state, keep=self.cfg.checkpoint.keep)
 
     def _teardown(self) -> None:
-        if self.reward_models is not None:
-            self.reward_models.close()
-            self.reward_models = None
         if getattr(self, "actors", None) is not None:
             shutdown_actors(self.actors)
             self.actors = None

@@ -3,13 +3,11 @@
 `RolloutPool` splits prompts across engines and survives an engine dying mid-call (Ray
 restarts it; the pool re-syncs its weights and re-sends exactly the prompts it lost).
 `LearnerGroup` fans each call out to every DeepSpeed rank (collectives need them all).
-`RewardModels` lets the reward scorer call the reward-model actors without knowing Ray.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from actors.completions import PromptRollout, split_evenly
 from actors.transport.registry import backend as transport_backend
@@ -133,39 +131,6 @@ class RolloutPool:
         self.pids[w] = info["pid"]
         self.restarts += 1
         self.on_restart(w)
-
-class RewardModels:
-    """The reward-model actors, as the scorer sees them: `submitter(spec)` is a function
-    (prompts, completions, messages) -> Future of {"values", "truncated", "seconds", "pid"}.
-
-    Ray restarts a dead actor and runs the lost call again (launch.create_actors); the wait is
-    bounded by `timeout_s`, and a restart is said on the console when the answer comes from a new
-    process."""
-
-    def __init__(self, handles: dict, timeout_s: float):
-        self.handles, self.timeout_s = handles, timeout_s
-        self.pids: dict[str, int] = {}
-        self.restarts = 0
-        self._executor = ThreadPoolExecutor(max(1, len(handles)), thread_name_prefix="reward-model")
-
-    def submitter(self, spec: str):
-        return lambda prompts, completions, messages: self._submit(spec, prompts, completions, messages)
-
-    def _submit(self, spec: str, prompts: list, completions: list, messages) -> Future:
-        ref = self.handles[spec].score.remote(prompts, completions, messages)
-        return self._executor.submit(self._wait, spec, ref, len(prompts))
-
-    def _wait(self, spec: str, ref, n: int) -> dict:
-        out = wait_for(ref, f"reward model {spec.removeprefix('model:')}", f"scoring {n} completions", self.timeout_s)
-        if self.pids.get(spec, out["pid"]) != out["pid"]:
-            self.restarts += 1
-            print(f"reward model {spec.removeprefix('model:')} was restarted (process {self.pids[spec]} -> {out['pid']}); "
-                  "Ray ran the lost call again, nothing was skipped", flush=True)
-        self.pids[spec] = out["pid"]
-        return out
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class Stopwatch:

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from actors.config import RewardConfig
-from actors.reward_http import HttpVerifier
-from actors.reward_model import RewardModelActor, RewardModelScorer
+from actors.rewards.http import HttpVerifier
+from actors.rewards.model_actor import RewardModelActor, RewardModelScorer
 from actors.runtime.threads import node_cores
 from cluster.models.tinymodel import build_tokenizer
 from cluster.paths import PROJECT_ROOT

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from actors.rewards import exact_match
+from actors.rewards.functions import exact_match
 from cluster.bench.report import (
     BENCH_VENV,
     SUBPROCESS_MODULE,

@@ -16,7 +16,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.reward_functions import ANSWER_CHECKERS
+from actors.rewards.functions import ANSWER_CHECKERS
+from actors.runtime.user_code import is_file_spec
 from cluster.data.files import DataError, raise_problems, read_rows
 from cluster.data.model_check import tokenizer_problems
 from cluster.data.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
@@ -147,7 +148,7 @@ class RunData:
         return [n for n in (r.filtered_note() for r in self.reports) if n] + self.warnings
 
 
-# What the scorer passes to every reward function besides the dataset's columns (actors/rewards.py).
+# What the scorer passes to every reward function besides the dataset's columns (actors/rewards/scorer.py).
 SCORER_KEYWORDS = frozenset({"prompt", "completion", "prompts", "completions", "completion_ids", "_num_tokens",
                              "_finish_reason", "_max_new_tokens", "_overlong_buffer", "_answer_key", "_messages",
                              "_turns"})
@@ -189,7 +190,7 @@ def reward_column_problem(cfg, data: RunData) -> str | None:
                     f"{', '.join(missing[0].fields) or 'none'}. Set reward.answer_key to the answer's column, or "
                     "choose reward functions that need no answer")
     scored = [("train", data.train)] + ([] if checkers else [("eval", data.heldout)])
-    for spec in (f for f in cfg.reward.functions if f.rpartition(":")[0].endswith(".py")):
+    for spec in (f for f in cfg.reward.functions if is_file_spec(f)):
         for column in required_columns(spec):
             for name, rows in scored:
                 missing = [e for e in rows if column not in e.fields]

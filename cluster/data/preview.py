@@ -8,7 +8,7 @@ stats. Starts no actor.
 from __future__ import annotations
 
 from actors.completions import stop_token_ids
-from actors.reward_functions import ANSWER_CHECKERS, gsm8k_gold, math_verify_gold, parse_number
+from actors.rewards.functions import ANSWER_CHECKERS, gsm8k_gold, math_verify_gold, parse_number
 from cluster.data.dataset import PromptStream, load_run_data, load_tokenizer, prompt_token_limit, reward_column_problem
 from cluster.data.model_check import eos_warning
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from actors.envs import CalculatorEnv
-from actors.multiturn import ChatTokens
-from actors.reward_functions import gsm8k
+from actors.multiturn.envs import CalculatorEnv
+from actors.multiturn.trajectories import ChatTokens
+from actors.rewards.functions import gsm8k
 from cluster.data.dataset import Example
 
 CHUNK = 64  # prompts per generate call

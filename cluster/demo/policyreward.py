@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from actors.reward_functions import exact_match
+from actors.rewards.functions import exact_match
 from cluster.data.dataset import Example
 from cluster.models.tinyreward import train_bradley_terry, wrong_completion
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from actors.reward_model import RewardModelActor
+from actors.rewards.model_actor import RewardModelActor
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
@@ -24,13 +24,15 @@ class Actors:
     learners: list = field(default_factory=list)
     reference: object | None = None
     reward_models: dict = field(default_factory=dict)  # model:PATH entry -> its RewardModelActor
+    reward_model_paths: dict = field(default_factory=dict)  # model:PATH entry -> its model directory
     placement_group: object | None = None
     learner_port: int = 0
 
 
-def create_actors(cfg, *, with_reference: bool, reward_models: tuple[str, ...] = ()) -> Actors:
+def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | None = None) -> Actors:
     """One placement group holds a bundle per learner rank, per rollout engine, the reference and
-    each reward model (`reward_models`: the model:PATH entries of reward.functions, paths absolute).
+    each reward model (`reward_models`: reward.functions entry -> its model directory, absolute;
+    RewardScorer.actor_paths).
 
     `ray.placement=separate`: a bundle each; `colocate`: learner rank i and engine i share one.
     `ray.strategy` (PACK | SPREAD) says how bundles land on nodes.
@@ -40,6 +42,7 @@ def create_actors(cfg, *, with_reference: bool, reward_models: tuple[str, ...] =
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
+    reward_models = reward_models or {}
 
     def res(cpus, gpus):
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
@@ -108,7 +111,7 @@ def create_actors(cfg, *, with_reference: bool, reward_models: tuple[str, ...] =
                      max_task_retries=ref.max_restarts, scheduling_strategy=at(reference_bundle))
             .remote(cfg.model.path, ref)
         )
-    for spec, bundle in zip(reward_models, rm_bundle):
+    for (spec, path), bundle in zip(reward_models.items(), rm_bundle):
         # Like the reference: scoring is a pure function of its inputs, so Ray restarts a dead reward model
         # and runs the call it lost again (max_task_retries); the driver waits on it with a timeout.
         rw = cfg.reward
@@ -116,8 +119,9 @@ def create_actors(cfg, *, with_reference: bool, reward_models: tuple[str, ...] =
             ray.remote(RewardModelActor)
             .options(num_cpus=rw.model_num_cpus, num_gpus=rw.model_num_gpus, max_restarts=rw.model_max_restarts,
                      max_task_retries=rw.model_max_restarts, scheduling_strategy=at(bundle))
-            .remote(spec.removeprefix("model:"), rw)
+            .remote(path, rw)
         )
+        out.reward_model_paths[spec] = path
     return out
 
 
@@ -143,7 +147,7 @@ def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
     waits += [(h, f"learner rank {i}", "starting DeepSpeed", {"role": f"learner-{i}"}) for i, h in enumerate(actors.learners)]
     if actors.reference is not None:
         waits.append((actors.reference, "reference actor", "loading the model", {"role": "reference"}))
-    waits += [(h, f"reward model {spec}", "loading the reward model", {"role": f"reward-{i}", "model": spec.removeprefix("model:")})
+    waits += [(h, f"reward model {spec}", "loading the reward model", {"role": f"reward-{i}", "model": actors.reward_model_paths[spec]})
               for i, (spec, h) in enumerate(actors.reward_models.items())]
     infos, t0 = [], time.monotonic()
     for handle, name, what, info in waits:  # one after another: each ready one is said, so no wait is silent long

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from actors.reward_pool import is_file_spec
+from actors.runtime.user_code import is_file_spec
 from cluster.launch.auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
 from cluster.launch.submit_client import CONNECT_TIMEOUT_S, bounded, make_client
 from cluster.launch.upload_check import UploadProblem, check_upload

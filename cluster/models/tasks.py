@@ -3,7 +3,7 @@
 chat   one-digit word problems in TRL's conversational format, answered "a + b = c\\n#### c": what
        the offline chat model can learn on two cores, scored by the `gsm8k` reward.
 tools  products of two 3-digit numbers, which a 1M-parameter model cannot compute, with the built-in
-       `calculator` environment (actors/envs.py) a call `calc(a * b)` away. Each row carries `demo`:
+       `calculator` environment (actors/multiturn/envs.py) a call `calc(a * b)` away. Each row carries `demo`:
        the supervised continuation the warm start learns from, a call and its use for a fraction
        `tool_fraction` of the rows, a direct (almost always wrong) guess for the rest; the warm start
        thus knows the call's format without making it its habit, and GRPO has to learn to call.

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from actors.rewards import exact_match
+from actors.rewards.functions import exact_match
 from cluster.data.dataset import Example
 
 SPEC_FILE = "raygrpo_warmstart_spec.json"

@@ -44,7 +44,7 @@ def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[f
         row = {"prompt_index": g, "sample": j, "prompt": example.prompt, "completion": c.text,
                "reward": _number(rewards[at]), "rewards": {name: _number(v[at]) for name, v in per_function.items()},
                "advantage": _number(advantages[at]), "finish_reason": c.finish_reason}
-        if hasattr(c, "messages"):  # a multi-turn trajectory (actors/multiturn.py)
+        if hasattr(c, "messages"):  # a multi-turn trajectory (actors/multiturn/trajectories.py)
             row |= {"num_tokens": sum(c.loss_mask), "messages": c.messages, "turns": c.turns,
                     "env_reward": c.env_reward, "env_error": c.env_error}
         else:

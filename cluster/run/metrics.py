@@ -32,7 +32,7 @@ MULTITURN_KEYS = ("turns_mean", "tool_calls_mean", "env_errors", "env_overflows"
 COMPLETION_KEYS = tuple(f"completions/{turn}{name}" for turn in ("", "turn_")
                         for name in ("mean_length", "min_length", "max_length", "clipped_ratio"))
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0),
-# and the run's per-reward-function keys rewards/<name>/<stat> (actors/rewards.py metric_keys).
+# and the run's per-reward-function keys rewards/<name>/<stat> (actors/rewards/scorer.py metric_keys).
 # reward_unscorable: completions no reward function could score (a null), out of their group and the loss.
 STEP_KEYS = (
     "step", "reward_mean", "reward_std", "reward_errors", "reward_unscorable", *LEARNER_KEYS,

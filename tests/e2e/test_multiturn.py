@@ -178,7 +178,7 @@ def test_env_tokens_are_out_of_the_learner_loss(rollouts, tiny_chat_model_dir):
 
 
 NUDGED_CALCULATOR = textwrap.dedent('''
-    from actors.envs import CalculatorEnv
+    from actors.multiturn.envs import CalculatorEnv
 
     class NudgedCalculator(CalculatorEnv):
         """The built-in calculator, except that a first turn without a calc() call is answered with a

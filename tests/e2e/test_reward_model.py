@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from actors.config import RewardConfig
-from actors.reward_model import RewardModelActor
+from actors.rewards.model_actor import RewardModelActor
 from cluster.data.dataset import arithmetic_examples
 from cluster.models.tinyreward import RewardModelSpec, build_reward_model, reward_model_result, wrong_completion
 from cluster.run.metrics import read_metrics

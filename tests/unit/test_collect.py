@@ -13,8 +13,9 @@ import pytest
 
 import cluster.collecting as collecting_module
 from actors.completions import Completion, PromptRollout
-from actors.multiturn import MultiTurnRollout, Trajectory
-from actors.rewards import REWARD_STATS, FunctionStats, RewardResult
+from actors.multiturn.trajectories import MultiTurnRollout, Trajectory
+from actors.rewards.base import FunctionStats
+from actors.rewards.scorer import REWARD_STATS, RewardResult
 from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data.dataset import Example

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from actors.completions import Completion, PromptRollout
-from actors.multiturn import MultiTurnRollout, Trajectory
+from actors.multiturn.trajectories import MultiTurnRollout, Trajectory
 from cluster.data.dataset import Example
 from cluster.run import completions
 

@@ -1,4 +1,4 @@
-"""actors/envs.py: the environment contract, the calculator, and the isolated pool (real processes)."""
+"""actors/multiturn/envs.py: the environment contract, the calculator, and the isolated pool (real processes)."""
 from __future__ import annotations
 
 import textwrap
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from actors.env_pool import EnvPool
-from actors.envs import CalculatorEnv, check_step, env_spec_problems, safe_eval
+from actors.multiturn.env_pool import EnvPool
+from actors.multiturn.envs import CalculatorEnv, check_step, env_spec_problems, safe_eval
 
 ENV_FILE = textwrap.dedent('''
     import os, time

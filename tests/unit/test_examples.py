@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.rewards import gsm8k
+from actors.rewards.functions import gsm8k
 from cluster.config import load_config
 from cluster.data.dataset import load_examples
 

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from actors.config import RewardConfig, RolloutConfig
-from actors.multiturn import ChatTokens, MultiTurnRollout, TemplateError, Trajectory, run_trajectories
-from actors.rewards import RewardScorer
+from actors.multiturn.trajectories import ChatTokens, MultiTurnRollout, TemplateError, Trajectory, run_trajectories
+from actors.rewards.scorer import RewardScorer
 from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
 from cluster.config import ConfigError, load_config
 from cluster.data.dataset import Example

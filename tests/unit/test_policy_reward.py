@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from actors.reward_functions import exact_match
+from actors.rewards.functions import exact_match
 from cluster.data.dataset import load_splits
 from cluster.demo.policyreward import SAMPLES_FILE, PolicyRewardSpec, _pair, build_policy_reward_model, policy_reward_result, sample_policy
 

@@ -8,8 +8,9 @@ import pytest
 
 from actors.completions import Completion
 from actors.config import RewardConfig
-from actors.reward_pool import is_batched
-from actors.rewards import RewardScorer, gsm8k, math_verify
+from actors.rewards.functions import gsm8k, math_verify
+from actors.rewards.pool import is_batched
+from actors.rewards.scorer import RewardScorer
 
 
 # --------------------------------------------------------------------------- gsm8k

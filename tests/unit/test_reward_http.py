@@ -1,4 +1,4 @@
-"""Remote verifiers (actors/reward_http.py) against real HTTP servers on 127.0.0.1: what is sent,
+"""Remote verifiers (actors/rewards/http.py) against real HTTP servers on 127.0.0.1: what is sent,
 nulls, retries, timeouts, refusals; and examples/verifier_server.py as a user starts it."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 from actors.completions import Completion
 from actors.config import RewardConfig
-from actors.reward_http import TOKEN_ENV, HttpVerifier
-from actors.rewards import RewardScorer, VerifierRefused
+from actors.rewards.http import TOKEN_ENV, HttpVerifier, VerifierRefused
+from actors.rewards.scorer import RewardScorer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verifier_server.py"
 

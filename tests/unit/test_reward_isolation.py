@@ -1,4 +1,4 @@
-"""actors/worker_process.py and the pool's concurrent timeouts: user code cannot reach the caller,
+"""actors/runtime/worker_process.py and the pool's concurrent timeouts: user code cannot reach the caller,
 a dead worker is reported with its exit code and replaced, hung calls time out together."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import time
 import pytest
 
 from actors.config import RewardConfig
-from actors.env_pool import EnvPool
-from actors.reward_pool import RewardPool
-from actors.reward_progress import ScoringProgress
-from actors.rewards import RewardScorer
-from actors.worker_process import WorkerProcess
+from actors.multiturn.env_pool import EnvPool
+from actors.rewards.pool import RewardPool
+from actors.rewards.progress import ScoringProgress
+from actors.rewards.scorer import RewardScorer
+from actors.runtime.worker_process import WorkerProcess
 
 USER_CODE = textwrap.dedent("""
     import os, signal, threading, time
@@ -84,7 +84,7 @@ def test_a_function_that_signals_its_parent_or_group_costs_one_call(user_file, f
         assert "reward process died (exit code" in res.error_samples[0]
         code = -signal.SIGKILL if fn == "kill_parent" else -signal.SIGTERM
         assert f"exit code {code})" in res.error_samples[0]  # the worker's own end, mirrored by its keeper
-        assert scorer.pool.replaced == 1
+        assert scorer.runners["python"].pool.replaced == 1
         assert scorer.score(["p"], ["z"], [{}]).rewards == [1.0]  # the replacement works
     # and this process is still here to assert it
 
@@ -97,7 +97,7 @@ def test_workers_killed_between_calls_are_replaced_not_written_to(user_file):
         res = scorer.score(["p"] * 8, ["x"] * 8, [{}] * 8)
         assert all(r in (0.0, 1.0) for r in res.rewards) and res.errors == res.rewards.count(0.0) > 0
         assert all("reward process died (exit code -9)" in e for e in res.error_samples)
-        assert scorer.pool.replaced >= res.errors
+        assert scorer.runners["python"].pool.replaced >= res.errors
 
 
 def test_the_keeper_reports_the_workers_exit_code():
@@ -157,7 +157,7 @@ def test_a_slow_batch_says_what_it_waits_on(user_file):
 
 
 def test_an_environment_that_kills_its_parent_ends_only_its_trajectory(tmp_path):
-    """actors/envs.py runs environments in the same shell: the rollout actor hosting them survives."""
+    """actors/multiturn/envs.py runs environments in the same shell: the rollout actor hosting them survives."""
     path = tmp_path / "hostile_env.py"
     path.write_text(textwrap.dedent("""
         import os, signal, time

@@ -1,4 +1,4 @@
-"""actors/reward_model.py's scoring core without Ray: what it feeds the reward model equals what
+"""actors/rewards/model_actor.py's scoring core without Ray: what it feeds the reward model equals what
 transformers' own forward reads (plain strings, chat messages, multi-turn, truncation, batching).
 The same through a real Ray actor, with a trained model, is tests/e2e/test_reward_model.py."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from actors.config import RewardConfig
-from actors.reward_model import RewardModelScorer
+from actors.rewards.model_actor import RewardModelScorer
 from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
 from cluster.models.tinymodel import build_tokenizer
 

@@ -1,4 +1,4 @@
-"""Null rewards and names (actors/rewards.py combine, actors/reward_kinds.py): a null leaves its sample out
+"""Null rewards and names (actors/rewards/scorer.py combine, actors/rewards/registry.py): a null leaves its sample out
 of its group (never 0); a function null for a whole group does not apply there; every entry gets a name."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import textwrap
 import pytest
 
 from actors.config import RewardConfig
-from actors.reward_kinds import default_name, kind_of, model_dir_problems, spec_problems
-from actors.rewards import RewardScorer, combine
+from actors.rewards.model import model_dir_problems
+from actors.rewards.registry import default_name, kind_for, spec_problems
+from actors.rewards.scorer import RewardScorer, combine
 
 N = float("nan")
 
@@ -107,8 +108,9 @@ def test_names_by_kind_and_reward_names(user_file, tmp_path):
 
 
 def test_kinds_and_what_is_checked_at_start(tmp_path):
-    assert [kind_of(s) for s in ("gsm8k", "a.py:f", "model:x", "http://h/p", "https://h", "nope")] == \
-        ["builtin", "file", "model", "http", "http", "unknown"]
+    specs = ("gsm8k", "a.py:f", "model:x", "http://h/p", "https://h", "nope", "model:a.py:f", "http://h/a.py:f")
+    assert [getattr(kind_for(s), "name", None) for s in specs] == \
+        ["python", "python", "model", "http", "http", None, "model", "http"]
     assert "no host" in spec_problems("http:///verify")[0]
     assert "no such directory" in model_dir_problems(str(tmp_path / "missing"))[0]
     (tmp_path / "lm").mkdir()

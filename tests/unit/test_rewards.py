@@ -1,4 +1,4 @@
-"""actors/rewards.py: built-in values by hand, isolation of user code (raise, hang, junk), errors at start."""
+"""actors/rewards/scorer.py: built-in values by hand, isolation of user code (raise, hang, junk), errors at start."""
 from __future__ import annotations
 
 import math
@@ -10,8 +10,9 @@ import pytest
 
 from actors.completions import Completion
 from actors.config import RewardConfig
-from actors.reward_pool import STARTUP_TIMEOUT_S
-from actors.rewards import REWARDS, RewardScorer, exact_match, final_answer, format_reward, overlong_penalty, register
+from actors.rewards.functions import REWARDS, exact_match, final_answer, format_reward, overlong_penalty, register
+from actors.rewards.scorer import RewardScorer
+from actors.runtime.worker_process import STARTUP_TIMEOUT_S
 
 
 # --------------------------------------------------------------------------- built-ins
@@ -152,7 +153,7 @@ def test_user_function_that_hangs_is_killed(user_file):
         assert time.monotonic() - t0 < 20
         assert res.rewards == [2.0, 0.0, 2.0, 2.0]
         assert res.errors == 1 and "timed out" in res.error_samples[0]
-        assert scorer.pool.replaced == 1
+        assert scorer.runners["python"].pool.replaced == 1
         # The pool keeps working with the replacement process.
         assert scorer.score(["p"], ["ok"], [{}]).rewards == [2.0]
 

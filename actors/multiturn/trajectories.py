@@ -1,7 +1,7 @@
 """Multi-turn rollouts: trajectories driven turn by turn through vLLM, token-exact.
 
 A trajectory is the rendered prompt followed by the model's turns and, between them, the
-environment's messages (actors/envs.py). Token ids go in and come out, so what the learner
+environment's messages (actors/multiturn/envs.py). Token ids go in and come out, so what the learner
 trains on is exactly what was sampled:
 
 - the model's sampled ids are appended verbatim (they end with the end-of-turn token); they are
@@ -148,7 +148,7 @@ def run_trajectories(sample, chat: ChatTokens, envs, cfg, conversations: list[li
 
     `sample(requests)` is the engine: requests are (context token ids, max_tokens, seed), one per live
     trajectory, sampled in one call and stopped at `chat.eos` only; it returns per request
-    (sampled token ids, their log-probs, finish reason). `envs` is an actors.envs.EnvPool,
+    (sampled token ids, their log-probs, finish reason). `envs` is an actors.multiturn.env_pool.EnvPool,
     `next_key()` a fresh key for one environment instance.
     """
     G, budget = group_size, cfg.max_model_len

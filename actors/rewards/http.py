@@ -1,4 +1,5 @@
-"""Remote verifiers: a `reward.functions` entry `http://HOST[:PORT]/PATH` (or https://).
+"""The verifier kind of `reward.functions` entry: `http://HOST[:PORT]/PATH` (or https://), a remote
+verifier; its metric name is the URL's host and path.
 
 The protocol (README, "Remote verifiers"): raygrpo POSTs a JSON object
 
@@ -35,9 +36,80 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from http.client import HTTPException
+from urllib.parse import urlsplit
+
+from actors.config import RewardConfig
+from actors.rewards.base import Batch, KindRunner, RewardKind, Tally, columns, safe_name, trl_completion
 
 TOKEN_ENV = "RAYGRPO_REWARD_TOKEN"
 MAX_BACKOFF_S, MAX_RETRY_AFTER_S = 8.0, 30.0
+
+
+class HttpKind(RewardKind):
+    name = "http"
+    form = "a verifier URL 'http(s)://...'"
+
+    def recognises(self, spec: str) -> bool:
+        return spec.startswith(("http://", "https://"))
+
+    def default_name(self, spec: str, loaded: dict[str, str]) -> str:
+        u = urlsplit(spec)
+        return safe_name(f"{u.hostname or ''}{u.path.rstrip('/')}")
+
+    def problems(self, spec: str) -> list[str]:
+        u = urlsplit(spec)
+        if not u.hostname:
+            return [f"reward verifier URL {spec!r} has no host (expected http://HOST[:PORT]/PATH)"]
+        try:
+            u.port  # noqa: B018 - raises on a bad port
+        except ValueError as e:
+            return [f"reward verifier URL {spec!r}: {e}"]
+        return []
+
+    def timeout_setting(self, spec: str, cfg: RewardConfig) -> str | None:
+        return f"reward.http_timeout_s={cfg.http_timeout_s:g}"
+
+    def start(self, specs: list[str], cfg: RewardConfig) -> HttpVerifiers:
+        return HttpVerifiers(specs, cfg)
+
+
+class HttpVerifiers(KindRunner):
+    """One HttpVerifier per URL; a batch's requests are sent at once, collected by `wait`."""
+
+    def __init__(self, specs: list[str], cfg: RewardConfig):
+        self.cfg = cfg
+        self.verifiers = {s: HttpVerifier(s, cfg) for s in specs}
+
+    def send(self, specs: list[str], batch: Batch, tally: Tally, progress):
+        pending = {s: self._start(s, batch, progress) for s in specs}
+
+        def wait() -> None:
+            for spec, futures in pending.items():
+                for outcome, (idx, _) in zip(self.verifiers[spec].collect([f for _, f in futures]), futures):
+                    tally.stats[spec].calls += 1
+                    tally.stats[spec].timeouts += outcome.timed_out
+                    for i, (ok, value) in zip(idx, outcome.results):
+                        tally.record(spec, i, ok, value)
+
+        return wait
+
+    def _start(self, spec: str, batch: Batch, progress) -> list:
+        """Requests of at most reward.http_max_batch samples, sent at once; [(indices, (future, n))]."""
+        n, size = len(batch), self.cfg.http_max_batch
+        batches = [list(range(s, min(s + size, n))) for s in range(0, n, size)]
+        payloads = [{"prompts": [batch.prompts[i] for i in idx],
+                     "completions": [trl_completion(batch.prompts[i], batch.texts[i]) for i in idx],
+                     **columns(idx, batch.ids, batch.fields)} for idx in batches]
+        progress.add(spec, len(payloads))
+        futures = self.verifiers[spec].start(payloads)
+        for fut, _ in futures:
+            fut.add_done_callback(lambda f, spec=spec: progress.finish(
+                spec, timed_out=not f.exception() and f.result().timed_out))
+        return list(zip(batches, futures))
+
+    def close(self) -> None:
+        for verifier in self.verifiers.values():
+            verifier.close()
 
 
 class VerifierRefused(RuntimeError):

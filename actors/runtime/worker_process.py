@@ -102,7 +102,7 @@ def _keeper_main(conn, specs, target: Callable, driver: int) -> None:
 
 class WorkerProcess:
     """One isolated worker (under its keeper) and the caller's end of its pipe. `target(conn, specs)`
-    runs in the worker: the reward loop (actors/reward_pool.py) or the environment loop (actors/env_pool.py).
+    runs in the worker: the reward loop (actors/rewards/pool.py) or the environment loop (actors/multiturn/env_pool.py).
 
     `proc` is the keeper; its `exitcode` after `join` is the worker's exit code."""
 

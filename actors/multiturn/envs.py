@@ -11,7 +11,7 @@ The contract (`rollout.env: path/to/file.py:ClassName`, or a built-in name from 
 
 Tools are the environment's business: it reads the assistant's text and answers in messages.
 
-Environment code runs in separate processes (actors/env_pool.py), with a deadline per call: a
+Environment code runs in separate processes (actors/multiturn/env_pool.py), with a deadline per call: a
 call that raises, returns something outside the contract, passes its deadline or kills its
 process fails *its* trajectory only: the caller ends that trajectory and counts an env error.
 
@@ -24,7 +24,7 @@ import numbers
 import os
 import re
 
-from actors.reward_pool import load_file_function
+from actors.runtime.user_code import is_file_spec, load_file_function
 
 ROLES = ("system", "user", "assistant", "tool")
 ENVS: dict[str, type] = {}
@@ -88,16 +88,11 @@ class CalculatorEnv:
 # --------------------------------------------------------------------------- #
 # Loading and checking what an environment returns
 # --------------------------------------------------------------------------- #
-def is_env_file_spec(spec: str) -> bool:
-    path, sep, name = spec.rpartition(":")
-    return bool(sep and path.endswith(".py") and name)
-
-
 def env_spec_problems(spec: str) -> list[str]:
     """What is wrong with `rollout.env` (checked at start, before any actor runs)."""
     if not spec or spec in ENVS:
         return []
-    if not is_env_file_spec(spec):
+    if not is_file_spec(spec):
         return [f"rollout.env {spec!r} is neither a built-in environment ({', '.join(sorted(ENVS))}) "
                 "nor user code as 'path/to/file.py:ClassName'"]
     path = spec.rpartition(":")[0]

@@ -1,7 +1,7 @@
 """Running reward code in isolated worker processes, and calling a reward function safely.
 
 User reward functions (and `math_verify`) run here, not in the driver: each in a worker under a
-keeper process of its own (actors/worker_process.py), so the function's "parent" is not the
+keeper process of its own (actors/runtime/worker_process.py), so the function's "parent" is not the
 driver. A call that raises, returns a non-number / NaN, exceeds its timeout or kills its
 process comes back as an error for that one call, and nothing can hang the run. A call that
 returns None means "cannot score this sample" (unscorable), which the scorer handles.
@@ -13,20 +13,17 @@ it is taken for hung: its remaining calls are all sent out at once, on threads o
 workers, each with its own deadline, so a batch of 256 hanging calls costs about two
 timeouts, not 256 / num_procs of them. A worker with a timed-out call is retired (its stuck
 thread cannot be stopped): a fresh one takes its place at once, and the old one is killed
-when its other calls have ended. The scoring itself (forms, weights, nulls) is actors/rewards.py.
+when its other calls have ended. The scoring itself (forms, weights, nulls) is actors/rewards/scorer.py.
 
 Deliberately light: no torch import, so the worker processes start fast.
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import multiprocessing as mp
 import numbers
-import os
 import queue
-import re
 import threading
 import time
 from collections import Counter
@@ -34,9 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_connections
 
-from actors.reward_functions import REWARDS
-from actors.reward_progress import ScoringProgress
-from actors.worker_process import STARTUP_TIMEOUT_S, WorkerProcess, close_workers  # noqa: F401 - actors/env_pool.py imports them from here
+from actors.rewards.functions import REWARDS
+from actors.rewards.progress import ScoringProgress
+from actors.runtime.user_code import load_file_function
+from actors.runtime.worker_process import STARTUP_TIMEOUT_S, WorkerProcess, close_workers
 
 MAX_CALLS_PER_PROCESS = 256  # threads one worker runs at once for a hung function
 TIMED_OUT = "timed out after"  # how a timed-out call's error text starts
@@ -88,27 +86,6 @@ def as_reward(value) -> float | None:
     if not math.isfinite(value):
         raise ValueError(f"returned {value} (return None for a sample that cannot be scored)")
     return value
-
-
-def is_file_spec(spec: str) -> bool:
-    path, sep, fn = spec.rpartition(":")
-    return bool(sep and path.endswith(".py") and fn)
-
-
-def load_file_function(spec: str) -> Callable:
-    """`path/to/file.py:function_name` -> the function (imports the file as a module)."""
-    path, _, name = spec.rpartition(":")
-    module_name = "raygrpo_user_reward_" + re.sub(r"\W", "_", os.path.abspath(path))
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise AttributeError(f"{path} has no function {name!r} (it defines: {', '.join(defined) or 'nothing'})")
-    return fn
 
 
 # --------------------------------------------------------------------------- #

@@ -14,7 +14,8 @@ pads with its EOS token, and a config without `pad_token_id` gets it, as TRL doe
 then reads each sequence's score at its last token that is not the pad token.
 
 `RewardModelScorer` is the core (no Ray: the tests and the bench use it directly);
-`RewardModelActor` is the Ray actor the driver starts for each entry, with its own resources
+`RewardModelActor` is the Ray actor the driver starts for each entry (model.py: the kind, whose
+scorer calls the actor's handle), with its own resources
 (`reward.model_num_cpus`, `reward.model_num_gpus`), restarted by Ray when it dies.
 """
 from __future__ import annotations

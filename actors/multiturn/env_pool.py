@@ -1,4 +1,4 @@
-"""The isolated processes that run environment code (actors/envs.py has the contract and the checks).
+"""The isolated processes that run environment code (actors/multiturn/envs.py has the contract and the checks).
 
 `EnvPool(spec, num_procs, timeout_s).run(calls)` serves one batch of calls, e.g. the step of every
 live trajectory. Each environment (a key: the caller's trajectory id) lives in one process, chosen
@@ -30,8 +30,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_connections
 
-from actors.envs import check_messages, check_step, load_env_class
-from actors.reward_pool import STARTUP_TIMEOUT_S, WorkerProcess, close_workers
+from actors.multiturn.envs import check_messages, check_step, load_env_class
+from actors.runtime.worker_process import STARTUP_TIMEOUT_S, WorkerProcess, close_workers
 
 PROGRESS_EVERY_S = 25.0  # under 30 s, with room for the line's trip through Ray's log forwarding
 

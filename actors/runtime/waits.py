@@ -1,0 +1,71 @@
+"""Bounded waits on actors: nothing that waits on an actor blocks forever.
+
+`wait_for` has a timeout and, when it runs out or the actor dies, raises `ActorFailed`, which names
+the actor and what it was doing. Here, not in cluster/launch/waits.py (which adds the waits on a
+group and on a restart), because the reward scorer waits on its reward-model actors itself.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+
+class ActorFailed(RuntimeError):
+    """An actor died or did not answer in time; `.actor` names it, `.died` tells which."""
+
+    def __init__(self, actor: str, what: str, died: bool, detail: str = ""):
+        self.actor, self.what, self.died = actor, what, died
+        reason = "died" if died else "did not answer in time"
+        super().__init__(f"{actor} {reason} while {what}" + (f": {detail}" if detail else ""))
+
+
+# A wait longer than this says what it waits on, and says it again at this interval: a slow phase
+# (an engine starting on a loaded machine, a hanging environment) is never silent.
+WAITING_LINE_EVERY_S = 25.0
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def actor_error(e: BaseException) -> str:
+    """The actor's own exception, from Ray's error: for an actor that raised in its constructor Ray's first
+    line is only "The actor died because of an error raised in its creation task, ray::X.__init__() (pid=...)",
+    and the cause (e.g. vLLM's "Unsupported CPU attention configuration: head_dim=16") is at the end of the
+    traceback it carries. That exception's first and last lines; Ray's first line when there is no traceback
+    (a process that was killed)."""
+    lines = [line.rstrip() for line in _ANSI.sub("", str(e)).splitlines()]
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    if not frames:
+        return lines[0] if lines else type(e).__name__
+    exc = [line.strip() for line in lines[frames[-1] + 1:] if line.strip() and not line.startswith("    ")]
+    if not exc:
+        return lines[0]
+    return exc[0] if len(exc) == 1 else f"{exc[0]} ... {exc[-1]}"
+
+
+def say_waiting(actor: str, what: str, waited: float, timeout_s: float) -> None:
+    print(f"waiting on {actor} ({what}): {waited:.0f}s so far, at most trainer.actor_timeout_s={timeout_s:.0f}s",
+          file=sys.stderr, flush=True)
+
+
+def wait_for(refs, actor: str, what: str, timeout_s: float):
+    """ray.get with a timeout, saying every WAITING_LINE_EVERY_S what it waits on; a dead or silent actor
+    becomes ActorFailed naming it (with the actor's own error)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    t0 = time.monotonic()
+    while True:
+        left = timeout_s - (time.monotonic() - t0)
+        try:
+            return ray.get(refs, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
+        except GetTimeoutError:
+            if left <= WAITING_LINE_EVERY_S:
+                raise no_answer(actor, what, timeout_s) from None
+            say_waiting(actor, what, time.monotonic() - t0, timeout_s)
+        except RayActorError as e:
+            raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
+
+
+def no_answer(actor: str, what: str, timeout_s: float) -> ActorFailed:
+    return ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s "
+                       "(raise trainer.actor_timeout_s if this machine is just slow)")
