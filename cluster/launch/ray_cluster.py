@@ -5,6 +5,8 @@ import os
 import sys
 import time
 
+import psutil
+
 from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
 
 # Set in every Ray worker process. No hub access anywhere; keep tokenizers single-threaded so
@@ -41,9 +43,38 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
     # wait on each other, and each limits its own threads.
     cpus = num_cpus or max(8, os.cpu_count() or 1)
     print(f"starting an embedded Ray cluster ({cpus} logical CPUs; ray.address joins a running one)", flush=True)
+    before = child_pids()
+
+    def cleanup():
+        ray.shutdown()
+        # Ray raises inside its Node's constructor, so ray.shutdown() knows nothing of the GCS and raylet
+        # that attempt started: stop them (this process's new children), or each retry leaves two more.
+        stop_processes(child_pids() - before)
+
     start_with_retries(lambda: ray.init(num_cpus=cpus, include_dashboard=False,
                                         runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True),
-                       ray.shutdown)
+                       cleanup)
+
+
+def child_pids() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def stop_processes(pids: set[int], grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after grace_s, the processes `pids` (those still there)."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+            procs[-1].terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 # Ray gives its raylet a fixed 30 s to register with the GCS (ray/_private/node.py); on a busy machine

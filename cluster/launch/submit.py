@@ -137,8 +137,6 @@ def agent_advice(address: str, wait_s: float, ray_error: str) -> str:
 def submit(args, cfg, log_level: str) -> int:
     """`raygrpo submit CONFIG --address URL [--working-dir DIR] [overrides]`: `cfg` is the config loaded
     without its paths checked (they are checked here, as the job will see them), `log_level` the job's."""
-    from ray.job_submission import JobStatus
-
     wd, config_rel, py_modules = plan(Path(args.config), args.working_dir)
     if py_modules or args.working_dir:
         problems, warnings = file_problems(cfg, wd)
@@ -151,9 +149,16 @@ def submit(args, cfg, log_level: str) -> int:
     except UploadProblem as e:
         raise SubmitError(str(e)) from None
     wait = args.agent_wait
-    mode = dashboard_auth_mode(args.address, timeout_s=min(CONNECT_TIMEOUT_S, wait))
-    use_cluster_auth_mode(mode, args.address)  # before the client reads the mode
-    client = make_client(args.address, wait)
+    print(f"contacting the Ray cluster at {args.address} (each request: at most --agent-wait={wait:.0f}s without an "
+          "answer)", file=sys.stderr, flush=True)
+
+    def connect():
+        probe_s = min(CONNECT_TIMEOUT_S, wait)
+        use_cluster_auth_mode(dashboard_auth_mode(args.address, timeout_s=probe_s), args.address)  # before the client
+        return make_client(args.address, wait)
+
+    client = bounded(connect, "asking for its authentication mode and Ray version", args.address, wait,
+                     extra_s=CONNECT_TIMEOUT_S)
     runtime_env = {"working_dir": str(wd), "excludes": SUBMIT_EXCLUDES} | ({"py_modules": py_modules} if py_modules else {})
     try:
         job_id = bounded(lambda: submit_waiting_for_agent(
@@ -169,6 +174,8 @@ def submit(args, cfg, log_level: str) -> int:
     print(f"  status: ray job status --address {args.address} {job_id}")
     if args.no_wait:
         return 0
+    from ray.job_submission import JobStatus
+
     seen = 0
     while True:
         status = bounded(lambda: client.get_job_status(job_id), f"the status of job {job_id}", args.address, wait)

@@ -22,12 +22,13 @@ class ClusterUnreachable(ConnectionError):
     """The cluster's address did not answer (in time), or is not a Ray dashboard (the CLI: "error", exit 1)."""
 
 
-def bounded(fn, what: str, address: str, wait_s: float, say=None, whole_call_bound: bool = True):
+def bounded(fn, what: str, address: str, wait_s: float, say=None, whole_call_bound: bool = True, extra_s: float = 0.0):
     """fn() in a helper thread; every WAITING_LINE_EVERY_S a line says what it waits on; after wait_s
     (plus the connect timeout) a ClusterUnreachable naming the address and `what`. fn's own error is
     raised as it is. (fn's requests carry their own timeouts, so the thread ends too.)
     whole_call_bound False: only fn's requests' own timeouts bound it (an upload that keeps sending
-    may take longer than wait_s; a silent cluster still ends it after wait_s of silence)."""
+    may take longer than wait_s; a silent cluster still ends it after wait_s of silence). extra_s: what fn
+    may spend before its bounded requests (a probe with its own timeout)."""
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     result: dict = {}
 
@@ -39,7 +40,7 @@ def bounded(fn, what: str, address: str, wait_s: float, say=None, whole_call_bou
 
     t = threading.Thread(target=run, name=f"raygrpo-submit: {what}", daemon=True)
     t0 = time.monotonic()
-    limit = wait_s + CONNECT_TIMEOUT_S if whole_call_bound else float("inf")
+    limit = wait_s + CONNECT_TIMEOUT_S + extra_s if whole_call_bound else float("inf")
     t.start()
     while True:
         t.join(timeout=max(0.0, min(WAITING_LINE_EVERY_S, limit - (time.monotonic() - t0))))
@@ -82,9 +83,9 @@ def translate(e: BaseException, address: str, what: str, wait_s: float) -> BaseE
     return e
 
 
-def make_client(address: str, wait_s: float, say=None):
+def make_client(address: str, wait_s: float):
     """A JobSubmissionClient for `address` whose requests are bounded (connect CONNECT_TIMEOUT_S, read
-    wait_s); its constructor (which asks the cluster for its version) runs under `bounded`."""
+    wait_s). Its constructor asks the cluster for its version: call it under `bounded`."""
     from ray.job_submission import JobSubmissionClient
 
     class BoundedClient(JobSubmissionClient):
@@ -92,4 +93,4 @@ def make_client(address: str, wait_s: float, say=None):
             kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, wait_s))
             return super()._do_request(method, endpoint, **kwargs)
 
-    return bounded(lambda: BoundedClient(address), "asking for its Ray version", address, wait_s, say)
+    return BoundedClient(address)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+from safetensors.torch import save_file
+
 from cluster.config import RunConfig
 from cluster.run.resume import finished_run, resume_point
 from learner import checkpoint as ck
@@ -41,7 +44,8 @@ def test_only_a_run_that_finished_its_steps_is_finished(tmp_path, capsys):
     assert finished_run(cfg_for(run), resume_point(cfg_for(run))) is None
     save(run / "checkpoints", 4, finished=True)
     (run / "hf_model").mkdir()
-    (run / "hf_model" / "config.json").write_text("{}")
+    (run / "hf_model" / "config.json").write_text("{}")  # a whole export: config and weights (learner/hf_dir.py)
+    save_file({"w": torch.zeros(2)}, str(run / "hf_model" / "model.safetensors"))
     done = finished_run(cfg_for(run), resume_point(cfg_for(run)))
     assert done["finished_already"] and "already finished its 4 steps" in capsys.readouterr().out
     assert finished_run(cfg_for(run, steps=6), resume_point(cfg_for(run, steps=6))) is None  # more steps: go on

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from cluster.launch.ray_cluster import RayStartFailed, start_with_retries
+from cluster.launch.ray_cluster import RayStartFailed, child_pids, start_with_retries, stop_processes
 from learner.op_build import SHM_OP, StaleBuildLock, check_shm_op_build, processes_working_in
 
 RAY_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet failed to "
@@ -82,3 +82,17 @@ def test_the_process_scan_finds_a_process_working_in_the_directory(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_processes_a_failed_start_left_are_stopped():
+    """Ray raises inside its Node's constructor, so ray.shutdown() cannot stop that attempt's GCS and raylet:
+    the retry stops this process's children that the attempt started."""
+    before = child_pids()
+    p = subprocess.Popen(["sleep", "60"])  # what a failed attempt leaves
+    try:
+        assert child_pids() - before == {p.pid}
+        stop_processes(child_pids() - before, grace_s=2)
+        assert p.wait(timeout=5) is not None and p.pid not in child_pids()
+    finally:
+        if p.poll() is None:
+            p.kill()
