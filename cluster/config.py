@@ -22,7 +22,7 @@ import yaml
 from actors.config import RewardConfig, RolloutConfig
 from actors.multiturn.envs import env_spec_problems
 from actors.runtime.checks import at_least
-from cluster.config_names import unknown_key_problem
+from cluster.config_names import unknown_key_problems
 from cluster.data.files import path_problem, split_paths
 from cluster.data.model_check import model_problems, weight_problems
 from cluster.paths import absolute_paths
@@ -317,9 +317,9 @@ def _build(cls, data: Any, where: str, problems: list[str]):
         return cls()
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
+    for key, value in data.items():
         if key not in names:
-            problems.append(unknown_key_problem(str(key), where, sorted(names), _dotted_keys(RunConfig)))
+            problems += unknown_key_problems(str(key), value, where, sorted(names), _dotted_keys(RunConfig))
     kwargs = {}
     for k, v in data.items():
         if k in names:

@@ -55,12 +55,15 @@ FOREIGN_NAMES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def foreign_name_hint(key: str) -> str:
-    """'TRL's name; in raygrpo: trainer.group_size' for a TRL/verl name, else ''."""
+def foreign_name_hint(key: str, written: str = "") -> str:
+    """'TRL's name; in raygrpo: trainer.group_size' for a TRL/verl name, else ''.
+    written: the whole dotted key as the user wrote it (verl's actor_rollout_ref.rollout.n), named instead."""
     if key not in FOREIGN_NAMES:
         return ""
     who, ours, note = FOREIGN_NAMES[key]
-    return f"{key} is {who}'s name; raygrpo calls it {ours}" + (f" ({note})" if note else "")
+    written = written or key
+    note = "" if "." in written and written in note else note  # "verl's actor_rollout_ref.rollout.n": nothing new
+    return f"{written} is {who}'s name; raygrpo calls it {ours}" + (f" ({note})" if note else "")
 
 
 def did_you_mean(key: str, section: str, section_keys: list[str], all_keys: list[str]) -> list[str]:
@@ -88,3 +91,34 @@ def unknown_key_problem(key: str, section: str, section_keys: list[str], all_key
     if guesses:
         return f"unknown key {where}: did you mean {' or '.join(guesses)}?"
     return f"unknown key {where} (known{' in ' + section if section else ' sections'}: {', '.join(sorted(section_keys))})"
+
+
+def _leaves(prefix: str, mapping: dict):
+    for k, v in mapping.items():
+        path = f"{prefix}.{k}"
+        if isinstance(v, dict) and v:
+            yield from _leaves(path, v)
+        else:
+            yield path
+
+
+def unknown_key_problems(key: str, value, section: str, section_keys: list[str], all_keys: list[str]) -> list[str]:
+    """The lines an unknown key gets. A mapping under it (verl's nested keys: the override
+    `actor_rollout_ref.rollout.n=8`, or `algorithm: {adv_estimator: grpo}` in YAML) gets one line per
+    leaf when a leaf is a TRL/verl name, or, unless the key is a raygrpo section misspelt (`trainers:`),
+    when a leaf is a raygrpo key's name (`actor_rollout_ref.actor.optim.lr` -> learner.lr); else the
+    key gets one line."""
+    where = f"{section}.{key}" if section else key
+    if isinstance(value, dict) and value:
+        lines, foreign, guessed = [], False, False
+        for path in _leaves(where, value):
+            leaf = path.rpartition(".")[2]
+            hint = foreign_name_hint(leaf, path)
+            guesses = [] if hint else did_you_mean(leaf, "", [], all_keys)
+            foreign, guessed = foreign or bool(hint), guessed or bool(guesses)
+            lines.append(f"unknown key {path}: {hint}" if hint else
+                         f"unknown key {path}: did you mean {' or '.join(guesses)}?" if guesses else
+                         f"unknown key {path} (no raygrpo key of that name)")
+        if foreign or (guessed and not did_you_mean(key, section, section_keys, all_keys)):
+            return lines
+    return [unknown_key_problem(key, section, section_keys, all_keys)]

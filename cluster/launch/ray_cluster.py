@@ -19,6 +19,13 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
+# Every Ray node raygrpo starts (the embedded cluster here; the test clusters, docker/compose.yaml,
+# docker/slurm.sbatch) gets these. The raylet gives its dashboard agent 30 s to register (Ray's
+# default) and then dies with "Timed out waiting for file .../dashboard_agent_listen_port_..."; on a
+# loaded machine the agent's start (imports, a Python per agent) takes longer. README says the same
+# to users who start nodes themselves.
+NODE_START_ENV = {"RAY_agent_register_timeout_ms": "300000"}
+
 
 def worker_runtime_env(extra_env: dict[str, str] | None = None, more: dict | None = None) -> dict:
     """The runtime env of every Ray worker of a run. `more`: further runtime-env fields, its env_vars
@@ -43,6 +50,8 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
     # wait on each other, and each limits its own threads.
     cpus = num_cpus or max(8, os.cpu_count() or 1)
     print(f"starting an embedded Ray cluster ({cpus} logical CPUs; ray.address joins a running one)", flush=True)
+    for k, v in NODE_START_ENV.items():  # the raylet ray.init starts reads it from this environment
+        os.environ.setdefault(k, v)
     before = child_pids()
 
     def cleanup():

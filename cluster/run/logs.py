@@ -50,6 +50,8 @@ EXPECTED_WARNINGS = (
     ("Token authentication is enabled for this Ray cluster", "Ray 2.60's default; raygrpo finds the token"),
     ("Setting accelerator to CPU", "DeepSpeed on a CPU machine"),
     ("built successfully", "DeepSpeed loading its cached CPU op (a print, not a log record)"),
+    ("deprecated support for supporting different tokenizers for different LoRAs",
+     "vLLM 0.32 on every LoRA request; raygrpo's adapters use the base model's tokenizer, as vLLM does by default"),
 )
 
 

@@ -95,12 +95,7 @@ class MetricsLogger:
             with naming_save_errors(self._tb_dir):  # it writes (and fails on a full disk) at once
                 self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge)
         if wandb_init is not None:
-            try:
-                import wandb as wb
-
-                self._wandb = wb.init(**wandb_init, dir=str(self.run_dir), config=config or {})
-            except ImportError:
-                print("metrics.wandb=true but wandb is not installed; logging to JSONL/TensorBoard only", file=sys.stderr)
+            self._wandb = start_wandb(wandb_init, self.run_dir, config or {})
         if sys.stderr.isatty():
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
 
@@ -197,6 +192,29 @@ class MetricsLogger:
                       file=sys.stderr, flush=True)
         if self._wandb:
             self._wandb.finish()
+
+
+def start_wandb(wandb_init: dict, run_dir: Path, config: dict):
+    """A W&B run in RUN_DIR/wandb/. WANDB_MODE (online, offline, disabled) and the API key are the user's
+    settings, read by wandb itself. Without a key wandb would prompt on a terminal and fail anywhere else
+    (a submitted job, nohup, CI); rather than lose the run's W&B record, raygrpo then logs offline, says
+    so, and names the `wandb sync` command that uploads it later."""
+    try:
+        import wandb as wb
+    except ImportError:  # a default install has it (setup.py); an environment built without it still trains
+        print("metrics.wandb=true but wandb is not installed (pip install wandb); logging to JSONL/TensorBoard only",
+              file=sys.stderr)
+        return None
+    kwargs = {**wandb_init, "dir": str(run_dir), "config": config}
+    try:
+        return wb.init(**kwargs)
+    except wb.errors.UsageError as e:
+        if "API key" not in str(e):
+            raise
+    print(f"metrics.wandb=true but no W&B API key is configured (WANDB_API_KEY, or `wandb login`): logging offline "
+          f"into {run_dir}/wandb/; `wandb sync {run_dir}/wandb/offline-run-*` uploads it later "
+          "(WANDB_MODE=offline says so up front)", file=sys.stderr, flush=True)
+    return wb.init(**kwargs, mode="offline")
 
 
 def _quiet_tensorboard_writer_threads() -> None:

@@ -29,6 +29,7 @@ import psutil
 import pytest
 
 from actors.runtime.sockets import free_port
+from cluster.launch.ray_cluster import NODE_START_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: ray, raygrpo
@@ -75,7 +76,7 @@ def hand_started_head(ports_given: dict | None = None):
         [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
          "--num-cpus=4", f"--temp-dir={temp_dir}", f"--min-worker-port={RAY_WORKER_PORTS.start}",
          f"--max-worker-port={RAY_WORKER_PORTS.stop - 1}", "--disable-usage-stats", *[f"{k}={v}" for k, v in ports.items()]],
-        env=user_env(), cwd=temp_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env=user_env() | NODE_START_ENV, cwd=temp_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 180
         while True:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from actors.runtime.sockets import free_port
+from cluster.launch.ray_cluster import NODE_START_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -54,7 +55,7 @@ def netns():
 def ray_start(prefix: list[str], args: list[str], temp_dir: str, log, env: dict = ENV) -> subprocess.Popen:
     return subprocess.Popen([*prefix, str(BIN / "ray"), "start", "--block", f"--temp-dir={temp_dir}",
                              "--disable-usage-stats", *args],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env={**env, **NODE_START_ENV}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_node(proc: subprocess.Popen, temp_dir: str) -> None:

@@ -52,3 +52,20 @@ def test_through_the_cli_every_problem_in_one_message(tmp_path, capsys):
     assert "num_generations is TRL's name; raygrpo calls it trainer.group_size" in err
     assert "epsilon_high is TRL's name; raygrpo calls it algo.clip_high" in err
     assert "unknown key trainer.stepz: did you mean trainer.steps?" in err and "Traceback" not in err
+
+
+def test_verls_nested_keys_are_answered_whole_from_the_command_line_and_from_yaml(tmp_path):
+    assert problems("actor_rollout_ref.rollout.n=8") == [
+        "unknown key actor_rollout_ref.rollout.n: actor_rollout_ref.rollout.n is verl's name; "
+        "raygrpo calls it trainer.group_size"]
+    run = tmp_path / "verl.yaml"
+    run.write_text("algorithm: {adv_estimator: grpo}\nactor_rollout_ref:\n  actor: {optim: {lr: 1.0e-6}, foo: 1}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(run, validate_paths=False)
+    assert e.value.problems == [
+        "unknown key algorithm.adv_estimator: algorithm.adv_estimator is verl's name; "
+        "raygrpo calls it algo.advantage_estimator",
+        "unknown key actor_rollout_ref.actor.optim.lr: did you mean learner.lr?",
+        "unknown key actor_rollout_ref.actor.foo (no raygrpo key of that name)"]
+    # a mapping under a misspelt raygrpo section is still that section misspelt
+    assert problems("trainers.steps=2", "trainers.group_size=4") == ["unknown key trainers: did you mean trainer?"]

@@ -1,10 +1,13 @@
 """cluster/run/logs.py: the console level, and what a Ray worker's set-up hook does with each kind of output.
 The hook runs in a plain subprocess here (as Ray runs it in a fresh worker); no Ray, no vLLM."""
+import importlib.util
 import json
 import logging
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +31,9 @@ WORKER = textwrap.dedent("""
     vllm.info("Successfully reset prefix cache")
     vllm.warning("Enforce eager set, disabling torch.compile")
     vllm.warning("the KV cache is small")
+    logging.getLogger("vllm.v1.engine.input_processor").warning(
+        "vLLM has deprecated support for supporting different tokenizers for different LoRAs. By default, vLLM "
+        "uses base model's tokenizer.")
     sys.stdout.flush()
 """)
 
@@ -46,9 +52,10 @@ def test_a_quiet_worker_shows_raygrpo_and_real_warnings_and_files_the_rest(tmp_p
     assert "raygrpo line from an actor" in console
     assert "a warning worth seeing" in console and "the KV cache is small" in console
     for hidden in ("a C++ warning", "Loading weights", "an info line", "Setting accelerator", "Successfully reset",
-                   "Enforce eager"):
+                   "Enforce eager", "different tokenizers for different LoRAs"):
         assert hidden not in console, hidden
-    for kept in ("a C++ warning", "Loading weights", "Successfully reset prefix cache", "Enforce eager set"):
+    for kept in ("a C++ warning", "Loading weights", "Successfully reset prefix cache", "Enforce eager set",
+                 "different tokenizers for different LoRAs"):
         assert kept in logfile, kept
     assert json.loads((tmp_path / "logs" / "vllm_logging.json").read_text())["loggers"]["vllm"]["level"] == "INFO"
 
@@ -128,3 +135,16 @@ def test_a_failed_actor_points_at_the_log_files(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv(logs.LEVEL_ENV, "INFO")  # everything was on the console already
     logs.point_at_actor_logs(tmp_path)
     assert capsys.readouterr().err == ""
+
+
+def test_the_lora_tokenizer_warning_filtered_is_the_one_the_installed_vllm_logs():
+    """The snippet is vLLM's own text (v1/engine/input_processor.py, logged on every LoRA request): a vLLM
+    that rewords it would put the warning back on the console, and this says so."""
+    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed here")
+    source = (Path(spec.origin).parent / "v1" / "engine" / "input_processor.py").read_text()
+    text = "".join(re.findall(r'"([^"]*)"', source))  # its string literals, joined as Python joins adjacent ones
+    snippet = next(s for s, _ in logs.EXPECTED_WARNINGS if "LoRAs" in s)
+    assert snippet in text
+    assert logs.expected("vLLM has deprecated support for supporting different tokenizers for different LoRAs.")

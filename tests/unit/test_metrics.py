@@ -107,7 +107,8 @@ def test_tensorboard_shows_a_redone_step_once(tmp_path, start_step):
 
 
 class FakeWandb:
-    """Stands in for the wandb package (not installed here): records init's keywords and what is logged."""
+    """Stands in for the wandb package (tests/e2e/test_wandb_offline.py runs the real one): records init's keywords
+    and what is logged."""
 
     def __init__(self):
         self.inits, self.logged = [], []
@@ -274,3 +275,36 @@ def test_a_resume_names_the_torn_lines_it_moves_aside_and_those_of_the_checkpoin
     assert f"{tmp_path / 'metrics.jsonl'}: moving aside 1 torn line(s)" in out, out
     assert f"{tmp_path / 'completions.jsonl'}: moving aside 1 torn line(s) (not whole JSON rows: a run stopped while " \
            "writing them?): line(s) 1 (to completions.jsonl.superseded)" in out, out
+
+
+class KeylessWandb(FakeWandb):
+    """wandb as it answers without an API key off a terminal (0.31: UsageError from wandb.init)."""
+
+    class errors:  # noqa: N801 - the module's name
+        class UsageError(Exception):
+            pass
+
+    def init(self, **kw):
+        if kw.get("mode") != "offline":
+            raise self.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+        return super().init(**kw)
+
+
+def test_without_a_wandb_api_key_the_run_logs_offline_and_says_how_to_upload_it(tmp_path, monkeypatch, capsys):
+    fake = KeylessWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False, wandb_init=MetricsConfig(wandb=True).wandb_init())
+    log.close()
+    assert fake.inits[0]["mode"] == "offline" and fake.inits[0]["dir"] == str(tmp_path)
+    err = capsys.readouterr().err
+    assert "no W&B API key is configured" in err and f"wandb sync {tmp_path}/wandb/offline-run-*" in err
+
+
+def test_another_wandb_usage_error_is_not_hidden_by_the_offline_fallback(tmp_path, monkeypatch):
+    class BadEntity(KeylessWandb):
+        def init(self, **kw):
+            raise self.errors.UsageError("entity 'nobody' not found")
+
+    monkeypatch.setitem(sys.modules, "wandb", BadEntity())
+    with pytest.raises(BadEntity.errors.UsageError, match="entity"):
+        MetricsLogger(tmp_path, total_steps=1, tensorboard=False, wandb_init=MetricsConfig(wandb=True).wandb_init())
