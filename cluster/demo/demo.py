@@ -10,10 +10,14 @@ async, chat, tools, reward_model (whose reward model is built from the warm star
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
+
+import yaml
 
 from cluster.config import load_config
 from cluster.data.dataset import load_run_data, load_splits, load_tokenizer
@@ -26,6 +30,21 @@ from cluster.run.metrics import plot_run, read_metrics
 from cluster.trainer import Trainer
 
 TOOL_ROWS = ("tool_calls_per_trajectory", "tool_call_rate")  # the tools recipe's extra rows (Trainer.evaluate)
+DEMO_MARK = "raygrpo-demo.json"  # written into each run dir a demo makes: only those are removed by the next demo
+
+
+def made_by_a_demo(run_dir: Path, cache: Path) -> bool:
+    """A run dir the demo may start afresh: empty, marked by a demo, or (made before the mark existed) a run
+    whose model came from the demo's cache. Any other run dir is a user's run: the demo never deletes it."""
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return True
+    if (run_dir / DEMO_MARK).is_file():
+        return True
+    try:
+        model = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["path"]
+        return Path(model).resolve().is_relative_to(cache.resolve())
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return False
 
 
 def noise_verdict(before: float, after: float, n: int) -> str:
@@ -80,6 +99,12 @@ def run_demo(args) -> int:
     if args.seed is not None:
         overrides.append(f"trainer.seed={args.seed}")
     cfg = load_config(recipe.config, [f"model.path={base}", *overrides])
+    run_path = Path(cfg.trainer.run_dir)
+    if not made_by_a_demo(run_path, cache):
+        print(f"raygrpo demo: refusing to start afresh in {run_path}: it holds a run the demo did not make (no "
+              f"{DEMO_MARK}), and a demo deletes its run dir first. Nothing was changed; pass another --run-dir, or "
+              f"resume that run with `raygrpo train {run_path / 'config.yaml'}`.", file=sys.stderr, flush=True)
+        return 2
     spec = dataclasses.replace(recipe.warm_start, seed=cfg.trainer.seed, threads=args.warm_start_threads,
                                steps=args.warm_start_steps or recipe.warm_start.steps)  # None: the recipe's
     t_warm = time.time()
@@ -93,8 +118,10 @@ def run_demo(args) -> int:
           f"{time.time() - t_warm:.0f} s, cached): {warm}")
     cfg = load_config(recipe.config, [f"model.path={warm}", *_reward_model(recipe, warm, examples, spec.seed, args),
                                       *overrides])
-    if Path(cfg.trainer.run_dir).exists():  # a demo starts fresh; a real run would resume from its checkpoint
-        shutil.rmtree(cfg.trainer.run_dir)
+    if run_path.exists():  # a demo starts fresh (made_by_a_demo checked it is a demo's); a real run would resume
+        shutil.rmtree(run_path)
+    run_path.mkdir(parents=True)
+    (run_path / DEMO_MARK).write_text(json.dumps({"recipe": recipe.name, "seed": cfg.trainer.seed}) + "\n")
     print(f"[3/4] GRPO: {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x G={cfg.trainer.group_size}, "
           f"run dir {cfg.trainer.run_dir}")
     summary = Trainer(cfg).run()

@@ -135,6 +135,20 @@ def test_demo_refuses_zero_steps_and_a_negative_seed_at_once(tmp_path):
     assert out.returncode == 2 and "trainer.seed must be a whole number from 0 to 2**32-1, got -1" in out.text, out.text
 
 
+def test_demo_refuses_to_delete_a_run_dir_it_did_not_make(tmp_path):
+    """`raygrpo demo --run-dir` pointed at a user's run: refused (exit 2) with the run left as it was; the
+    demo used to remove its run dir, whatever it held."""
+    user_run = tmp_path / "runs" / "mine"
+    user_run.mkdir(parents=True)
+    (user_run / "config.yaml").write_text("model:\n  path: /models/mine\n")
+    (user_run / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    before = sorted(p.name for p in user_run.iterdir())
+    out = run(["demo", "--run-dir", "runs/mine", "--cache-dir", "cache"], tmp_path, timeout=300)
+    assert out.returncode == 2 and "holds a run the demo did not make" in out.text, out.text
+    assert sorted(p.name for p in user_run.iterdir()) == before
+    assert (user_run / "metrics.jsonl").read_text() == '{"kind": "train", "step": 1}\n'
+
+
 def test_submit_refuses_a_working_dir_with_a_symlink_loop_or_over_rays_package_limit(tmp_path, gateway_404):
     """Untried case: `submit --working-dir` with a symlink loop or a huge directory: a clear error before
     anything is packed or sent, in bounded time; what .rayignore excludes is not counted."""

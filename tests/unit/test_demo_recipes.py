@@ -7,6 +7,7 @@ import pytest
 
 from cluster.cli import build_parser
 from cluster.data.dataset import Example
+from cluster.demo.demo import DEMO_MARK, made_by_a_demo
 from cluster.demo.recipes import RECIPES
 from cluster.models.tasks import chat_rows, conversation_sequence, tool_rows
 from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
@@ -73,3 +74,28 @@ def test_recipe_data_files(tmp_path):
             "#### " if name == "tools" else "")
     held_tools = [json.loads(line) for line in open(tmp_path / "data-tools" / "eval.jsonl")]
     assert all(len(r["demo"]) == 1 for r in held_tools)  # the held-out rows show no call
+
+
+def test_the_demo_starts_afresh_only_in_a_run_dir_a_demo_made(tmp_path):
+    """`raygrpo demo --run-dir X` deletes X first: only where X is empty, marked by a demo, or a run on the
+    demo's own cached model (made before the mark existed); a user's run there is refused, not deleted."""
+    cache = tmp_path / "cache"
+    (cache / "base").mkdir(parents=True)
+    assert made_by_a_demo(tmp_path / "missing", cache)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert made_by_a_demo(empty, cache)
+    marked = tmp_path / "marked"
+    marked.mkdir()
+    (marked / DEMO_MARK).write_text("{}")
+    (marked / "metrics.jsonl").write_text("")
+    assert made_by_a_demo(marked, cache)
+    old_demo, user_run, no_config = tmp_path / "old", tmp_path / "user", tmp_path / "noconfig"
+    for d, model in ((old_demo, cache / "base"), (user_run, tmp_path / "my-model")):
+        d.mkdir()
+        (d / "config.yaml").write_text(json.dumps({"model": {"path": str(model)}}))
+    no_config.mkdir()
+    (no_config / "metrics.jsonl").write_text("{}\n")
+    assert made_by_a_demo(old_demo, cache)
+    assert not made_by_a_demo(user_run, cache)
+    assert not made_by_a_demo(no_config, cache)
