@@ -95,9 +95,14 @@ def test_workers_killed_between_calls_are_replaced_not_written_to(user_file):
     BrokenPipeError in the caller (the run ended with "[Errno 32] Broken pipe")."""
     with _scorer(user_file, "kill_parent_every_call") as scorer:
         res = scorer.score(["p"] * 8, ["x"] * 8, [{}] * 8)
-        assert all(r in (0.0, 1.0) for r in res.rewards) and res.errors == res.rewards.count(0.0) > 0
+        assert all(r in (0.0, 1.0) for r in res.rewards) and res.errors == res.rewards.count(0.0)
         assert all("reward process died (exit code -9)" in e for e in res.error_samples)
         assert scorer.runners["python"].pool.replaced >= res.errors
+        # On a loaded machine every worker may send its 1.0 before its death is read (no error, nothing
+        # replaced yet); the next batch then finds them dead and replaces them, instead of writing to them.
+        time.sleep(1.0)
+        again = scorer.score(["p"] * 4, ["x"] * 4, [{}] * 4)
+        assert again.errors == again.rewards.count(0.0) and scorer.runners["python"].pool.replaced >= 1
 
 
 def test_the_keeper_reports_the_workers_exit_code():
