@@ -135,45 +135,61 @@ def slurm_cluster():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_the_sbatch_file_trains_on_the_ray_cluster_it_starts(slurm_cluster, tiny_model_dir):
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def run_sbatch(slurm_cluster, args: list[str], head_args: str = "", timeout_s: float = 900) -> tuple[str, str, float]:
+    """Submit docker/slurm.sbatch on both nodes and wait for its end: (its state, its output, seconds)."""
     d, env, note_job_processes = slurm_cluster
-    run_dir = d / "run"
     # Both nodes on one host, beside other Rays (other tests, other users): the fixed-number ports are
     # given (the head's) or left to the OS (each node's dashboard agent), the site's knobs for it.
     head_ports = {"--dashboard-port": free_port(), "--ray-client-server-port": free_port()}
     env = {k: v for k, v in env.items() if not k.startswith(("RAY_", "WANDB_"))}
     env |= {"RAYGRPO_RAY_PORT": str(free_port()), "RAYGRPO_NODE_WAIT_S": "300",
             "RAYGRPO_RAY_START_ARGS": f"--dashboard-agent-listen-port=0 --temp-dir={d}/ray",
-            "RAYGRPO_RAY_HEAD_ARGS": " ".join(f"{k}={v}" for k, v in head_ports.items())}
+            "RAYGRPO_RAY_HEAD_ARGS": " ".join(f"{k}={v}" for k, v in head_ports.items()) + head_args}
     submit = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--gpus-per-node=0", "--cpus-per-task=4", "--time=30",
          f"--output={d}/job.out", f"--chdir={ROOT}", f"--export=ALL,RAYGRPO_VENV={Path(sys.executable).parents[1]}",
-         "docker/slurm.sbatch", "examples/cpu_demo.yaml", f"model.path={tiny_model_dir}", f"trainer.run_dir={run_dir}",
-         "trainer.steps=2", "trainer.prompts_per_step=2", "trainer.group_size=2", "trainer.eval_every=0",
-         "trainer.eval_pass_k=1", "data.num_eval=2", "data.task_digits=1", "trainer.dynamic_sampling=false",
-         "checkpoint.every=0", "rollout.max_new_tokens=4", "rollout.gpu_memory_utilization=0.03",
-         "learner.micro_batch_size=4", "metrics.tensorboard=false", "ray.strategy=SPREAD"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+         "docker/slurm.sbatch", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert submit.returncode == 0, submit.stderr
     job = submit.stdout.strip().split(";")[0]
     t0, state = time.time(), ""
-    deadline = t0 + 900
     try:
-        while time.time() < deadline:
+        while time.time() < t0 + timeout_s:
             info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
             state = next((w.split("=", 1)[1] for w in info.split() if w.startswith("JobState=")), "")
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            if state in ENDED:
                 break
             note_job_processes()
             time.sleep(5)
     finally:
-        if state not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+        if state not in ENDED:
             subprocess.run(["scancel", job], env=env, check=False)
     out = (d / "job.out").read_text() if (d / "job.out").is_file() else "(no job output)"
-    assert state == "COMPLETED", f"job {job}: {state or 'no state'} after {time.time() - t0:.0f} s\n{out[-5000:]}"
+    return state, out, time.time() - t0
+
+
+def test_the_sbatch_file_trains_on_the_ray_cluster_it_starts(slurm_cluster, tiny_model_dir):
+    run_dir = slurm_cluster[0] / "run"
+    state, out, took = run_sbatch(slurm_cluster, [
+        "examples/cpu_demo.yaml", f"model.path={tiny_model_dir}", f"trainer.run_dir={run_dir}",
+        "trainer.steps=2", "trainer.prompts_per_step=2", "trainer.group_size=2", "trainer.eval_every=0",
+        "trainer.eval_pass_k=1", "data.num_eval=2", "data.task_digits=1", "trainer.dynamic_sampling=false",
+        "checkpoint.every=0", "rollout.max_new_tokens=4", "rollout.gpu_memory_utilization=0.03",
+        "learner.micro_batch_size=4", "metrics.tensorboard=false", "ray.strategy=SPREAD"])
+    assert state == "COMPLETED", f"{state or 'no state'} after {took:.0f} s\n{out[-5000:]}"
     assert "raygrpo: 1 of 1 Ray node(s) up" in out and "raygrpo: 2 of 2 Ray node(s) up" in out
     placement = json.loads((run_dir / "placement.json").read_text())
     assert len({p["node_id"] for p in placement}) == 2, placement  # SPREAD: actors on both SLURM nodes
     steps = read_metrics(run_dir)
     assert [s["step"] for s in steps] == [1, 2]
     assert all(s["sync_verified"] for s in steps) and all(s["gen_tokens"] > 0 for s in steps)
+
+
+def test_a_head_that_cannot_start_fails_the_job_at_once_saying_so(slurm_cluster, tiny_model_dir):
+    state, out, took = run_sbatch(slurm_cluster, ["examples/cpu_demo.yaml", f"model.path={tiny_model_dir}"],
+                                  head_args=" --no-such-ray-flag", timeout_s=300)
+    assert state == "FAILED", out[-3000:]
+    assert "the Ray head on" in out and "exited" in out, out[-3000:]
+    assert took < 200  # not RAYGRPO_NODE_WAIT_S (300 s) waiting for a head that is gone
