@@ -12,7 +12,7 @@ from cluster.bench.report import progress, schedule_summary
 from cluster.config import load_config
 from cluster.data.dataset import load_splits
 from cluster.demo.warmstart import greedy_accuracy
-from cluster.trainer import Trainer
+from cluster.driver.trainer import Trainer
 
 
 def heldout_examples(data: dict, seed: int):

@@ -22,8 +22,8 @@ from cluster.demo.recipes import CHAT_MODEL, MODEL, RECIPES, Recipe
 from cluster.demo.tinychat import build_tiny_chat_model
 from cluster.demo.tinymodel import build_tiny_model, num_parameters
 from cluster.demo.warmstart import warm_start, warm_start_result
+from cluster.driver.trainer import Trainer
 from cluster.run.metrics import plot_run, read_metrics
-from cluster.trainer import Trainer
 
 TOOL_ROWS = ("tool_calls_per_trajectory", "tool_call_rate")  # the tools recipe's extra rows (Trainer.evaluate)
 

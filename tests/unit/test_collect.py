@@ -11,17 +11,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import cluster.collecting as collecting_module
+import cluster.driver.collector as collecting_module
 from actors.completions import Completion, PromptRollout
 from actors.multiturn import MultiTurnRollout, Trajectory
 from actors.rewards import REWARD_STATS, FunctionStats, RewardResult
-from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data.dataset import Example
+from cluster.driver.batch import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
+from cluster.driver.trainer import Trainer
+from cluster.driver.worker_groups import Stopwatch
 from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS, MetricsLogger
 from cluster.run.resume import resume_point
-from cluster.trainer import Trainer
-from cluster.workers import Stopwatch
 from learner import checkpoint
 
 G = 2

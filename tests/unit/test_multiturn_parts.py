@@ -12,12 +12,12 @@ from safetensors.torch import save_file
 from actors.config import RewardConfig, RolloutConfig
 from actors.multiturn import ChatTokens, MultiTurnRollout, TemplateError, Trajectory, run_trajectories
 from actors.rewards import RewardScorer
-from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
 from cluster.config import ConfigError, load_config
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
 from cluster.demo.tinychat import TinyChatSpec, build_bpe_tokenizer
-from cluster.trainer import check_multiturn
+from cluster.driver.batch import Batch, CollectStats, ScoredGroup, model_tokens
+from cluster.driver.trainer import check_multiturn
 from learner.batch import TrainBatch
 
 

@@ -22,16 +22,17 @@ from actors.multiturn import ChatTokens, TemplateError
 from actors.rewards import RewardScorer
 from actors.transport.fingerprint import SyncMismatch
 from actors.transport.registry import resolve_backend
-from cluster.collect import (
+from cluster.config import ConfigError, RunConfig, save_config
+from cluster.data.dataset import DataError, PromptStream, load_run_data, load_tokenizer, reward_column_problem
+from cluster.data.model_check import checkpoint_model_problems, eos_warning
+from cluster.driver.batch import (
     Batch,
     EnvironmentNotes,
     load_batch,
     save_batch,
 )
-from cluster.collecting import Collecting
-from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data.dataset import DataError, PromptStream, load_run_data, load_tokenizer, reward_column_problem
-from cluster.data.model_check import checkpoint_model_problems, eos_warning
+from cluster.driver.collector import Collecting
+from cluster.driver.worker_groups import LearnerGroup, RewardModels, RolloutPool, Stopwatch
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
@@ -41,7 +42,6 @@ from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_p
 from cluster.run.resume import ResumePoint, finished_run, resume_point
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
-from cluster.workers import LearnerGroup, RewardModels, RolloutPool, Stopwatch
 from learner import checkpoint
 from learner.batch import TrainBatch
 from learner.grpo import group_advantages

@@ -12,11 +12,11 @@ import sys
 import time
 from concurrent.futures import Future
 
-from cluster.collect import Batch, CollectStats, ScoredGroup, sample_seed, score_groups, trim_to_ranks
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
+from cluster.driver.batch import Batch, CollectStats, ScoredGroup, sample_seed, score_groups, trim_to_ranks
+from cluster.driver.worker_groups import Stopwatch
 from cluster.launch.waits import wait_for
-from cluster.workers import Stopwatch
 
 
 class Collecting:
