@@ -67,7 +67,8 @@ class Collector:
         if t.dynamic_sampling:
             groups += self._refill(step, t.prompts_per_step - len(groups), stats)
         groups = trim_to_ranks(groups, t.group_size, self.cfg.learner.num_ranks)
-        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.weight_version())
+        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.weight_version(),
+                                  advantage_estimator=self.cfg.algo.advantage_estimator)
         if self.reference is not None and batch.examples:
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.

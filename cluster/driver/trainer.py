@@ -15,8 +15,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from actors.env_pool import EnvPool
 from actors.multiturn import ChatTokens, TemplateError
 from actors.rewards import RewardScorer
@@ -28,6 +26,7 @@ from cluster.data.model_check import checkpoint_model_problems, eos_warning
 from cluster.driver.batch import (
     Batch,
     EnvironmentNotes,
+    batch_advantages,
     load_batch,
     save_batch,
 )
@@ -44,7 +43,6 @@ from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
 from learner import checkpoint
 from learner.batch import TrainBatch
-from learner.grpo import group_advantages
 
 
 def check_multiturn(cfg: RunConfig) -> None:
@@ -230,17 +228,15 @@ class Trainer:
         return m
 
     def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
-        """Steps 4-6: advantages, the DeepSpeed update (with reference.placement=learner the ranks
-        compute the reference log-probs in it), the weight broadcast."""
-        algo, G = self.cfg.algo, self.cfg.trainer.group_size
+        """Steps 4-6: the DeepSpeed update with the batch's advantages (with reference.placement=learner
+        the ranks compute the reference log-probs in it), the weight broadcast."""
         if not batch.examples:  # dynamic sampling found no group with a learning signal: nothing to train on
             return {"skipped": True}
-        advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float64), G, algo.advantage_estimator)
         if batch.ref_logp is not None:  # the reference actor ran while the batch was collected
             sw.t["ref_s"] = batch.stats.ref_s
         with sw("train"):
             m = self.learners.train(TrainBatch(
-                prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=advantages.tolist(),
+                prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=batch.advantages,
                 behavior_logp=batch.behavior_logp, ref_logp=batch.ref_logp, pad_id=self.pad_id,
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
         if m.get("ref_seconds"):  # computed on the learner ranks, inside the train call
@@ -350,6 +346,8 @@ class Trainer:
                   "it is collected anew", flush=True)
             self.stream.load_state(b.stream_state)
             self.resumed_batch = None
+        elif b is not None and b.advantages is None:  # saved before batches carried them
+            b.advantages = batch_advantages(b.rewards, G, self.cfg.algo.advantage_estimator)
         carried = " and the next step's batch saved with it" if self.resumed_batch is not None else ""
         print(f"resumed from {path} at step {self.step}{carried}", flush=True)
 

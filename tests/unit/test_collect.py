@@ -2,6 +2,7 @@
 
 The driver's neighbours (the rollout pool, the prompt stream, the reward scorer) are faked; the
 collecting logic is the real `Collector.collect`, in a `Trainer` where the loop's side is tested."""
+import dataclasses
 import math
 import threading
 from concurrent.futures import Future
@@ -10,6 +11,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import cluster.driver.collector as collector_module
 from actors.completions import Completion, PromptRollout
@@ -24,6 +27,7 @@ from cluster.driver.worker_groups import Stopwatch
 from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS, MetricsLogger
 from cluster.run.resume import resume_point
 from learner import checkpoint
+from learner.grpo import ADVANTAGE_ESTIMATORS, group_advantages
 
 G = 2
 
@@ -227,7 +231,7 @@ def test_a_collected_batch_lends_its_cores_to_the_step_in_training():
 
 
 def test_batch_from_no_groups_carries_the_current_version():
-    b = Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7)
+    b = Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7, advantage_estimator="grpo")
     assert b.examples == [] and b.weight_version == 7 and b.stream_state == {"pos": 3}
 
 
@@ -245,7 +249,8 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
     b.stats.reward_errors, b.stats.error_samples, b.stats.gen_s = 2, ["boom"], 0.25
     save_batch(b, tmp_path)
     got = load_batch(tmp_path)
-    for name in ("prompt_ids", "completion_ids", "rewards", "loss_mask", "ref_logp", "weight_version", "stream_state"):
+    for name in ("prompt_ids", "completion_ids", "rewards", "advantages", "loss_mask", "ref_logp", "weight_version",
+                 "stream_state"):
         assert getattr(got, name) == getattr(b, name), name
     assert got.behavior_logp[1:] == b.behavior_logp[1:] and got.behavior_logp[0][0] == b.behavior_logp[0][0]
     assert math.isnan(got.behavior_logp[0][1])
@@ -255,7 +260,7 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    save_batch(Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7), empty)
+    save_batch(Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7, advantage_estimator="grpo"), empty)
     got = load_batch(empty)
     assert got.examples == [] and got.completion_ids == [] and got.ref_logp is None and got.weight_version == 7
     assert load_batch(tmp_path / "nothing-here") is None
@@ -298,6 +303,25 @@ def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tm
     r.resume_from = resume_point(r.cfg)
     r._resume()
     assert r.resumed_batch is None and r.stream.pos == 0
+
+
+def test_a_batch_saved_before_batches_carried_advantages_gets_them_at_resume(tmp_path):
+    """An async checkpoint written by an older version has no advantages in next_batch.safetensors:
+    it still loads, and the resume computes them as that version's loop did."""
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
+    t.step, t.position_before_pending = 2, t.stream.state()
+    batch = t.collector.collect(step=2)
+    done = Future()
+    done.set_result(dataclasses.replace(batch, advantages=None))  # saved as that version saved it
+    path = t.save_checkpoint(pending=done)
+    assert "advantages" not in load_file(str(Path(path) / "next_batch.safetensors"))
+    assert load_batch(path).advantages is None
+
+    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
+    r.stream.load_state = lambda state: setattr(r.stream, "pos", state["pos"])
+    r.resume_from = resume_point(r.cfg)
+    r._resume()
+    assert r.resumed_batch.advantages == batch.advantages and len(batch.advantages) == 3 * G
 
 
 def test_a_failed_next_batch_still_saves_the_checkpoint_before_it(tmp_path, capsys):
@@ -343,3 +367,21 @@ def test_a_few_completions_per_step_are_kept_with_their_scores_and_advantages():
     t = trainer([[1, 0], [1, 1], [0, 1]])
     t.cfg.metrics.log_completions = False
     assert t.collector.collect(step=0).stats.samples == []
+
+
+@pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
+def test_the_learner_trains_with_the_advantages_the_batch_carries(estimator):
+    """Computed once, when the batch is assembled, and bit for bit what the loop computed before it
+    (one group_advantages call over the batch's rewards), with one-prompt refill rounds, whose own
+    (logged) values can differ in the last bit; not pieced together from the rounds'."""
+    t = trainer([[0.1, 0.7], [1, 1], [0.3, 0.2], [1, 1], [0.9, None], [0.4, 0.45], [0, 1]], dynamic=True)
+    t.cfg.algo.advantage_estimator = estimator
+    b = t.collector.collect(step=0)
+    assert t.pool.calls == [3, 1, 1, 1] and [e.prompt for e in b.examples] == ["p0", "p2", "p5"]  # 1-prompt refills
+    before = group_advantages(torch.tensor(b.rewards, dtype=torch.float64), G, estimator).tolist()
+    assert [a.hex() for a in b.advantages] == [a.hex() for a in before] and len(before) == 3 * G
+    trained = []
+    t.learners = SimpleNamespace(train=lambda batch: trained.append(batch) or {})
+    t.pad_id, t._sync_weights = 0, lambda: {}
+    t._learn(b, Stopwatch())
+    assert trained[0].advantages is b.advantages
