@@ -1,3 +1,3 @@
-"""Orchestration, on top of actors/ and learner/: the run's config (config.py), the driver loop
-(trainer.py) with its batch collection (collect.py) and worker-group handles (workers.py), the
-CLI (cli.py, job_entry.py for submitted jobs), and the rooms data/, run/, launch/, demo/, bench/."""
+"""Orchestration, on top of actors/ and learner/: the run's config (config.py), the driver (driver/:
+the loop, its collector, the batch, the worker-group handles), the CLI (cli.py, job_entry.py for
+submitted jobs), and the rooms data/, run/, launch/, demo/, bench/."""

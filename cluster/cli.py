@@ -25,7 +25,7 @@ def cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)  # before the heavy imports: config mistakes fail fast
     print(f"raygrpo train: run dir {cfg.trainer.run_dir}; loading the tokenizer and the data", flush=True)
-    from cluster.trainer import Trainer
+    from cluster.driver.trainer import Trainer
 
     summary = Trainer(cfg, overwrite=args.overwrite).run()
     print(f"done: run dir {summary['run_dir']}, checkpoint {summary['checkpoint']}, HF model {summary['hf_model']}")

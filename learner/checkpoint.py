@@ -6,7 +6,7 @@ Layout of one checkpoint (`root/step-00000010`):
     learner/raygrpo_rank_00000.json   each rank's RNG states and counters
     hf-config/               config + tokenizer of the model (so `export` needs nothing else)
     driver_state.json        the driver's step, weight version, data position, RNG, config
-    next_batch.safetensors   async only: the next step's batch, already collected (cluster/collect.py
+    next_batch.safetensors   async only: the next step's batch, already collected (cluster/driver/batch.py
     next_batch.json            save_batch), so a resume trains on it as the run that never stopped does
     COMPLETE                 manifest: every file with its size (+ sha256 when small); written last
 

@@ -2,7 +2,7 @@
 
 Adding a backend: one module beside gloo.py and nccl.py with a `TransportBackend` (base.py), and
 one line in BACKENDS. The config check (rollout.weight_transfer_backend), the driver's init info
-(cluster/workers.py), the learner's WeightSync (learner/weight_sync.py), the engines' argument
+(cluster/driver/worker_groups.py), the learner's WeightSync (learner/weight_sync.py), the engines' argument
 (actors/rollout.py) and our vLLM plugin all ask here. No vLLM import: the driver reads it.
 """
 from __future__ import annotations

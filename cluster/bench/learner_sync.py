@@ -13,7 +13,7 @@ import torch.distributed as dist
 from actors.runtime.sockets import free_port, new_gloo_group
 from actors.transport.registry import resolve_backend
 from cluster.bench.report import per_second, progress, ratio
-from cluster.workers import LearnerGroup
+from cluster.driver.worker_groups import LearnerGroup
 from learner.batch import TrainBatch
 from learner.worker import LearnerWorker
 

@@ -10,7 +10,7 @@ from actors.rollout import RolloutWorker
 from actors.transport.registry import resolve_backend
 from cluster.bench.learner_sync import start_learners
 from cluster.bench.report import progress
-from cluster.workers import LearnerGroup
+from cluster.driver.worker_groups import LearnerGroup
 
 
 def bench_lora(ray, model: str, base_cfg, batch, rank: int, repeats: int, timeout_s: float) -> dict:

@@ -11,8 +11,8 @@ import torch
 from cluster.bench.report import progress, schedule_summary
 from cluster.config import load_config
 from cluster.data.dataset import load_splits
+from cluster.driver.trainer import Trainer
 from cluster.models.warmstart import greedy_accuracy
-from cluster.trainer import Trainer
 
 
 def heldout_examples(data: dict, seed: int):

@@ -23,11 +23,11 @@ from cluster.config import load_config
 from cluster.data.dataset import load_run_data, load_splits, load_tokenizer
 from cluster.demo.policyreward import build_policy_reward_model, describe, policy_reward_result
 from cluster.demo.recipes import CHAT_MODEL, MODEL, RECIPES, Recipe
+from cluster.driver.trainer import Trainer
 from cluster.models.tinychat import build_tiny_chat_model
 from cluster.models.tinymodel import build_tiny_model, num_parameters
 from cluster.models.warmstart import warm_start, warm_start_result
 from cluster.run.metrics import plot_run, read_metrics
-from cluster.trainer import Trainer
 
 TOOL_ROWS = ("tool_calls_per_trajectory", "tool_call_rate")  # the tools recipe's extra rows (Trainer.evaluate)
 DEMO_MARK = "raygrpo-demo.json"  # written into each run dir a demo makes: only those are removed by the next demo

@@ -67,7 +67,7 @@ def _share(mode: str, role: str, count: Counter, cores: int) -> int:
     """One actor's threads on a node with `cores` cores holding `count` actors per role."""
     engines, ranks = count["rollout"], count["learner"]
     # In async, collecting and training run at once. The reference and reward-model actors run right
-    # after generation, on the collecting side (cluster/trainer.py _collect), so they share its cores.
+    # after generation, on the collecting side (cluster/driver/collector.py Collector.collect), so they share its cores.
     collecting = engines or count["reference"] or count["reward"]
     if mode == "async" and collecting and ranks:
         gen = min(cores - 1, max(1, round(cores * collecting / (collecting + ranks)))) if cores > 1 else 1

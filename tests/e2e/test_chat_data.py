@@ -14,9 +14,9 @@ import pytest
 
 from cluster.config import load_config
 from cluster.data.dataset import load_examples
+from cluster.driver.trainer import Trainer
 from cluster.models.wordproblems import conversational_rows, write_jsonl
 from cluster.run.metrics import read_metrics
-from cluster.trainer import Trainer
 
 LONG_ROW = {"prompt": [{"role": "user", "content": "How many apples? " * 40}], "answer": "#### 1"}
 

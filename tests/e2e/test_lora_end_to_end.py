@@ -17,7 +17,7 @@ from test_train import config, train_rows
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
-from cluster.trainer import Trainer
+from cluster.driver.trainer import Trainer
 from learner.config import AlgoConfig, LearnerConfig
 from learner.export import export_checkpoint
 

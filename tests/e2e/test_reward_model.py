@@ -13,9 +13,9 @@ import torch
 from actors.config import RewardConfig
 from actors.rewards.model_actor import RewardModelActor
 from cluster.data.dataset import arithmetic_examples
+from cluster.driver.trainer import Trainer
 from cluster.models.tinyreward import RewardModelSpec, build_reward_model, reward_model_result, wrong_completion
 from cluster.run.metrics import read_metrics
-from cluster.trainer import Trainer
 from tests.conftest import CACHE
 from tests.e2e.test_train import config
 

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from test_train import ROOT, config, kill_while_learning, run_cli
 
+from cluster.driver.trainer import Trainer
 from cluster.launch.waits import ActorFailed
 from cluster.run.health import TrainingHalted
-from cluster.trainer import Trainer
 from learner import checkpoint
 
 pytestmark = pytest.mark.timeout(900)

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from cluster.config import load_config
+from cluster.driver.trainer import Trainer
 from cluster.run.health import TrainingHalted
 from cluster.run.metrics import read_metrics
-from cluster.trainer import Trainer
 
 
 def config(tiny_model_dir, run_dir, *overrides):

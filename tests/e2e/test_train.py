@@ -18,8 +18,8 @@ import pytest
 
 from actors.runtime.threads import node_cores
 from cluster.config import load_config
+from cluster.driver.trainer import Trainer
 from cluster.run.metrics import read_metrics
-from cluster.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 

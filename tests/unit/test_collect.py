@@ -1,7 +1,8 @@
 """Collecting a batch: the counters, dynamic-sampling refill and the trim to the learner's rank count.
 
 The driver's neighbours (the rollout pool, the prompt stream, the reward scorer) are faked; the
-collecting logic is the real `Trainer._collect`."""
+collecting logic is the real `Collector.collect`, in a `Trainer` where the loop's side is tested."""
+import dataclasses
 import math
 import threading
 from concurrent.futures import Future
@@ -10,20 +11,24 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
-import cluster.collecting as collecting_module
+import cluster.driver.collector as collector_module
 from actors.completions import Completion, PromptRollout
 from actors.multiturn.trajectories import MultiTurnRollout, Trajectory
 from actors.rewards.base import FunctionStats
 from actors.rewards.scorer import REWARD_STATS, RewardResult
-from cluster.collect import Batch, CollectStats, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.config import RunConfig
 from cluster.data.dataset import Example
+from cluster.driver.batch import Batch, CollectStats, EnvironmentNotes, ScoredGroup, load_batch, save_batch, trim_to_ranks
+from cluster.driver.collector import Collector
+from cluster.driver.trainer import Trainer
+from cluster.driver.worker_groups import Stopwatch
 from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS, MetricsLogger
 from cluster.run.resume import resume_point
-from cluster.trainer import Trainer
-from cluster.workers import Stopwatch
 from learner import checkpoint
+from learner.grpo import ADVANTAGE_ESTIMATORS, group_advantages
 
 G = 2
 
@@ -83,19 +88,19 @@ def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, ski
     cfg.trainer.group_size, cfg.trainer.prompts_per_step = G, want
     cfg.trainer.dynamic_sampling, cfg.trainer.max_extra_prompts = dynamic, extra
     cfg.learner.num_ranks = ranks
-    t = Trainer.__new__(Trainer)  # no Ray, no data files: only what collecting touches
+    t = Trainer.__new__(Trainer)  # no Ray, no data files: only what collecting and the loop's side touch
     t.cfg, t.run_dir, t.version, t.engine_version, t.step = cfg, "/tmp/run", 5, 5, 0
     t.stream, t.pool, t.scorer = FakeStream(rewards_per_prompt), FakePool(skip), FakeScorer()
-    t._engines_lock = threading.RLock()
-    t.actors = SimpleNamespace(reference=None)
-    t.lend = {}
-    t.tokenizer = SimpleNamespace(eos_token_id=9)
+    t.collector = Collector(cfg, t.stream, t.scorer, t.pool, reference=None, learners=None, lend={},
+                            engines_lock=threading.RLock(), weight_version=lambda: t.version,
+                            engine_version=lambda: t.engine_version, eos_id=9,
+                            env_notes=EnvironmentNotes(cfg.rollout.max_model_len), run_dir=t.run_dir)
     return t
 
 
 def test_without_dynamic_sampling_every_group_is_kept_and_counted():
     t = trainer([[1, 0], [1, 1], [0, 1]])
-    b = t._collect(step=0)
+    b = t.collector.collect(step=0)
     assert [e.prompt for e in b.examples] == ["p0", "p1", "p2"] and b.rewards == [1, 0, 1, 1, 0, 1]
     assert b.prompt_ids == [[1, 2]] * 6 and b.completion_ids[:2] == [[3], [3, 3]] and b.weight_version == 5
     assert b.stream_state == {"pos": 0} and t.pool.calls == [3]
@@ -115,46 +120,46 @@ def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatc
                 calls.append(len(completion_ids))
                 return [[-0.5] * len(c) for c in completion_ids]
 
-    monkeypatch.setattr(collecting_module, "wait_for", lambda refs, *what: refs)
+    monkeypatch.setattr(collector_module, "wait_for", lambda refs, *what: refs)
     t = trainer([[1, 0], [1, 1], [0, 1], [0, 0]], dynamic=True)
-    t.actors = SimpleNamespace(reference=FakeReference())
-    b = t._collect(step=0)
+    t.collector.reference = FakeReference()
+    b = t.collector.collect(step=0)
     assert [e.prompt for e in b.examples] == ["p0", "p2"]
     assert calls == [len(b.completion_ids)] == [2 * G]  # one call, after the flat groups were dropped
     assert b.ref_logp == [[-0.5] * len(c) for c in b.completion_ids] and b.stats.ref_s >= 0.0
-    assert trainer([[1, 0]], want=1)._collect(step=0).ref_logp is None  # no reference actor, none
+    assert trainer([[1, 0]], want=1).collector.collect(step=0).ref_logp is None  # no reference actor, none
 
 
 def test_dynamic_sampling_drops_flat_groups_and_refills_within_the_budget():
     # p1, p2 flat; the refill takes 2 prompts (p3 flat, p4 good), then 1 more (p5 good)
     t = trainer([[1, 0], [1, 1], [0, 0], [1, 1], [0, 1], [1, 0], [0, 1]], dynamic=True)
-    b = t._collect(step=0)
+    b = t.collector.collect(step=0)
     assert [e.prompt for e in b.examples] == ["p0", "p4", "p5"] and t.pool.calls == [3, 2, 1]
     assert (b.stats.extra_prompts, b.stats.zero_var_groups, len(b.stats.rewards)) == (3, 3, 12)
     # the cap: with 1 extra prompt allowed, one refill round of one prompt, then stop short
     t = trainer([[1, 0], [1, 1], [0, 0], [1, 1], [0, 1]], dynamic=True, extra=1)
-    b = t._collect(step=0)
+    b = t.collector.collect(step=0)
     assert [e.prompt for e in b.examples] == ["p0"] and t.pool.calls == [3, 1] and b.stats.extra_prompts == 1
 
 
 def test_skipped_prompts_are_counted_and_the_batch_is_trimmed_to_the_ranks():
     t = trainer([[1, 0], [0, 1], [1, 0]], ranks=4, skip={"p1"})
-    b = t._collect(step=0)
+    b = t.collector.collect(step=0)
     assert b.stats.skipped_prompts == 1 and [e.prompt for e in b.examples] == ["p0", "p2"]  # 4 sequences
     t = trainer([[1, 0], [0, 1], [1, 0]], ranks=4)
-    assert [e.prompt for e in t._collect(step=0).examples] == ["p0", "p2"][:1] + ["p1"]  # 6 -> 4 sequences
+    assert [e.prompt for e in t.collector.collect(step=0).examples] == ["p0", "p2"][:1] + ["p1"]  # 6 -> 4 sequences
 
 
 def test_every_reward_call_failing_stops_the_run_with_the_errors():
     nan = float("nan")
     with pytest.raises(RuntimeError, match="every reward call failed at step 1 .*boom"):
-        trainer([[nan, nan], [nan, nan]], want=2)._collect(step=0)
-    b = trainer([[nan, nan], [1, 0]], want=2)._collect(step=0)  # one failed group of two: go on
+        trainer([[nan, nan], [nan, nan]], want=2).collector.collect(step=0)
+    b = trainer([[nan, nan], [1, 0]], want=2).collector.collect(step=0)  # one failed group of two: go on
     assert b.stats.failed_groups == 1 and b.stats.reward_errors == 2
 
 
 def test_unscorable_completions_stay_in_place_with_a_mask_of_zeros_and_are_counted():
-    b = trainer([[1, None], [None, None], [0, 1]])._collect(step=0)
+    b = trainer([[1, None], [None, None], [0, 1]]).collector.collect(step=0)
     assert b.rewards[:1] == [1] and all(math.isnan(r) for r in b.rewards[1:4]) and b.rewards[4:] == [0, 1]
     assert b.loss_mask == [[1], [0, 0], [0], [0, 0], [1], [1, 1]]  # out of the loss, in their group's place
     s = b.stats
@@ -163,15 +168,15 @@ def test_unscorable_completions_stay_in_place_with_a_mask_of_zeros_and_are_count
     assert m["reward_unscorable"] == 3 and m["reward_mean"] == 2 / 3
     assert (m["rewards/f/unscorable"], m["rewards/f/errors"], m["rewards/f/s"]) == (3, 0, 0.5)
     assert m["rewards/f/mean"] == 2 / 3 and "rewards/f/truncated" not in m
-    kept = trainer([[1, None], [None, None], [0, 1]], dynamic=True, want=3, extra=0)._collect(step=0)
+    kept = trainer([[1, None], [None, None], [0, 1]], dynamic=True, want=3, extra=0).collector.collect(step=0)
     assert [e.prompt for e in kept.examples] == ["p2"]  # groups with fewer than 2 scorable samples carry no signal
 
 
 def test_a_function_that_timed_out_on_every_call_stops_the_run():
     with pytest.raises(RuntimeError, match=r"reward function f timed out on every one of its 4 calls at step 1 "
                                            r"\(reward.timeout_s=3\)"):
-        trainer([["timeout", "timeout"], ["timeout", "timeout"]], want=2)._collect(step=0)
-    trainer([["timeout", 1.0], [0.0, "timeout"]], want=2)._collect(step=0)  # some calls finished: counted, no stop
+        trainer([["timeout", "timeout"], ["timeout", "timeout"]], want=2).collector.collect(step=0)
+    trainer([["timeout", 1.0], [0.0, "timeout"]], want=2).collector.collect(step=0)  # some calls finished: counted, no stop
 
 
 def test_trim_to_ranks():
@@ -198,7 +203,7 @@ def test_collect_stats_metrics():
 ])
 def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
     t = trainer([[1, 0], [0, 1], [1, 0]])
-    b = t._collect(step=0)
+    b = t.collector.collect(step=0)
     sw = Stopwatch()
     sw.t.update(train_s=1.0, step_s=2.0)
     row = t._step_metrics(b, learner_metrics, sw)
@@ -216,18 +221,18 @@ def test_a_collected_batch_lends_its_cores_to_the_step_in_training():
     """Async on CPU: once batch k+1 is collected, the ranks training step k may take the idle cores."""
     t = trainer([[1, 0], [0, 1], [1, 0]])
     offers = []
-    t.learners = SimpleNamespace(lend_threads=lambda step, threads: offers.append((step, threads)))
-    t._collect(step=4, lend_to=3)
+    t.collector.learners = SimpleNamespace(lend_threads=lambda step, threads: offers.append((step, threads)))
+    t.collector.collect(step=4, lend_to=3)
     assert offers == []  # nothing to lend (sync schedule, GPU, or learner.threads set)
-    t.lend = {0: 2}
-    t._collect(step=4)
+    t.collector.lend = {0: 2}
+    t.collector.collect(step=4)
     assert offers == []  # no training overlaps this collection (the first batch, a regeneration)
-    t._collect(step=4, lend_to=3)
+    t.collector.collect(step=4, lend_to=3)
     assert offers == [(3, {0: 2})]
 
 
 def test_batch_from_no_groups_carries_the_current_version():
-    b = Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7)
+    b = Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7, advantage_estimator="grpo")
     assert b.examples == [] and b.weight_version == 7 and b.stream_state == {"pos": 3}
 
 
@@ -235,7 +240,7 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
     """The async checkpoint's next batch: every field back, NaN environment log-probs, float32 log-probs,
     messages prompts and the counters included; an empty batch too; none saved, None."""
     t = trainer([[1, 0], [0, 1], [1, 0]])
-    b = t._collect(step=0)
+    b = t.collector.collect(step=0)
     b.behavior_logp[0] = [float(np.float32(-0.123456789)), float("nan")]
     b.completion_ids[0] = [3, 4]
     b.loss_mask = [[1, 0]] + [[1] * len(c) for c in b.completion_ids[1:]]
@@ -245,7 +250,8 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
     b.stats.reward_errors, b.stats.error_samples, b.stats.gen_s = 2, ["boom"], 0.25
     save_batch(b, tmp_path)
     got = load_batch(tmp_path)
-    for name in ("prompt_ids", "completion_ids", "rewards", "loss_mask", "ref_logp", "weight_version", "stream_state"):
+    for name in ("prompt_ids", "completion_ids", "rewards", "advantages", "loss_mask", "ref_logp", "weight_version",
+                 "stream_state"):
         assert getattr(got, name) == getattr(b, name), name
     assert got.behavior_logp[1:] == b.behavior_logp[1:] and got.behavior_logp[0][0] == b.behavior_logp[0][0]
     assert math.isnan(got.behavior_logp[0][1])
@@ -255,7 +261,7 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    save_batch(Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7), empty)
+    save_batch(Batch.from_groups([], {"pos": 3}, CollectStats(), version_if_empty=7, advantage_estimator="grpo"), empty)
     got = load_batch(empty)
     assert got.examples == [] and got.completion_ids == [] and got.ref_logp is None and got.weight_version == 7
     assert load_batch(tmp_path / "nothing-here") is None
@@ -278,7 +284,7 @@ def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tm
     data position is past its prompts; _resume hands that very batch to the training loop."""
     t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
     t.step, t.position_before_pending = 2, t.stream.state()
-    batch = t._collect(step=2)  # what the collector thread does for the pending future
+    batch = t.collector.collect(step=2)  # what the collector thread does for the pending future
     done = Future()
     done.set_result(batch)
     path = t.save_checkpoint(pending=done)
@@ -298,6 +304,25 @@ def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tm
     r.resume_from = resume_point(r.cfg)
     r._resume()
     assert r.resumed_batch is None and r.stream.pos == 0
+
+
+def test_a_batch_saved_before_batches_carried_advantages_gets_them_at_resume(tmp_path):
+    """An async checkpoint written by an older version has no advantages in next_batch.safetensors:
+    it still loads, and the resume computes them as that version's loop did."""
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
+    t.step, t.position_before_pending = 2, t.stream.state()
+    batch = t.collector.collect(step=2)
+    done = Future()
+    done.set_result(dataclasses.replace(batch, advantages=None))  # saved as that version saved it
+    path = t.save_checkpoint(pending=done)
+    assert "advantages" not in load_file(str(Path(path) / "next_batch.safetensors"))
+    assert load_batch(path).advantages is None
+
+    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
+    r.stream.load_state = lambda state: setattr(r.stream, "pos", state["pos"])
+    r.resume_from = resume_point(r.cfg)
+    r._resume()
+    assert r.resumed_batch.advantages == batch.advantages and len(batch.advantages) == 3 * G
 
 
 def test_a_failed_next_batch_still_saves_the_checkpoint_before_it(tmp_path, capsys):
@@ -335,11 +360,29 @@ def test_completion_lengths_and_clipped_ratio_single_and_multi_turn():
 def test_a_few_completions_per_step_are_kept_with_their_scores_and_advantages():
     t = trainer([[1, 0], [1, 1], [0, 1]])
     t.cfg.metrics.completions_per_step = 4
-    rows = t._collect(step=0).stats.samples
+    rows = t.collector.collect(step=0).stats.samples
     assert [(r["prompt"], r["sample"], r["reward"]) for r in rows] == [("p0", 0, 1), ("p1", 0, 1), ("p2", 0, 0),
                                                                        ("p0", 1, 0)]
     assert rows[0]["rewards"] == {"f": 1} and rows[0]["advantage"] > 0 > rows[3]["advantage"]
     assert rows[1]["advantage"] == 0.0 and rows[0]["completion"] == "c0" and rows[0]["num_tokens"] == 1
     t = trainer([[1, 0], [1, 1], [0, 1]])
     t.cfg.metrics.log_completions = False
-    assert t._collect(step=0).stats.samples == []
+    assert t.collector.collect(step=0).stats.samples == []
+
+
+@pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
+def test_the_learner_trains_with_the_advantages_the_batch_carries(estimator):
+    """Computed once, when the batch is assembled, and bit for bit what the loop computed before it
+    (one group_advantages call over the batch's rewards), with one-prompt refill rounds, whose own
+    (logged) values can differ in the last bit; not pieced together from the rounds'."""
+    t = trainer([[0.1, 0.7], [1, 1], [0.3, 0.2], [1, 1], [0.9, None], [0.4, 0.45], [0, 1]], dynamic=True)
+    t.cfg.algo.advantage_estimator = estimator
+    b = t.collector.collect(step=0)
+    assert t.pool.calls == [3, 1, 1, 1] and [e.prompt for e in b.examples] == ["p0", "p2", "p5"]  # 1-prompt refills
+    before = group_advantages(torch.tensor(b.rewards, dtype=torch.float64), G, estimator).tolist()
+    assert [a.hex() for a in b.advantages] == [a.hex() for a in before] and len(before) == 3 * G
+    trained = []
+    t.learners = SimpleNamespace(train=lambda batch: trained.append(batch) or {})
+    t.pad_id, t._sync_weights = 0, lambda: {}
+    t._learn(b, Stopwatch())
+    assert trained[0].advantages is b.advantages

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster.collect import CollectStats
 from cluster.config import RunConfig
+from cluster.driver.batch import CollectStats
+from cluster.driver.trainer import Trainer
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import MetricsLogger
-from cluster.trainer import Trainer
 
 
 def trainer(tmp_path, steps, at_step):

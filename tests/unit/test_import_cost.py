@@ -23,7 +23,7 @@ def test_the_cli_imports_nothing_heavy_until_a_command_runs():
 
 
 def test_the_driver_the_config_check_and_the_bench_import_none_of_the_heavy_packages():
-    assert not imported("cluster.config", "cluster.trainer", "cluster.data.preview", "cluster.demo.demo",
+    assert not imported("cluster.config", "cluster.driver.trainer", "cluster.data.preview", "cluster.demo.demo",
                         "cluster.bench") & HEAVY
 
 

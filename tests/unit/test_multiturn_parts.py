@@ -12,12 +12,12 @@ from safetensors.torch import save_file
 from actors.config import RewardConfig, RolloutConfig
 from actors.multiturn.trajectories import ChatTokens, MultiTurnRollout, TemplateError, Trajectory, run_trajectories
 from actors.rewards.scorer import RewardScorer
-from cluster.collect import Batch, CollectStats, ScoredGroup, model_tokens
 from cluster.config import ConfigError, load_config
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
+from cluster.driver.batch import Batch, CollectStats, ScoredGroup, model_tokens
+from cluster.driver.trainer import check_multiturn
 from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
-from cluster.trainer import check_multiturn
 from learner.batch import TrainBatch
 
 
@@ -175,7 +175,8 @@ def test_collect_reads_trajectories_like_completions():
     m = stats.metrics()
     assert m["turns_mean"] == 2 and m["tool_calls_mean"] == 1 and m["env_errors"] == 1
     assert m["env_s"] == 0.25 and m["env_tokens_mean"] == 0.5
-    batch = Batch.from_groups([ScoredGroup(Example("q", {}), ro, [1.0, 0.0])], {}, stats, version_if_empty=0)
+    batch = Batch.from_groups([ScoredGroup(Example("q", {}), ro, [1.0, 0.0])], {}, stats, version_if_empty=0,
+                              advantage_estimator="grpo")
     assert batch.prompt_ids == [[1, 2], [1, 2, 3]] and batch.completion_ids == [[5, 6, 7], [5]]
     assert batch.loss_mask == [[1, 0, 1], [1]] and batch.behavior_logp[0][0] == -0.5
     assert "turns_mean" not in CollectStats().metrics()  # single-turn runs: the logger writes NaN

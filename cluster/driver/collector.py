@@ -1,33 +1,63 @@
 """Collecting a batch (steps 1-3 of a GRPO step) and the held-out evaluation, for the driver loop.
 
-`Trainer` (cluster/trainer.py) inherits these methods: they are its rollout side, kept apart so
-the loop there stays short. They read the trainer's run state: `cfg`, `stream` (the prompts),
-`scorer`, `pool` (the engines) with `_engines_lock` and `engine_version`, `actors.reference`,
-`learners` and `lend` (cores lent while collecting idles), `version`, `env_notes`, `log`, `run_dir`,
-`_collector` (the collecting thread) and `position_before_pending`.
+`Collector` is the rollout side of the loop (cluster/driver/trainer.py), kept apart so the loop
+there stays short. It is handed everything it uses when the actors are up: the config, the prompt
+stream, the reward scorer, the engines (`RolloutPool`) with the lock it shares with the weight sync,
+the reference actor, the learners (to lend them the cores collecting leaves idle), and two readers
+of the weight versions, which the loop moves while a batch is being collected (async).
 """
 from __future__ import annotations
 
 import sys
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cluster.collect import Batch, CollectStats, ScoredGroup, sample_seed, score_groups, trim_to_ranks
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
+from cluster.driver.batch import (
+    Batch,
+    CollectStats,
+    EnvironmentNotes,
+    ScoredGroup,
+    sample_seed,
+    score_groups,
+    trim_to_ranks,
+)
+from cluster.driver.worker_groups import Stopwatch
 from cluster.launch.waits import wait_for
-from cluster.workers import Stopwatch
+
+if TYPE_CHECKING:
+    import threading
+
+    from actors.rewards import RewardScorer
+    from cluster.config import RunConfig
+    from cluster.data.dataset import PromptStream
+    from cluster.driver.worker_groups import LearnerGroup, RolloutPool
 
 
-class Collecting:
+class Collector:
     """The rollout side of the driver loop: generation, rewards, the reference, evaluation."""
 
-    # ------------------------------------------------------------------ collecting a batch
-    def _collect_async(self, step: int, lend_to: int | None = None) -> Future:
-        self.position_before_pending = self.stream.state()  # the collector is idle whenever this is called
-        return self._collector.submit(self._collect, step, lend_to)
+    def __init__(self, cfg: RunConfig, stream: PromptStream, scorer: RewardScorer, pool: RolloutPool, *,
+                 reference, learners: LearnerGroup, lend: dict[int, int], engines_lock: threading.RLock,
+                 weight_version: Callable[[], int], engine_version: Callable[[], int], eos_id: int | None,
+                 env_notes: EnvironmentNotes, run_dir: Path | str):
+        """reference: the reference actor's handle (None: none, or it runs on the learner ranks).
+        lend: {learner rank: threads} it may take while collecting idles (async on CPU; empty otherwise).
+        engines_lock: held around each generate; the weight sync holds it around itself (an engine
+        must not serve a generate between the calls of a weight update).
+        weight_version(): the learner's version now (an empty batch carries it); engine_version():
+        the version every engine is known to hold (a lower answer means an engine was restarted).
+        eos_id: the tokenizer's EOS, which ends a multi-turn turn. run_dir: named in errors."""
+        self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
+        self.reference, self.learners, self.lend, self.engines_lock = reference, learners, lend, engines_lock
+        self.weight_version, self.engine_version = weight_version, engine_version
+        self.eos_id, self.env_notes, self.run_dir = eos_id, env_notes, run_dir
 
-    def _collect(self, step: int, lend_to: int | None = None) -> Batch:
+    # ------------------------------------------------------------------ collecting a batch
+    def collect(self, step: int, lend_to: int | None = None) -> Batch:
         """Steps 1-3: prompts -> G completions each -> rewards, refilled and trimmed for the learner;
         then the reference actor's log-probs of what is kept. `lend_to`: the learners' train call
         this collection overlaps (async), which then gets the collecting side's idle cores."""
@@ -37,13 +67,14 @@ class Collecting:
         if t.dynamic_sampling:
             groups += self._refill(step, t.prompts_per_step - len(groups), stats)
         groups = trim_to_ranks(groups, t.group_size, self.cfg.learner.num_ranks)
-        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.version)
-        if self.actors.reference is not None and batch.examples:
+        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.weight_version(),
+                                  advantage_estimator=self.cfg.algo.advantage_estimator)
+        if self.reference is not None and batch.examples:
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.
             t0 = time.perf_counter()
             batch.ref_logp = wait_for(
-                self.actors.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
+                self.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
                 "reference actor", "computing reference log-probs", t.actor_timeout_s)
             stats.ref_s = time.perf_counter() - t0
         if self.lend and lend_to is not None:  # collected before that train call ended: lend it the cores
@@ -68,7 +99,7 @@ class Collecting:
         t, G = self.cfg.trainer, self.cfg.trainer.group_size
         examples = self.stream.take(n)
         sw = Stopwatch()
-        with sw("gen"), self._engines_lock:
+        with sw("gen"), self.engines_lock:
             rollouts = self._generate(examples, G, [sample_seed(t.seed, step, round_, i) for i in range(n)], stats=stats,
                                       what=f"step {step + 1}")
         with sw("reward"):
@@ -76,7 +107,7 @@ class Collecting:
             stats.skipped_prompts += len(examples) - len(live)
             m = self.cfg.metrics
             groups = score_groups(self.scorer, live, G, stats, max_new_tokens=self.cfg.rollout.model_token_cap(),
-                                  dynamic_sampling=t.dynamic_sampling, eos_id=self.tokenizer.eos_token_id,
+                                  dynamic_sampling=t.dynamic_sampling, eos_id=self.eos_id,
                                   samples=m.completions_per_step if m.log_completions else 0,
                                   advantage_estimator=self.cfg.algo.advantage_estimator)
         for name in stats.hung_functions():  # it would score every sample with the fallback for the rest of the run
@@ -100,11 +131,11 @@ class Collecting:
         failures are said when they happen (`what`: when, for the message)."""
         if not self.cfg.rollout.env:
             return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,
-                                      expected_version=self.engine_version)
+                                      expected_version=self.engine_version())
         fmt = multiturn_format(self.cfg)
         rollouts = self.pool.generate_multiturn([conversation(e.prompt, fmt) for e in examples],
                                                 [e.fields for e in examples], G, seeds, greedy,
-                                                expected_version=self.engine_version)
+                                                expected_version=self.engine_version())
         if stats is not None:
             stats.add_trajectories(rollouts)
         for line in self.env_notes.lines(rollouts, what):
@@ -112,12 +143,13 @@ class Collecting:
         return rollouts
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self) -> dict:
-        """Held-out prompts: greedy accuracy and pass@k (k samples each). Correct = the verdict of the
-        configured answer checker (gsm8k, math_verify, exact_match; see RewardScorer.judge)."""
-        t, ex = self.cfg.trainer, self.heldout
-        with self._engines_lock:
-            what = f"the evaluation at step {self.step}"
+    def evaluate(self, ex: list[Example], step: int) -> dict:
+        """Held-out prompts `ex`: greedy accuracy and pass@k (k samples each), at the loop's `step`.
+        Correct = the verdict of the configured answer checker (gsm8k, math_verify, exact_match; see
+        RewardScorer.judge)."""
+        t = self.cfg.trainer
+        with self.engines_lock:
+            what = f"the evaluation at step {step}"
             greedy = self._generate(ex, 1, [0] * len(ex), greedy=True, what=what)
             sampled = self._generate(ex, t.eval_pass_k,  # same seeds at every evaluation
                                      [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))], what=what)
@@ -135,6 +167,4 @@ class Collecting:
         if self.cfg.rollout.env:  # how often the greedy trajectories call the environment's tools
             calls = [g.completions[0].tool_calls if g.completions else 0 for g in greedy]
             m |= {"tool_calls_per_trajectory": sum(calls) / len(ex), "tool_call_rate": sum(c > 0 for c in calls) / len(ex)}
-        self.log.log_eval(self.step, m)
         return m
-

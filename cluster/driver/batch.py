@@ -215,6 +215,9 @@ class Batch:
     completion_ids: list[list[int]]
     behavior_logp: list[list[float]]
     rewards: list[float]
+    # per completion: the advantage the learner trains it with (None only in a batch loaded from a
+    # checkpoint written before batches carried them; the resume computes them, `batch_advantages`)
+    advantages: list[float] | None
     weight_version: int  # the oldest version that generated any of it
     stream_state: dict  # data position before this batch was taken (what a checkpoint must record)
     stats: CollectStats = field(default_factory=CollectStats)
@@ -226,7 +229,9 @@ class Batch:
 
     @classmethod
     def from_groups(cls, groups: list[ScoredGroup], stream_state: dict, stats: CollectStats,
-                    version_if_empty: int) -> Batch:
+                    version_if_empty: int, advantage_estimator: str) -> Batch:
+        """The batch of the groups kept for training, with the advantages the learner trains them
+        with: computed here, once, over exactly these groups."""
         # training_rows(): (prompt_ids, completion_ids, behavior_logp, loss_mask or None) per completion,
         # the same for single-turn (actors/rollout.py) and multi-turn (actors/multiturn/trajectories.py) rollouts
         rows = [row for g in groups for row in g.rollout.training_rows()]
@@ -234,10 +239,11 @@ class Batch:
         # an unscorable completion (NaN reward) is kept in its group's place with a loss mask of 0s
         rows = [(p, c, b, [0] * len(c)) if math.isnan(r) else (p, c, b, m) for (p, c, b, m), r in zip(rows, rewards)]
         masked = any(r[3] is not None for r in rows)
+        group_size = len(groups[0].rewards) if groups else 0
         return cls(
             examples=[g.example for g in groups],
             prompt_ids=[r[0] for r in rows], completion_ids=[r[1] for r in rows], behavior_logp=[r[2] for r in rows],
-            rewards=rewards,
+            rewards=rewards, advantages=batch_advantages(rewards, group_size, advantage_estimator),
             weight_version=min((g.rollout.weight_version for g in groups), default=version_if_empty),
             stream_state=stream_state, stats=stats,
             loss_mask=[r[3] if r[3] is not None else [1] * len(r[1]) for r in rows] if masked else None)
@@ -251,9 +257,21 @@ _RAGGED = {"prompt_ids": torch.int64, "completion_ids": torch.int64, "behavior_l
            "ref_logp": torch.float64, "loss_mask": torch.int64}
 
 
+def batch_advantages(rewards: list[float], group_size: int, advantage_estimator: str) -> list[float]:
+    """The advantages the learner trains a batch with: one `group_advantages` call over the whole
+    batch's rewards. Not pieced together from the rounds' (score_groups, for the logged samples):
+    torch reduces a lone row by another path than several rows, so a one-group round's std can
+    differ from the batch's in the last bit."""
+    if not rewards:
+        return []
+    return group_advantages(torch.tensor(rewards, dtype=torch.float64), group_size, advantage_estimator).tolist()
+
+
 def save_batch(batch: Batch, directory: str | Path) -> None:
     """Write `batch` into `directory` so that load_batch gives it back value for value."""
     tensors = {"rewards": torch.tensor(batch.rewards, dtype=torch.float64)}
+    if batch.advantages is not None:
+        tensors["advantages"] = torch.tensor(batch.advantages, dtype=torch.float64)
     for name, dtype in _RAGGED.items():
         rows = getattr(batch, name)
         if rows is not None:
@@ -268,7 +286,8 @@ def save_batch(batch: Batch, directory: str | Path) -> None:
 
 
 def load_batch(directory: str | Path) -> Batch | None:
-    """The batch save_batch wrote into `directory`; None if there is none."""
+    """The batch save_batch wrote into `directory`; None if there is none. One saved before batches
+    carried their advantages comes back with `advantages` None."""
     directory = Path(directory)
     if not (directory / NEXT_BATCH_JSON).is_file():
         return None
@@ -284,7 +303,9 @@ def load_batch(directory: str | Path) -> Batch | None:
 
     return Batch(examples=[Example(**e) for e in meta["examples"]], prompt_ids=ragged("prompt_ids"),
                  completion_ids=ragged("completion_ids"), behavior_logp=ragged("behavior_logp"),
-                 rewards=tensors["rewards"].tolist(), weight_version=meta["weight_version"],
+                 rewards=tensors["rewards"].tolist(),
+                 advantages=tensors["advantages"].tolist() if "advantages" in tensors else None,
+                 weight_version=meta["weight_version"],
                  stream_state=meta["stream_state"], stats=CollectStats(**meta["stats"]),
                  loss_mask=ragged("loss_mask"), ref_logp=ragged("ref_logp"))
 

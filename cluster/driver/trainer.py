@@ -1,10 +1,10 @@
 """The driver loop: one GRPO step is generate -> score -> reference -> advantages -> train -> sync.
 
-Sync and async schedules share this code. A batch is collected by `_collect` (generation, rewards
-and, with a reference actor, its log-probs; cluster/collecting.py) in a background thread; the sync schedule
-waits for it right away, the async one starts collecting step k+1 before training step k, so
-collecting overlaps training and each batch is one weight version old (`max_staleness` bounds
-how old it may be).
+Sync and async schedules share this code. A batch is collected by the `Collector` (generation,
+rewards and, with a reference actor, its log-probs; cluster/driver/collector.py) in a background
+thread; the sync schedule waits for it right away, the async one starts collecting step k+1
+before training step k, so collecting overlaps training and each batch is one weight version old
+(`max_staleness` bounds how old it may be).
 """
 from __future__ import annotations
 
@@ -15,23 +15,23 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-
 from actors.multiturn.env_pool import EnvPool
 from actors.multiturn.trajectories import ChatTokens, TemplateError
 from actors.rewards.scorer import RewardScorer
 from actors.transport.fingerprint import SyncMismatch
 from actors.transport.registry import resolve_backend
-from cluster.collect import (
-    Batch,
-    EnvironmentNotes,
-    load_batch,
-    save_batch,
-)
-from cluster.collecting import Collecting
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.dataset import DataError, PromptStream, load_run_data, load_tokenizer, reward_column_problem
 from cluster.data.model_check import checkpoint_model_problems, eos_warning
+from cluster.driver.batch import (
+    Batch,
+    EnvironmentNotes,
+    batch_advantages,
+    load_batch,
+    save_batch,
+)
+from cluster.driver.collector import Collector
+from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
@@ -41,10 +41,8 @@ from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_p
 from cluster.run.resume import ResumePoint, finished_run, resume_point
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
-from cluster.workers import LearnerGroup, RolloutPool, Stopwatch
 from learner import checkpoint
 from learner.batch import TrainBatch
-from learner.grpo import group_advantages
 
 
 def check_multiturn(cfg: RunConfig) -> None:
@@ -59,7 +57,7 @@ def check_multiturn(cfg: RunConfig) -> None:
         raise ConfigError([str(e)], "rollout.env") from None
 
 
-class Trainer(Collecting):
+class Trainer:
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
         self.cfg, self.overwrite = cfg, overwrite
@@ -99,7 +97,8 @@ class Trainer(Collecting):
         # An engine must not serve a generate between the calls of a weight update (vLLM holds mixed
         # weights then): the collector holds this lock around each generate, the sync around itself.
         self._engines_lock = threading.RLock()
-        self._collector = ThreadPoolExecutor(1, thread_name_prefix="collect")
+        self._collecting = ThreadPoolExecutor(1, thread_name_prefix="collect")
+        self.collector: Collector | None = None  # made in _setup, once the actors it drives are up
         self.stop = StopSignals(t.stop_grace_s)
         r = cfg.rollout
         self.health = HealthMonitor(t, beta=cfg.algo.beta, mismatch_expected=r.logprobs_mode == "processed_logprobs"
@@ -140,7 +139,7 @@ class Trainer(Collecting):
             run_dir_lock.release()
             logs.tidy(self.run_dir)
             self.scorer.close()
-            self._collector.shutdown(wait=False, cancel_futures=True)
+            self._collecting.shutdown(wait=False, cancel_futures=True)
             if self.log is not None:
                 self.log.close()
 
@@ -216,18 +215,27 @@ class Trainer(Collecting):
             raise TrainingHalted(f"{verdict.halt} Checkpoint {path} was saved; metrics, plots and sample completions "
                                  f"(`raygrpo show {self.run_dir}`) are in {self.run_dir}.")
 
+    def _collect_async(self, step: int, lend_to: int | None = None) -> Future:
+        """Steps 1-3 in the collecting thread (`lend_to`: see Collector.collect)."""
+        self.position_before_pending = self.stream.state()  # the collecting thread is idle whenever this is called
+        return self._collecting.submit(self.collector.collect, step, lend_to)
+
+    def evaluate(self) -> dict:
+        """The held-out evaluation (Collector.evaluate), logged at this step."""
+        m = self.collector.evaluate(self.heldout, self.step)
+        self.log.log_eval(self.step, m)
+        return m
+
     def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
-        """Steps 4-6: advantages, the DeepSpeed update (with reference.placement=learner the ranks
-        compute the reference log-probs in it), the weight broadcast."""
-        algo, G = self.cfg.algo, self.cfg.trainer.group_size
+        """Steps 4-6: the DeepSpeed update with the batch's advantages (with reference.placement=learner
+        the ranks compute the reference log-probs in it), the weight broadcast."""
         if not batch.examples:  # dynamic sampling found no group with a learning signal: nothing to train on
             return {"skipped": True}
-        advantages = group_advantages(torch.tensor(batch.rewards, dtype=torch.float64), G, algo.advantage_estimator)
         if batch.ref_logp is not None:  # the reference actor ran while the batch was collected
             sw.t["ref_s"] = batch.stats.ref_s
         with sw("train"):
             m = self.learners.train(TrainBatch(
-                prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=advantages.tolist(),
+                prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=batch.advantages,
                 behavior_logp=batch.behavior_logp, ref_logp=batch.ref_logp, pad_id=self.pad_id,
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
         if m.get("ref_seconds"):  # computed on the learner ranks, inside the train call
@@ -290,6 +298,11 @@ class Trainer(Collecting):
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
                                 [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
+        self.collector = Collector(
+            cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
+            lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
+            engine_version=lambda: self.engine_version, eos_id=self.tokenizer.eos_token_id,
+            env_notes=self.env_notes, run_dir=self.run_dir)
         self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
                                        cfg.rollout.tensor_parallel_size)
@@ -330,6 +343,8 @@ class Trainer(Collecting):
                   "it is collected anew", flush=True)
             self.stream.load_state(b.stream_state)
             self.resumed_batch = None
+        elif b is not None and b.advantages is None:  # saved before batches carried them
+            b.advantages = batch_advantages(b.rewards, G, self.cfg.algo.advantage_estimator)
         carried = " and the next step's batch saved with it" if self.resumed_batch is not None else ""
         print(f"resumed from {path} at step {self.step}{carried}", flush=True)
 
