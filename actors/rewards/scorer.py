@@ -244,14 +244,16 @@ class RewardScorer:
         t0 = time.perf_counter()
         texts, ids, fields, env_rewards = self._samples(completions, examples, max_new_tokens)
         values, stats, errors = self._values(self.specs, Batch(prompts, texts, ids, fields))
-        for spec in self.specs:  # said when it happens, per function, not only counted: how many and its first error
-            st = stats[spec]
-            if st.errors:
-                what = ("left out of this batch, the others' weights renormalised" if st.failed_every_call
-                        else f"those samples get reward.fallback={self.cfg.fallback:g}")
-                print(f"reward: {self.names[spec]} failed {st.errors} of {len(texts)} sample(s) ({what}), "
-                      f"first: {st.first_error}", file=sys.stderr, flush=True)
         rewards, unscorable, failed = combine(values, self.weights, env_rewards, self.cfg.fallback, group_size or 1)
+        for spec in self.specs:  # said when it happens, per function, not only counted: how many and its first error
+            bad = [i for i, v in enumerate(values[spec]) if is_error(v)]
+            if bad:
+                fell = sum(failed[i] for i in bad)
+                what = [f"{len(bad) - fell} left out of their prompt's sum, the other functions' weights "
+                        "renormalised"] if len(bad) > fell else []
+                what += [f"{fell} given reward.fallback={self.cfg.fallback:g}"] if fell else []
+                print(f"reward: {self.names[spec]} failed {len(bad)} of {len(texts)} sample(s) ({'; '.join(what)}), "
+                      f"first: {stats[spec].first_error}", file=sys.stderr, flush=True)
         return RewardResult(rewards, len(errors), errors[:MAX_ERROR_SAMPLES], time.perf_counter() - t0, values,
                             {self.names[s]: stats[s] for s in self.specs}, sum(unscorable), failed)
 

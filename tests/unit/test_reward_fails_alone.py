@@ -57,8 +57,8 @@ def test_a_verifier_answering_500_fails_alone_and_the_others_are_renormalised(br
     assert down.failed_every_call and down.errors == 4 and "HTTP 500" in down.first_error
     assert not res.functions["exact"].failed_every_call and res.functions["exact"].first_error is None
     err = capsys.readouterr().err
-    assert "reward: down failed 4 of 4 sample(s) (left out of this batch, the others' weights renormalised), " \
-           f"first: {broken_verifier}: HTTP 500" in err
+    assert "reward: down failed 4 of 4 sample(s) (4 left out of their prompt's sum, the other functions' weights " \
+           f"renormalised), first: {broken_verifier}: HTTP 500" in err
     assert "reward: exact" not in err  # only a function that failed is said
 
 
