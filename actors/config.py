@@ -126,7 +126,9 @@ class RewardConfig:
     # function's __name__, the reward model directory's basename, the URL's host and path.
     names: list[str] = field(default_factory=list)
     timeout_s: float = 10.0  # per call of user code; a call past it counts as a reward error
-    fallback: float = 0.0  # reward given to a sample whose reward function raised / timed out
+    # reward of a sample a working function failed on, or that every function failed on (a function that
+    # failed a prompt's every sample is left out of it instead: actors/rewards/scorer.py, "Errors")
+    fallback: float = 0.0
     num_procs: int = 2  # isolated processes that run user reward code
     # DAPO soft overlong punishment (used by the `overlong_penalty` built-in)
     overlong_buffer: int = 8
@@ -143,6 +145,9 @@ class RewardConfig:
     http_max_retries: int = 3  # on connection errors, 5xx and 429, with backoff; never on other 4xx
     http_max_batch: int = 64  # samples per request
     http_concurrency: int = 4  # requests in flight at once, per verifier
+    # The most a verifier's answer may hold (its {"rewards": [...]} for http_max_batch samples is a few KB):
+    # a larger one is an error for that request's samples, read no further than this + 1 byte.
+    http_max_response_mb: float = 8.0
 
     def problems(self) -> list[str]:
         p = []
@@ -171,4 +176,6 @@ class RewardConfig:
         at_least(p, "reward.http_max_retries", self.http_max_retries, 0)
         at_least(p, "reward.http_max_batch", self.http_max_batch, 1)
         at_least(p, "reward.http_concurrency", self.http_concurrency, 1)
+        if not self.http_max_response_mb > 0:
+            p.append(f"reward.http_max_response_mb must be > 0, got {self.http_max_response_mb}")
         return p

@@ -54,6 +54,12 @@ class FunctionStats:
     timeouts: int = 0  # calls that ran out of time
     seconds: float = 0.0  # from the start of scoring until its last value came back
     truncated: int | None = None  # reward models: inputs cut to reward.model_max_len (None: not a model)
+    first_error: str | None = None  # the text of its first error in this batch (what a halt names it with)
+
+    @property
+    def failed_every_call(self) -> bool:
+        """It gave no value and no null: every sample it was given ended in an error."""
+        return self.errors > 0 and not self.values and not self.unscorable
 
 
 @dataclass
@@ -86,6 +92,8 @@ class Tally:
             self.values[spec][i] = value
         else:
             self.errors.append(f"{self.names.get(spec, spec)} on sample {i}: {value}")
+            if self.stats[spec].first_error is None:
+                self.stats[spec].first_error = str(value)
 
 
 class KindRunner:

@@ -15,6 +15,8 @@ sample, null meaning "cannot score this one" (left out of its group, never score
 - Connection errors, 5xx and 429 are retried `reward.http_max_retries` times with exponential
   backoff (0.5 s, 1 s, 2 s, ... at most 8 s; a Retry-After header is honoured up to 30 s).
 - A request with no answer in time is an error for its samples (counted), not retried.
+- An answer larger than `reward.http_max_response_mb` is an error for its samples, not retried: it
+  is read no further than that + 1 byte (a Content-Length over it is refused before reading).
 - 401 / 403 (credentials) and 404 / 405 (no verifier at that path) stop the run at once, naming
   the URL; any other 4xx is an error for that request's samples, not retried.
 - `Authorization: Bearer $RAYGRPO_REWARD_TOKEN` is sent when that variable is set (read by the
@@ -224,7 +226,7 @@ class HttpVerifier:
         timeout = self.cfg.http_timeout_s
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                raw = response.read()
+                raw = _read_capped(response, self.cfg.http_max_response_mb)
         except urllib.error.HTTPError as e:
             detail = _body_text(e)
             self._refused(e, detail)
@@ -261,6 +263,25 @@ class _Retryable(Exception):
     def __init__(self, message: str, retry_after: float = 0.0):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+def _read_capped(response, max_mb: float) -> bytes:
+    """The answer's body, at most max_mb MB: a longer one raises _RequestFailed having read cap + 1 bytes."""
+    cap = int(max_mb * 1024 * 1024)
+    too_big = f"answered more than {max_mb:g} MB (reward.http_max_response_mb={max_mb:g})"
+    length = response.headers.get("Content-Length", "")
+    if length.strip().isdigit() and int(length) > cap:
+        raise _RequestFailed(f"{too_big}: Content-Length {int(length):,} bytes; nothing of it was read")
+    chunks, got = [], 0
+    while got <= cap:
+        chunk = response.read(cap + 1 - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if got > cap:
+        raise _RequestFailed(f"{too_big}; read no further than {cap + 1:,} bytes")
+    return b"".join(chunks)
 
 
 def _body_text(e: urllib.error.HTTPError) -> str:

@@ -121,11 +121,13 @@ def model_dir_problems(path: str) -> list[str]:
         return [f"{where}: cannot read config.json ({e}); expected a directory written by save_pretrained"]
     problems = []
     archs = config.get("architectures") or []
-    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+    classifier = not archs or any(a.endswith("ForSequenceClassification") for a in archs)
+    if not classifier:
         problems.append(f"{where} is a {', '.join(archs)}, not a ...ForSequenceClassification model "
                         "(AutoModelForSequenceClassification with num_labels=1)")
+    # Labels mean something only for a classifier: a causal LM's config carries transformers' default of 2
     labels = len(config["id2label"]) if isinstance(config.get("id2label"), dict) else config.get("num_labels", 2)
-    if labels != 1:
+    if classifier and labels != 1:
         problems.append(f"{where} has {labels} labels; a reward model has one (num_labels=1): its single logit is the reward")
     if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json",
                                                                 "tokenizer.model", "vocab.json")):

@@ -31,8 +31,21 @@ returned null for *every* sample of a group has no opinion on that prompt (TRL's
 and is left out of the group's sum; a group no function scored is unscorable as a whole (with no
 function configured, an environment's reward alone scores every sample).
 
-Errors. A call that raises, returns a non-number / NaN, exceeds its timeout or kills its process
-is a reward *error*: counted per function, printed, and the sample gets `reward.fallback`.
+Errors: a function fails alone. A call that raises, returns a non-number / NaN, exceeds its timeout
+or kills its process (a verifier: a request that failed, see http.py) is a reward *error*: counted
+per function, and said per function with its first error. Within a group:
+- a function that failed on *every* sample of the group is left out of the group's sum, and the
+  others' weights are scaled up by sum(|w| of all functions) / sum(|w| of the functions left), so
+  the group's rewards keep the scale they have when every function works. A broken function (a
+  verifier that answers 500) thus fails alone: the step goes on with the functions that work;
+- a function that failed on *some* samples of the group gives those samples `reward.fallback`, in
+  place of their whole sum (a flaky call inside a working function);
+- a group that every function failed on (none left that scored it) gets `reward.fallback` for
+  every sample: those samples are `failed`. The driver halts a step where no sample was scored,
+  and a function that failed every call for `trainer.halt_after` steps in a row (cluster/run/health.py).
+Leaving a function out of a whole group, not only out of the samples it failed, keeps every sample
+of a group scored by the same functions with the same weights, so their advantages compare like
+with like.
 
 Multi-turn trajectories (actors/multiturn/trajectories.py) are scored on the final assistant turn's text as
 `completion`, with the whole conversation as `_messages` (a reward model reads that), `_turns`,
@@ -64,33 +77,38 @@ REWARD_STATS = ("mean", "std", "errors", "unscorable", "s")
 # --------------------------------------------------------------------------- #
 @dataclass
 class RewardResult:
-    rewards: list[float]  # weighted sum per sample: NaN = unscorable; reward.fallback where a call failed
+    rewards: list[float]  # weighted sum per sample: NaN = unscorable; reward.fallback where it failed (see combine)
     errors: int  # failed (function, sample) pairs
     error_samples: list[str]  # the first few error messages, for the log
     seconds: float
     per_function: dict[str, list] = field(default_factory=dict)  # spec -> raw values (None = null, NaN = error)
     functions: dict[str, FunctionStats] = field(default_factory=dict)  # name -> this batch's stats
     unscorable: int = 0  # samples left out of their group and of the loss
-    failed: list[bool] = field(default_factory=list)  # per sample: a call failed (it got reward.fallback)
+    failed: list[bool] = field(default_factory=list)  # per sample: it got reward.fallback (see combine)
 
 
-def combine(values: dict[str, list], weights: dict[str, float], failed: list[bool], env_rewards: list[float],
-            fallback: float, group_size: int) -> tuple[list[float], list[bool]]:
-    """The reward of every sample (NaN: unscorable) and which are unscorable; see the module docstring.
-    values: spec -> per sample a float, None (null) or NaN (error)."""
-    n = len(failed)
-    rewards, unscorable = [0.0] * n, [False] * n
+def combine(values: dict[str, list], weights: dict[str, float], env_rewards: list[float], fallback: float,
+            group_size: int) -> tuple[list[float], list[bool], list[bool]]:
+    """The reward of every sample (NaN: unscorable), which are unscorable, and which got `fallback`
+    (failed); the rule is the module docstring's. values: spec -> per sample a float, None (null) or NaN (error)."""
+    n = len(env_rewards)
+    rewards, unscorable, failed = [0.0] * n, [False] * n, [False] * n
+    total = sum(abs(weights[s]) for s in values)
     for g in range(0, n, group_size):
         group = range(g, min(g + group_size, n))
-        applies = [s for s in values if any(values[s][i] is not None for i in group)]
+        broken = {s for s in values if all(is_error(values[s][i]) for i in group)}  # failed the whole group
+        left = [s for s in values if s not in broken]
+        applies = [s for s in left if any(values[s][i] is not None for i in group)]
+        kept = sum(abs(weights[s]) for s in left)
+        scale = total / kept if broken and kept else 1.0
         for i in group:
-            if failed[i]:
-                rewards[i] = env_rewards[i] + fallback
+            if (broken and not applies) or any(is_error(values[s][i]) for s in left):
+                rewards[i], failed[i] = env_rewards[i] + fallback, True
             elif values and (not applies or any(values[s][i] is None for s in applies)):
                 rewards[i], unscorable[i] = NAN, True
             else:
-                rewards[i] = env_rewards[i] + sum(weights[s] * values[s][i] for s in applies)
-    return rewards, unscorable
+                rewards[i] = env_rewards[i] + scale * sum(weights[s] * values[s][i] for s in applies)
+    return rewards, unscorable, failed
 
 
 # --------------------------------------------------------------------------- #
@@ -226,12 +244,16 @@ class RewardScorer:
         t0 = time.perf_counter()
         texts, ids, fields, env_rewards = self._samples(completions, examples, max_new_tokens)
         values, stats, errors = self._values(self.specs, Batch(prompts, texts, ids, fields))
-        failed = [any(is_error(values[s][i]) for s in self.specs) for i in range(len(texts))]
-        if errors:  # said when it happens, not only counted: the first error and how many
-            print(f"reward: {len(errors)} of {len(texts) * len(self.specs)} reward call(s) failed "
-                  f"(those samples get reward.fallback={self.cfg.fallback:g}), first: {errors[0]}",
-                  file=sys.stderr, flush=True)
-        rewards, unscorable = combine(values, self.weights, failed, env_rewards, self.cfg.fallback, group_size or 1)
+        rewards, unscorable, failed = combine(values, self.weights, env_rewards, self.cfg.fallback, group_size or 1)
+        for spec in self.specs:  # said when it happens, per function, not only counted: how many and its first error
+            bad = [i for i, v in enumerate(values[spec]) if is_error(v)]
+            if bad:
+                fell = sum(failed[i] for i in bad)
+                what = [f"{len(bad) - fell} left out of their prompt's sum, the other functions' weights "
+                        "renormalised"] if len(bad) > fell else []
+                what += [f"{fell} given reward.fallback={self.cfg.fallback:g}"] if fell else []
+                print(f"reward: {self.names[spec]} failed {len(bad)} of {len(texts)} sample(s) ({'; '.join(what)}), "
+                      f"first: {stats[spec].first_error}", file=sys.stderr, flush=True)
         return RewardResult(rewards, len(errors), errors[:MAX_ERROR_SAMPLES], time.perf_counter() - t0, values,
                             {self.names[s]: stats[s] for s in self.specs}, sum(unscorable), failed)
 

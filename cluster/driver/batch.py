@@ -53,13 +53,14 @@ class CollectStats:
     gen_s: float = 0.0
     reward_s: float = 0.0
     ref_s: float = 0.0  # the reference actor's log-probs of the kept completions
-    reward_errors: int = 0  # reward calls that raised / timed out (their completions got the fallback)
+    reward_errors: int = 0  # (function, completion) pairs that failed: raised, timed out, not a number
     reward_unscorable: int = 0  # completions no reward could score: out of their group and the loss
     error_samples: list[str] = field(default_factory=list)  # the first round's messages that had any
-    # per reward function name: {"values", "errors", "unscorable", "calls", "timeouts", "seconds", "truncated"}
+    # per reward function name: {"values", "errors", "unscorable", "calls", "timeouts", "seconds", "truncated",
+    # "first_error" (once it had one)}
     reward_functions: dict = field(default_factory=dict)
     groups: int = 0  # groups scored
-    failed_groups: int = 0  # groups whose every completion had a failed reward call
+    failed_groups: int = 0  # groups no reward function scored (every completion got reward.fallback)
     zero_var_groups: int = 0  # groups whose rewards were all equal: no learning signal
     skipped_prompts: int = 0  # prompts the engines refused (e.g. too long)
     extra_prompts: int = 0  # prompts taken by dynamic sampling to replace dropped groups
@@ -104,14 +105,32 @@ class CollectStats:
             acc = self.reward_functions.setdefault(name, {"values": [], "errors": 0, "unscorable": 0, "calls": 0,
                                                           "timeouts": 0, "seconds": 0.0, "truncated": None})
             for key in acc:
-                if key != "truncated":
+                if key not in ("truncated", "first_error"):
                     acc[key] += getattr(st, key)
             if st.truncated is not None:  # a reward model
                 acc["truncated"] = (acc["truncated"] or 0) + st.truncated
+            if st.first_error is not None and not acc.get("first_error"):
+                acc["first_error"] = st.first_error
 
-    def hung_functions(self) -> list[str]:
-        """Reward functions that timed out on every call they were given (in this step so far)."""
-        return [name for name, acc in self.reward_functions.items() if acc["calls"] and acc["timeouts"] == acc["calls"]]
+    def function_errors(self, timeout_setting=lambda name: None) -> dict[str, str]:
+        """Every reward function with an error in this step -> what a halt says of it: whether it failed
+        every call, its error count and its first error (`timeout_setting(name)`: the setting that
+        bounds its calls, named when every call timed out)."""
+        out = {}
+        for name, acc in self.reward_functions.items():
+            if not acc["errors"]:
+                continue
+            every = not acc["values"] and not acc["unscorable"]
+            hung = acc["calls"] and acc["timeouts"] == acc["calls"]
+            why = f", every call timed out ({timeout_setting(name)})" if hung and timeout_setting(name) else ""
+            out[name] = (f"the reward function {name} failed {'every call' if every else 'some calls'} "
+                         f"({acc['errors']} error(s){why}), first: {acc.get('first_error') or '(no message)'}")
+        return out
+
+    def failed_functions(self) -> list[str]:
+        """Reward functions that failed every call they were given in this step (no value, no null)."""
+        return [name for name, acc in self.reward_functions.items()
+                if acc["errors"] and not acc["values"] and not acc["unscorable"]]
 
     def add_lengths(self, rollout, eos_id: int | None) -> None:
         """Count the lengths of a scored rollout's completions (multi-turn: also per assistant turn,
@@ -128,7 +147,8 @@ class CollectStats:
                 self.clipped += c.finish_reason == "length"
 
     def every_group_failed(self) -> bool:
-        """Training on fallback rewards only teaches nothing: the run should stop instead."""
+        """No reward function scored any sample (each got reward.fallback): nothing to learn from, the run
+        halts (after this step's metrics row)."""
         return self.groups > 0 and self.failed_groups == self.groups
 
     def metrics(self) -> dict:

@@ -69,7 +69,7 @@ class Collector:
         groups = trim_to_ranks(groups, t.group_size, self.cfg.learner.num_ranks)
         batch = Batch.from_groups(groups, state, stats, version_if_empty=self.weight_version(),
                                   advantage_estimator=self.cfg.algo.advantage_estimator)
-        if self.reference is not None and batch.examples:
+        if self.reference is not None and batch.examples and not stats.every_group_failed():  # else not trained on
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.
             t0 = time.perf_counter()
@@ -86,7 +86,7 @@ class Collector:
         replace them from more prompts, at most `trainer.max_extra_prompts` per step."""
         out: list[ScoredGroup] = []
         budget, round_ = self.cfg.trainer.max_extra_prompts, 1
-        while len(out) < missing and budget > 0:
+        while len(out) < missing and budget > 0 and not stats.every_group_failed():  # no function scores: no refill
             n = min(missing - len(out), budget)
             budget -= n
             stats.extra_prompts += n
@@ -110,16 +110,8 @@ class Collector:
                                   dynamic_sampling=t.dynamic_sampling, eos_id=self.eos_id,
                                   samples=m.completions_per_step if m.log_completions else 0,
                                   advantage_estimator=self.cfg.algo.advantage_estimator)
-        for name in stats.hung_functions():  # it would score every sample with the fallback for the rest of the run
-            raise RuntimeError(
-                f"the reward function {name} timed out on every one of its {stats.reward_functions[name]['calls']} "
-                f"calls at step {step + 1} ({self.scorer.timeout_setting(name)}): it hangs, or needs longer. Fix it "
-                f"or raise that timeout; metrics and checkpoints so far are in {self.run_dir}")
-        if stats.every_group_failed():
-            raise RuntimeError(
-                f"every reward call failed at step {step + 1} ({stats.reward_errors} errors), e.g. "
-                f"{'; '.join(stats.error_samples[:2])}. Fix the reward function(s) {self.cfg.reward.functions}; "
-                f"metrics and checkpoints so far are in {self.run_dir}")
+        # A reward function that failed (even every call, even every sample's) does not stop collecting: the
+        # trainer writes the step's metrics row first, then its health guard halts (Trainer._check_health).
         stats.gen_s += sw.t["gen_s"]
         stats.reward_s += sw.t["reward_s"]
         return groups

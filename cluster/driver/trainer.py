@@ -203,7 +203,10 @@ class Trainer:
 
     def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
         """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""
-        verdict = self.health.check(row, batch.stats.groups, env_failed=batch.stats.every_trajectory_failed())
+        s = batch.stats
+        verdict = self.health.check(row, s.groups, env_failed=s.every_trajectory_failed(), unscored=s.every_group_failed(),
+                                    reward_errors=s.function_errors(self.scorer.timeout_setting),
+                                    failed_functions=s.failed_functions())
         for w in verdict.warnings:
             self.log.note(f"health: {w}")
         if verdict.halt and self.step >= self.cfg.trainer.steps:  # nothing left to save by halting: end as usual
@@ -229,7 +232,9 @@ class Trainer:
     def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
         """Steps 4-6: the DeepSpeed update with the batch's advantages (with reference.placement=learner
         the ranks compute the reference log-probs in it), the weight broadcast."""
-        if not batch.examples:  # dynamic sampling found no group with a learning signal: nothing to train on
+        # dynamic sampling found no group with a learning signal, or no reward function scored any sample
+        # (the health guard halts after this step's row): nothing to train on
+        if not batch.examples or batch.stats.every_group_failed():
             return {"skipped": True}
         if batch.ref_logp is not None:  # the reference actor ran while the batch was collected
             sw.t["ref_s"] = batch.stats.ref_s
@@ -267,7 +272,7 @@ class Trainer:
             "step": self.step, **batch.stats.metrics(), **{k: m[k] for k in LEARNER_KEYS if k in m},
             "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
             "step_s": sw.t["step_s"], "weight_version": self.version,
-            "staleness": self.version - 1 - batch.weight_version, "trained_groups": len(batch.examples),
+            "staleness": self.version - 1 - batch.weight_version, "trained_groups": 0 if m.get("skipped") else len(batch.examples),
             "rollout_restarts": self.pool.restarts, "update_skipped": m.get("skipped", False),
             "sync_bytes": m.get("sync", {}).get("bytes", 0),
             # every engine's fingerprint matched this step's update (and the seconds that check took);

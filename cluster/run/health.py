@@ -14,6 +14,12 @@ steps, but goes on: sampling may still find a rewarded answer, and the completio
 (`raygrpo show RUN_DIR`) tell a constant reward from a hard task. The other rule, "not before an
 evaluation has run", was not taken: evaluations are optional (data.num_eval=0, trainer.eval_every=0)
 and the one before training always runs first, so it would mean "always" or "never".
+
+Reward functions fail alone (actors/rewards/scorer.py): a function that failed every call of a step
+is warned about and the step goes on with the others; it halts the run when it failed every call
+for `halt_after` steps in a row. A step where no function scored any sample halts at once (there
+is nothing to learn from; `halt_after` 0 included). Either halt names exactly the functions that
+failed, each with its error count and first error.
 """
 from __future__ import annotations
 
@@ -45,9 +51,14 @@ class HealthMonitor:
         self.streaks = {"environment": 0, "zero_variance": 0, "entropy": 0, "kl": 0, "mismatch": 0}
         self.signal_seen = False  # a step had a group whose rewards differ (the zero-variance guard counts from then)
         self.no_signal_steps = 0  # steps without any signal before the first one
+        self.failing: dict[str, int] = {}  # reward function -> steps in a row it failed every call
 
-    def check(self, row: dict, scored_groups: int, env_failed: bool = False) -> Verdict:
-        """env_failed: every trajectory of the step ended on an environment error (multi-turn)."""
+    def check(self, row: dict, scored_groups: int, env_failed: bool = False, unscored: bool = False,
+              reward_errors: dict[str, str] | None = None, failed_functions: list[str] = ()) -> Verdict:
+        """env_failed: every trajectory of the step ended on an environment error (multi-turn).
+        unscored: no reward function scored any sample of the step. reward_errors: every function with an
+        error in the step -> what to say of it (cluster.driver.batch.CollectStats.function_errors);
+        failed_functions: those that failed every call."""
         t, v = self.t, Verdict()
         self.streaks["environment"] = self.streaks["environment"] + 1 if env_failed else 0
         if env_failed:
@@ -60,6 +71,8 @@ class HealthMonitor:
                 v.halt = f"{self._symptom('environment', row, scored_groups)} for {n} consecutive steps. " \
                          f"{self._advice('environment')}"
             return v
+        if self._rewards(v, row["step"], unscored, reward_errors or {}, failed_functions):
+            return v  # nothing was scored: the other guards have nothing to read
         no_signal = scored_groups > 0 and row.get("zero_var_groups", 0) >= scored_groups
         self.signal_seen = self.signal_seen or (scored_groups > 0 and not no_signal)
         if no_signal and not self.signal_seen and t.halt_on_zero_variance:
@@ -90,13 +103,37 @@ class HealthMonitor:
                 v.warnings.append(f"step {row['step']}: {self._symptom(name, row, scored_groups)} "
                                   f"({self.streaks[name]} step(s) in a row"
                                   + (f"; the run halts at {t.halt_after})" if t.halt_after else ")"))
-        if t.halt_after:
+        if t.halt_after and v.halt is None:
             for name, n in self.streaks.items():
                 if n >= t.halt_after:
                     advice = self._advice(name).replace("RUN_DIR", self.run_dir)
                     v.halt = f"{self._symptom(name, row, scored_groups)} for {n} consecutive steps. {advice}"
                     break
         return v
+
+    def _rewards(self, v: Verdict, step: int, unscored: bool, errors: dict[str, str], failed: list[str]) -> bool:
+        """The reward-function guard (see the module docstring); True when the step had no score at all."""
+        t = self.t
+        self.failing = {name: self.failing.get(name, 0) + 1 for name in failed}
+        if unscored:
+            said = "; ".join(errors.values()) or "no error was reported"
+            v.halt = (f"no reward function scored any sample at step {step} (each got reward.fallback): {said}. "
+                      "What to change: fix those functions (the 'reward: ...' lines above say what each one "
+                      "answered), raise their timeout if they are only slow, or remove them from reward.functions; "
+                      "nothing was trained at this step.")
+            return True
+        for name in failed:
+            v.warnings.append(f"step {step}: {errors.get(name, name)}; the step went on with the other reward functions, "
+                              f"their weights renormalised ({self.failing[name]} step(s) in a row"
+                              + (f"; the run halts at {t.halt_after})" if t.halt_after else ")"))
+        tripped = [name for name in failed if t.halt_after and self.failing[name] >= t.halt_after]
+        if tripped:
+            v.halt = (f"{len(tripped)} reward function(s) failed every call for {t.halt_after} consecutive steps: "
+                      f"{'; '.join(errors.get(name, name) for name in tripped)}. The other functions scored the "
+                      "steps, but these add nothing. What to change: fix them (the 'reward: ...' lines above say "
+                      "what each one answered), raise their timeout if they are only slow, or remove them from "
+                      "reward.functions; trainer.halt_after=0 lets the run go on without them.")
+        return False
 
     def _symptom(self, name: str, row: dict, groups: int) -> str:
         return {

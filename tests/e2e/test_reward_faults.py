@@ -27,8 +27,9 @@ def write_run(tmp_path: Path, tiny_model_dir, reward_code: str, *extra: str, pro
 
 def test_a_reward_that_kills_its_parent_cannot_take_the_driver_down(tiny_model_dir, tmp_path):
     """The case as found: os.kill(os.getppid(), SIGKILL) on every call ended the run with exit 137, no
-    message, a stale lock. Now each call's worker dies alone: every call is an error, so the run stops
-    at step 1 with the reason (exit 1), the lock released."""
+    message, a stale lock. Now each call's worker dies alone: every call is an error, so no function
+    scored any sample and the run halts after step 1's metrics row with the reason (exit 3, issue 36), the
+    lock released."""
     cfg = write_run(tmp_path, tiny_model_dir, """
         import os, signal, time
 
@@ -38,9 +39,12 @@ def test_a_reward_that_kills_its_parent_cannot_take_the_driver_down(tiny_model_d
             return 1.0
     """, "reward: {functions: [my_reward.py:reward], num_procs: 2}")
     out = run_cli("train", cfg, cwd=tmp_path)
-    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
-    assert "raygrpo: run failed: every reward call failed at step 1" in out.stderr
+    assert out.returncode == 3, (out.returncode, out.stderr[-2000:])
+    assert "raygrpo: run halted: no reward function scored any sample at step 1 (each got reward.fallback): " \
+           "the reward function reward failed every call (16 error(s)), first: reward process died" in out.stderr
     assert "reward process died (exit code -9)" in out.stderr
+    [row] = read_metrics(tmp_path / "run")  # the step's row, written before the halt
+    assert row["step"] == 1 and row["rewards/reward/errors"] == 16 and row["update_skipped"] is True
     assert not (tmp_path / "run" / "raygrpo.lock").exists() and (tmp_path / "run" / "config.yaml").exists()
 
 
@@ -67,7 +71,8 @@ def test_a_reward_that_kills_its_parent_now_and_then_costs_only_those_calls(tiny
 def test_a_reward_that_hangs_on_every_call_stops_the_run_naming_it_and_its_timeout(tiny_model_dir, tmp_path):
     """The case as found: timed-out calls ran one after another per process (32 calls x 3 s / 2 processes
     = 48 s of silence here, 21 min at the defaults with 256). Now the first call of each process times
-    out, the rest run at once, and the run stops at step 1 with the function's name and its timeout."""
+    out, the rest run at once, and the run stops after step 1 (its metrics row written) with the function's
+    name and its timeout."""
     cfg = write_run(tmp_path, tiny_model_dir, """
         import time
 
@@ -77,9 +82,11 @@ def test_a_reward_that_hangs_on_every_call_stops_the_run_naming_it_and_its_timeo
     t0 = time.monotonic()
     out = run_cli("train", cfg, cwd=tmp_path)
     took = time.monotonic() - t0
-    assert out.returncode == 1, out.stderr[-3000:]
-    assert ("raygrpo: run failed: the reward function slow_judge timed out on every one of its 32 calls at step 1 "
-            "(reward.timeout_s=3)") in out.stderr
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert ("raygrpo: run halted: no reward function scored any sample at step 1 (each got reward.fallback): the "
+            "reward function slow_judge failed every call (32 error(s), every call timed out (reward.timeout_s=3)), "
+            "first: timed out after 3s") in out.stderr
+    assert [r["rewards/slow_judge/errors"] for r in read_metrics(tmp_path / "run")] == [32]
     assert "rewards: slow_judge timed out on 2 of its first 2 calls: its other 30 run at once now" in out.stderr
     print(f"the whole run (actors' start included) took {took:.0f} s")
     assert not (tmp_path / "run" / "raygrpo.lock").exists()

@@ -77,7 +77,8 @@ class FakeScorer:
                             errors=sum(failed), error_samples=["boom"] if any(failed) else [],
                             seconds=0.0, per_function={"f": raw}, failed=failed, unscorable=raw.count(None),
                             functions={"f": FunctionStats(values, errors=sum(failed), unscorable=raw.count(None),
-                                                          calls=len(raw), timeouts=raw.count("timeout"), seconds=0.5)})
+                                                          calls=len(raw), timeouts=raw.count("timeout"), seconds=0.5,
+                                                          first_error="boom" if any(failed) else None)})
 
     def timeout_setting(self, name):
         return "reward.timeout_s=3"
@@ -150,12 +151,16 @@ def test_skipped_prompts_are_counted_and_the_batch_is_trimmed_to_the_ranks():
     assert [e.prompt for e in t.collector.collect(step=0).examples] == ["p0", "p2"][:1] + ["p1"]  # 6 -> 4 sequences
 
 
-def test_every_reward_call_failing_stops_the_run_with_the_errors():
+def test_no_function_scoring_any_sample_is_collected_for_the_trainer_to_log_then_halt():
+    """Issue 36: collecting does not raise (the step's metrics row must be written first); the batch says
+    that nothing was scored and which function failed, with its error count and first error."""
     nan = float("nan")
-    with pytest.raises(RuntimeError, match="every reward call failed at step 1 .*boom"):
-        trainer([[nan, nan], [nan, nan]], want=2).collector.collect(step=0)
+    b = trainer([[nan, nan], [nan, nan]], want=2).collector.collect(step=0)
+    assert b.stats.every_group_failed() and b.stats.failed_functions() == ["f"]
+    assert b.stats.function_errors() == {"f": "the reward function f failed every call (4 error(s)), first: boom"}
     b = trainer([[nan, nan], [1, 0]], want=2).collector.collect(step=0)  # one failed group of two: go on
-    assert b.stats.failed_groups == 1 and b.stats.reward_errors == 2
+    assert b.stats.failed_groups == 1 and b.stats.reward_errors == 2 and not b.stats.every_group_failed()
+    assert b.stats.failed_functions() == [] and "failed some calls (2 error(s))" in b.stats.function_errors()["f"]
 
 
 def test_unscorable_completions_stay_in_place_with_a_mask_of_zeros_and_are_counted():
@@ -172,11 +177,12 @@ def test_unscorable_completions_stay_in_place_with_a_mask_of_zeros_and_are_count
     assert [e.prompt for e in kept.examples] == ["p2"]  # groups with fewer than 2 scorable samples carry no signal
 
 
-def test_a_function_that_timed_out_on_every_call_stops_the_run():
-    with pytest.raises(RuntimeError, match=r"reward function f timed out on every one of its 4 calls at step 1 "
-                                           r"\(reward.timeout_s=3\)"):
-        trainer([["timeout", "timeout"], ["timeout", "timeout"]], want=2).collector.collect(step=0)
-    trainer([["timeout", 1.0], [0.0, "timeout"]], want=2).collector.collect(step=0)  # some calls finished: counted, no stop
+def test_a_function_that_timed_out_on_every_call_is_named_with_its_timeout():
+    b = trainer([["timeout", "timeout"], ["timeout", "timeout"]], want=2).collector.collect(step=0)
+    assert b.stats.function_errors(lambda name: "reward.timeout_s=3") == {
+        "f": "the reward function f failed every call (4 error(s), every call timed out (reward.timeout_s=3)), first: boom"}
+    b = trainer([["timeout", 1.0], [0.0, "timeout"]], want=2).collector.collect(step=0)  # some calls finished
+    assert b.stats.failed_functions() == [] and "timed out" not in b.stats.function_errors(lambda n: "x")["f"]
 
 
 def test_trim_to_ranks():

@@ -17,6 +17,7 @@ def trainer(tmp_path, steps, at_step):
     cfg.trainer.steps, cfg.trainer.halt_after, cfg.trainer.entropy_floor = steps, 1, 100.0
     t = Trainer.__new__(Trainer)
     t.cfg, t.run_dir, t.step = cfg, tmp_path, at_step
+    t.scorer = SimpleNamespace(timeout_setting=lambda name: None)
     t.health = HealthMonitor(cfg.trainer, beta=0.0, mismatch_expected=False, run_dir=str(tmp_path))
     t.log = MetricsLogger(tmp_path, steps, tensorboard=False)
     t.save_checkpoint = lambda pending=None: tmp_path / "checkpoints" / f"step-{at_step:08d}"

@@ -15,10 +15,11 @@ from actors.rewards.scorer import RewardScorer, combine
 N = float("nan")
 
 
-def _combine(values, failed=None, group_size=4, weights=None, env=None):
+def _combine(values, group_size=4, weights=None, env=None, with_failed=False):
     n = len(next(iter(values.values())))
-    return combine(values, weights or dict.fromkeys(values, 1.0), failed or [False] * n, env or [0.0] * n, -1.0,
-                   group_size)
+    rewards, unscorable, failed = combine(values, weights or dict.fromkeys(values, 1.0), env or [0.0] * n, -1.0,
+                                          group_size)
+    return (rewards, unscorable, failed) if with_failed else (rewards, unscorable)
 
 
 def _same(a, b):
@@ -43,13 +44,41 @@ def test_a_group_no_function_scored_is_unscorable():
 
 
 def test_errors_get_the_fallback_and_environment_rewards_add():
-    rewards, out = _combine({"v": [1.0, N, None, 0.0]}, failed=[False, True, False, False], env=[0.25, 0.0, 0.0, 0.0])
+    rewards, out, failed = _combine({"v": [1.0, N, None, 0.0]}, env=[0.25, 0.0, 0.0, 0.0], with_failed=True)
     assert _same(rewards, [1.25, -1.0, N, 0.0]) and out == [False, False, True, False]
+    assert failed == [False, True, False, False]
+
+
+def test_a_function_that_failed_a_whole_group_fails_alone_the_others_renormalised():
+    """Issue 36: a broken verifier is left out of the groups it failed; the functions left score them,
+    their weights scaled by sum(|w|) / sum(|w| of those left), so the rewards keep their scale."""
+    values = {"good": [1.0, 0.0, 1.0, 1.0], "broken": [N, N, 0.5, 0.5]}
+    rewards, out, failed = _combine(values, group_size=2, weights={"good": 1.0, "broken": 3.0}, with_failed=True)
+    assert rewards == [4.0, 0.0, 2.5, 2.5] and out == [False] * 4 and failed == [False] * 4  # group 1: x (1+3)/1
+    # a negative weight counts by its size: the scale stays positive
+    rewards, _ = _combine({"good": [1.0, 0.0], "penalty": [N, N]}, group_size=2, weights={"good": 1.0, "penalty": -1.0})
+    assert rewards == [2.0, 0.0]
+    # a function with no opinion (null for the whole group) is one of those left: its weight counts on both sides
+    values = {"good": [1.0, 0.0], "no_opinion": [None, None], "broken": [N, N]}
+    assert _combine(values, group_size=2)[0] == [1.5, 0.0]  # x 3/2
+
+
+def test_a_group_every_function_failed_gets_the_fallback():
+    values = {"a": [N, N, 1.0, 0.0], "b": [N, N, None, None]}
+    rewards, out, failed = _combine(values, group_size=2, with_failed=True)
+    assert rewards == [-1.0, -1.0, 1.0, 0.0] and failed == [True, True, False, False] and out == [False] * 4
+
+
+def test_a_function_that_failed_some_of_a_group_gives_those_samples_the_fallback():
+    values = {"good": [1.0, 0.0, 1.0, 0.0], "flaky": [0.5, N, N, N]}
+    rewards, out, failed = _combine(values, group_size=2, with_failed=True)
+    # group 0: flaky worked on sample 0, failed sample 1 (fallback); group 1: flaky failed it all (left out)
+    assert rewards == [1.5, -1.0, 2.0, 0.0] and failed == [False, True, False, False]
 
 
 def test_with_no_reward_function_the_environment_alone_scores():
     # reward.functions: [] with rollout.env set: every sample is scored, by its environment's reward
-    rewards, out = combine({}, {}, [False] * 4, [0.25, 0.25, 1.0, 0.0], -1.0, 2)
+    rewards, out, _ = combine({}, {}, [0.25, 0.25, 1.0, 0.0], -1.0, 2)
     assert rewards == [0.25, 0.25, 1.0, 0.0] and out == [False] * 4
 
 
@@ -116,6 +145,17 @@ def test_kinds_and_what_is_checked_at_start(tmp_path):
     (tmp_path / "lm").mkdir()
     (tmp_path / "lm" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
     problems = " ".join(model_dir_problems(str(tmp_path / "lm")))
-    assert "not a ...ForSequenceClassification" in problems and "2 labels" in problems and "no tokenizer" in problems
+    assert "not a ...ForSequenceClassification" in problems and "no tokenizer" in problems
+    # issue 36: a causal LM's config says nothing true about labels (transformers' default of 2): not said
+    assert "label" not in problems.replace("num_labels=1)", "")
+    (tmp_path / "lm" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"], "id2label": {"0": "a", "1": "b"}}')
+    assert "2 labels" not in " ".join(model_dir_problems(str(tmp_path / "lm")))
+    (tmp_path / "cls").mkdir()  # a classifier with 2 labels: that is wrong, and said
+    (tmp_path / "cls" / "config.json").write_text('{"architectures": ["Qwen2ForSequenceClassification"], '
+                                                  '"id2label": {"0": "a", "1": "b"}}')
+    (tmp_path / "cls" / "tokenizer.json").write_text("{}")
+    assert model_dir_problems(str(tmp_path / "cls")) == [
+        f"reward model {str(tmp_path / 'cls')!r} (reward.functions entry model:{tmp_path / 'cls'}) has 2 labels; "
+        "a reward model has one (num_labels=1): its single logit is the reward"]
     with pytest.raises(ValueError, match="model:PATH.*http"):
         RewardScorer(RewardConfig(functions=["nope"]))

@@ -79,7 +79,7 @@ def test_builtin_error_is_counted_not_fatal(capsys):
     assert res.rewards == [1.0, -0.25]
     assert res.errors == 1 and "answer" in res.error_samples[0]
     err = capsys.readouterr().err  # printed when it happens: the count and the first error
-    assert "1 of 2 reward call(s) failed" in err and "exact_match on sample 1: KeyError" in err
+    assert "reward: exact_match failed 1 of 2 sample(s) (1 given reward.fallback=-0.25), first: KeyError" in err
     assert math.isnan(res.per_function["exact_match"][1])
 
 
