@@ -67,7 +67,7 @@ class RolloutPool:
         self.restarts = 0
 
     def generate(self, prompts: list, group_size: int, seeds: list[int], greedy: bool = False,
-                 expected_version: int | None = None) -> list[PromptRollout]:
+                 expected_version: int | None = None, activity: str | None = None) -> list[PromptRollout]:
         """Every prompt's rollouts, in the original order; an engine that dies loses nothing.
 
         A worker that died mid-call, or that answers with an older weight version than
@@ -81,11 +81,12 @@ class RolloutPool:
             expected_version)
 
     def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
-                           seeds: list[int], greedy: bool = False, expected_version: int | None = None) -> list:
+                           seeds: list[int], greedy: bool = False, expected_version: int | None = None,
+                           activity: str | None = None) -> list:
         """Every conversation's multi-turn rollouts (RolloutWorker.generate_multiturn), in order, with the
         same recovery as `generate`: a dead or restarted engine's share is sent again."""
         return self._fan_out(
-            len(conversations), "running {} multi-turn conversations",
+            len(conversations), (activity or "running {} multi-turn conversations").replace("prompts", "conversations"),
             lambda h, idx: h.generate_multiturn.remote([conversations[i] for i in idx], [fields[i] for i in idx],
                                                        group_size, [seeds[i] for i in idx], greedy),
             expected_version)

@@ -56,7 +56,7 @@ class FakePool:
     def __init__(self, skip=()):
         self.skip, self.calls = set(skip), []
 
-    def generate(self, prompts, group_size, seeds, greedy=False, expected_version=None):
+    def generate(self, prompts, group_size, seeds, greedy=False, expected_version=None, activity=None):
         self.calls.append(len(prompts))
         skipped = [f"p{ids[0]}" in self.skip for ids in prompts]
         return [PromptRollout(p, [1, 2], [] if skip else
@@ -68,6 +68,8 @@ class FakePool:
 class FakeScorer:
     """Rewards from the examples' `rewards` field: a number, NaN (a failed call), "timeout" (a call that
     timed out) or None (a null)."""
+
+    names = {"f": "f"}  # spec -> its one name
 
     def score(self, prompts, completions, fields, max_new_tokens=None, group_size=None):
         raw = [f["rewards"][i % G] for i, f in enumerate(fields)]
