@@ -73,10 +73,11 @@ class RolloutPool:
         A worker that died mid-call, or that answers with an older weight version than
         `expected_version` (Ray restarted it between calls: it holds the base weights), is
         brought back to the current weights and its prompts are sent again. (A newer version
-        is fine: a sync may land between the call being sent and served.)
+        is fine: a sync may land between the call being sent and served.) `activity`: what the waiting
+        lines say ("{}": the engine's number of prompts), e.g. an evaluation's; None: generating.
         """
         return self._fan_out(
-            len(prompts), "generating {} prompts",
+            len(prompts), activity or "generating {} prompts",
             lambda h, idx: h.generate.remote([prompts[i] for i in idx], group_size, [seeds[i] for i in idx], greedy),
             expected_version)
 
