@@ -228,7 +228,7 @@ class Trainer:
         k, last = self.cfg.trainer.eval_pass_k, self.log.eta.last_eval_s
         self.log.note(f"evaluating at step {self.step}: {len(self.heldout)} held-out prompts, greedy"
                       + (f" + pass@{k} ({k} samples each)" if k else "")
-                      + (f"; the last evaluation took {last:.0f}s" if last is not None else ""))
+                      + (f"; the last evaluation took {last:.1f}s" if last is not None else ""))
         m = self.collector.evaluate(self.heldout, self.step)
         self.log.log_eval(self.step, m)
         return m

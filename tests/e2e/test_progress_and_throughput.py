@@ -47,7 +47,7 @@ def test_progress_line_evaluations_throughput_and_reward_names(tmp_path, tiny_mo
     # 2. evaluations named as such, with their cost
     assert "evaluating at step 0: 4 held-out prompts, greedy + pass@2 (2 samples each)\n" in console
     assert re.search(r"evaluating at step 2: 4 held-out prompts, greedy \+ pass@2 \(2 samples each\); "
-                     r"the last evaluation took \d+s", console), console
+                     r"the last evaluation took \d+\.\ds", console), console
     assert re.search(r"eval @ step 2 \(\d+\.\ds\): accuracy ", console), console
     evals = read_metrics(run_dir, "eval")
     assert [e["step"] for e in evals] == [0, 2, 4] and all(e["eval_s"] > 0 and "pass@2" in e for e in evals)
