@@ -88,7 +88,10 @@ class TrainerConfig:
     seed: int = 0
     run_dir: str = "runs/raygrpo"
     eval_every: int = 0  # steps between held-out evaluations (0: only before and after training)
-    eval_pass_k: int = 4  # pass@k on the held-out set (k samples per prompt)
+    # pass@k on the held-out set: k sampled completions per held-out prompt, on top of the greedy one that
+    # accuracy reads, so an evaluation costs (1 + k) x data.num_eval completions. 0: greedy accuracy alone,
+    # the cheapest evaluation (README, "Evaluation"); the examples set their own k.
+    eval_pass_k: int = 0
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, refill from more prompts
     max_extra_prompts: int = 16  # cap on extra prompts generated per step to refill dropped groups
     actor_timeout_s: float = 600.0  # any single wait on an actor; past it: an error naming the actor
@@ -109,7 +112,7 @@ class TrainerConfig:
         p = []
         if not self.run_dir.strip():
             p.append("trainer.run_dir is empty: name a directory for this run (e.g. runs/my-run)")
-        at_least(p, "trainer.eval_pass_k", self.eval_pass_k, 1)
+        at_least(p, "trainer.eval_pass_k", self.eval_pass_k, 0, " (0: greedy accuracy only)")
         at_least(p, "trainer.eval_every", self.eval_every, 0)
         at_least(p, "trainer.max_extra_prompts", self.max_extra_prompts, 0)
         at_least(p, "trainer.max_learner_restarts", self.max_learner_restarts, 0)
@@ -160,10 +163,14 @@ class MetricsConfig:
     # completions.jsonl (+ TensorBoard text, a W&B table); `raygrpo show RUN_DIR` prints them.
     log_completions: bool = True
     completions_per_step: int = 4
+    # The learner device's peak TFLOP/s (bf16 dense; e.g. 989 for an H100 SXM), as `raygrpo bench
+    # --peak-tflops`: the steps then log perf/mfu. 0: unknown, no perf/mfu.
+    peak_tflops: float = 0.0
 
     def problems(self) -> list[str]:
         p = []
         at_least(p, "metrics.completions_per_step", self.completions_per_step, 1)
+        at_least(p, "metrics.peak_tflops", self.peak_tflops, 0, " (0: unknown, no perf/mfu)")
         return p
 
     def wandb_init(self) -> dict | None:

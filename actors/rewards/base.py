@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from actors.config import RewardConfig
 
 NAN = float("nan")
-_TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/]")
+# No "/" in a name: TensorBoard and W&B nest a tag's parts as folders (rewards/127.0.0.1/verify/mean).
+_TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def safe_name(name: str) -> str:
-    """A metric name TensorBoard accepts in a tag ([A-Za-z0-9_.-/])."""
-    return _TAG_UNSAFE.sub("_", name).strip("/") or "reward"
+    """A reward function's one name (metrics, completions.jsonl, `raygrpo show`, TensorBoard, W&B): the
+    characters TensorBoard takes in a tag, without "/" (127.0.0.1/verify -> 127.0.0.1_verify)."""
+    return _TAG_UNSAFE.sub("_", name) or "reward"
 
 
 def is_error(v) -> bool:

@@ -11,7 +11,8 @@ Adding a kind: one module with a `RewardKind` (base.py) and one line in KINDS. T
 here; nothing else dispatches on an entry's text.
 
 A function's name (metrics `rewards/<name>/...`) is the kind's default (the built-in's name, a
-Python function's `__name__`, the reward model directory's basename, or the URL's host and path);
+Python function's `__name__`, the reward model directory's basename, or the URL's host and path with
+"/" as "_");
 `reward.names` overrides them. Names keep the characters TensorBoard accepts in a tag.
 
 Light on purpose (no torch, no Ray): the driver checks a config before anything heavy starts.

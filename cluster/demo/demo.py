@@ -130,7 +130,7 @@ def run_demo(args) -> int:
     k = cfg.trainer.eval_pass_k
     print(f"\n[4/4] held-out evaluation ({before['num_prompts']} unseen prompts)")
     print(f"    {'':36}{'before':>10}{'after':>10}")
-    rows = [("accuracy (greedy)", "accuracy"), (f"pass@{k}", f"pass@{k}")]
+    rows = [("accuracy (greedy)", "accuracy")] + ([(f"pass@{k}", f"pass@{k}")] if k else [])
     rows += [(f"{name} (greedy)", name) for name in TOOL_ROWS if recipe.tool_stats]
     for label, key in rows:
         print(f"    {label:36}{before[key]:>10.3f}{after[key]:>10.3f}")

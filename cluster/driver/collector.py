@@ -117,17 +117,18 @@ class Collector:
         return groups
 
     def _generate(self, examples: list[Example], G: int, seeds: list[int], greedy: bool = False,
-                  stats: CollectStats | None = None, what: str = "") -> list:
+                  stats: CollectStats | None = None, what: str = "", activity: str | None = None) -> list:
         """G completions per example from the engines: single-turn, or with `rollout.env` multi-turn
         trajectories (actors/multiturn/trajectories.py) that the rest of the step reads the same way. Environment
-        failures are said when they happen (`what`: when, for the message)."""
+        failures are said when they happen (`what`: when, for the message). `activity`: what the waiting
+        lines say an engine is doing, "{}" its number of prompts (None: generating / running conversations)."""
         if not self.cfg.rollout.env:
             return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,
-                                      expected_version=self.engine_version())
+                                      expected_version=self.engine_version(), activity=activity)
         fmt = multiturn_format(self.cfg)
         rollouts = self.pool.generate_multiturn([conversation(e.prompt, fmt) for e in examples],
                                                 [e.fields for e in examples], G, seeds, greedy,
-                                                expected_version=self.engine_version())
+                                                expected_version=self.engine_version(), activity=activity)
         if stats is not None:
             stats.add_trajectories(rollouts)
         for line in self.env_notes.lines(rollouts, what):
@@ -136,15 +137,19 @@ class Collector:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, ex: list[Example], step: int) -> dict:
-        """Held-out prompts `ex`: greedy accuracy and pass@k (k samples each), at the loop's `step`.
+        """Held-out prompts `ex`: greedy accuracy and pass@k (k samples each; none at trainer.eval_pass_k=0)
+        at the loop's `step`, and the seconds it took (eval_s).
         Correct = the verdict of the configured answer checker (gsm8k, math_verify, exact_match; see
         RewardScorer.judge)."""
-        t = self.cfg.trainer
+        t, k, t0 = self.cfg.trainer, self.cfg.trainer.eval_pass_k, time.perf_counter()
         with self.engines_lock:
             what = f"the evaluation at step {step}"
-            greedy = self._generate(ex, 1, [0] * len(ex), greedy=True, what=what)
-            sampled = self._generate(ex, t.eval_pass_k,  # same seeds at every evaluation
-                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))], what=what)
+            greedy = self._generate(ex, 1, [0] * len(ex), greedy=True, what=what,
+                                    activity="evaluating: {} held-out prompts, greedy")
+            # pass@k: k more samples per prompt, the evaluation's dearest part (trainer.eval_pass_k, 0: none)
+            sampled = self._generate(ex, k,  # same seeds at every evaluation
+                                     [sample_seed(t.seed, -1, 0, i) for i in range(len(ex))], what=what,
+                                     activity=f"evaluating: {{}} held-out prompts x {k} samples, pass@{k}") if k else []
 
         # one judge call for every completion (user code and math_verify fan out over the scorer's processes)
         pairs = [(i, c) for i, g in enumerate(greedy) for c in g.completions[:1]]
@@ -155,8 +160,9 @@ class Collector:
         for (i, _), v in zip(pairs, verdicts):
             right[i] = right[i] or v
         ok, passk = right[:len(ex)], right[len(ex):]
-        m = {"accuracy": sum(ok) / len(ex), f"pass@{t.eval_pass_k}": sum(passk) / len(ex), "num_prompts": len(ex)}
+        m = {"accuracy": sum(ok) / len(ex), **({f"pass@{k}": sum(passk) / len(ex)} if k else {}), "num_prompts": len(ex)}
         if self.cfg.rollout.env:  # how often the greedy trajectories call the environment's tools
             calls = [g.completions[0].tool_calls if g.completions else 0 for g in greedy]
             m |= {"tool_calls_per_trajectory": sum(calls) / len(ex), "tool_call_rate": sum(c > 0 for c in calls) / len(ex)}
+        m["eval_s"] = time.perf_counter() - t0  # its cost; the ETA expects the next evaluations to take as long
         return m

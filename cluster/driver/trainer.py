@@ -37,7 +37,7 @@ from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
-from cluster.run.metrics import LEARNER_KEYS, MetricsLogger, first_eval, write_plots
+from cluster.run.metrics import LEARNER_KEYS, MFU_KEY, MetricsLogger, first_eval, perf_metrics, write_plots
 from cluster.run.resume import ResumePoint, finished_run, resume_point
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
@@ -58,6 +58,8 @@ def check_multiturn(cfg: RunConfig) -> None:
 
 
 class Trainer:
+    learner_params: int | None = None  # the model's parameter count, as learner rank 0 reports it (perf/mfu)
+
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
         self.cfg, self.overwrite = cfg, overwrite
@@ -154,8 +156,9 @@ class Trainer:
         self.log = MetricsLogger(self.run_dir, cfg.trainer.steps, self.resume_from.step,
                                  tensorboard=cfg.metrics.tensorboard, wandb_init=cfg.metrics.wandb_init(),
                                  config=cfg.to_dict(), show_staleness=cfg.trainer.mode == "async",
-                                 show_kl=cfg.algo.beta > 0, extra_keys=tuple(self.scorer.metric_keys()),
-                                 carried_rows=self.resume_from.carried_rows())
+                                 show_kl=cfg.algo.beta > 0, carried_rows=self.resume_from.carried_rows(),
+                                 extra_keys=(*self.scorer.metric_keys(), *((MFU_KEY,) if cfg.metrics.peak_tflops else ())),
+                                 eval_every=cfg.trainer.eval_every, evaluates=bool(self.heldout))
 
     def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
@@ -224,7 +227,11 @@ class Trainer:
         return self._collecting.submit(self.collector.collect, step, lend_to)
 
     def evaluate(self) -> dict:
-        """The held-out evaluation (Collector.evaluate), logged at this step."""
+        """The held-out evaluation (Collector.evaluate), said as it starts and logged at this step with its cost."""
+        k, last = self.cfg.trainer.eval_pass_k, self.log.eta.last_eval_s
+        self.log.note(f"evaluating at step {self.step}: {len(self.heldout)} held-out prompts, greedy"
+                      + (f" + pass@{k} ({k} samples each)" if k else "")
+                      + (f"; the last evaluation took {last:.1f}s" if last is not None else ""))
         m = self.collector.evaluate(self.heldout, self.step)
         self.log.log_eval(self.step, m)
         return m
@@ -268,8 +275,13 @@ class Trainer:
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
         """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner
         value that does not apply, e.g. kl at beta=0 or every one after a step with nothing to train on)."""
+        cfg, stats = self.cfg, batch.stats.metrics()
+        trained = 0 if m.get("skipped") else sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
+        perf = perf_metrics(stats["gen_tokens"], stats["gen_s"], sw.t["step_s"], trained, sw.t.get("train_s", 0.0),
+                            params=self.learner_params, passes=cfg.learner.mu, peak_tflops=cfg.metrics.peak_tflops,
+                            devices=cfg.learner.num_ranks)
         return {
-            "step": self.step, **batch.stats.metrics(), **{k: m[k] for k in LEARNER_KEYS if k in m},
+            "step": self.step, "reward": stats["reward_mean"], **stats, **perf, **{k: m[k] for k in LEARNER_KEYS if k in m},
             "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
             "step_s": sw.t["step_s"], "weight_version": self.version,
             "staleness": self.version - 1 - batch.weight_version, "trained_groups": 0 if m.get("skipped") else len(batch.examples),
@@ -300,6 +312,7 @@ class Trainer:
         self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
                      for p in self.placement if "threads_when_collecting_idles" in p}
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        self.learner_params = next((p.get("total_params") for p in self.placement if p["role"] == "learner-0"), None)
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
                                 [p["pid"] for p in self.placement if p["role"].startswith("rollout")])

@@ -67,25 +67,27 @@ class RolloutPool:
         self.restarts = 0
 
     def generate(self, prompts: list, group_size: int, seeds: list[int], greedy: bool = False,
-                 expected_version: int | None = None) -> list[PromptRollout]:
+                 expected_version: int | None = None, activity: str | None = None) -> list[PromptRollout]:
         """Every prompt's rollouts, in the original order; an engine that dies loses nothing.
 
         A worker that died mid-call, or that answers with an older weight version than
         `expected_version` (Ray restarted it between calls: it holds the base weights), is
         brought back to the current weights and its prompts are sent again. (A newer version
-        is fine: a sync may land between the call being sent and served.)
+        is fine: a sync may land between the call being sent and served.) `activity`: what the waiting
+        lines say ("{}": the engine's number of prompts), e.g. an evaluation's; None: generating.
         """
         return self._fan_out(
-            len(prompts), "generating {} prompts",
+            len(prompts), activity or "generating {} prompts",
             lambda h, idx: h.generate.remote([prompts[i] for i in idx], group_size, [seeds[i] for i in idx], greedy),
             expected_version)
 
     def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
-                           seeds: list[int], greedy: bool = False, expected_version: int | None = None) -> list:
+                           seeds: list[int], greedy: bool = False, expected_version: int | None = None,
+                           activity: str | None = None) -> list:
         """Every conversation's multi-turn rollouts (RolloutWorker.generate_multiturn), in order, with the
         same recovery as `generate`: a dead or restarted engine's share is sent again."""
         return self._fan_out(
-            len(conversations), "running {} multi-turn conversations",
+            len(conversations), (activity or "running {} multi-turn conversations").replace("prompts", "conversations"),
             lambda h, idx: h.generate_multiturn.remote([conversations[i] for i in idx], [fields[i] for i in idx],
                                                        group_size, [seeds[i] for i in idx], greedy),
             expected_version)

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from cluster.run import completions
 from cluster.run.completions import COMPLETIONS_FILE
+from cluster.run.eta import EtaEstimator, format_duration
 from cluster.run.jsonl import read_jsonl, torn_note
 from learner.checkpoint import naming_save_errors
 
@@ -31,16 +32,38 @@ MULTITURN_KEYS = ("turns_mean", "tool_calls_mean", "env_errors", "env_overflows"
 # the share cut at rollout.max_new_tokens. The turn_* ones: per assistant turn of multi-turn rollouts.
 COMPLETION_KEYS = tuple(f"completions/{turn}{name}" for turn in ("", "turn_")
                         for name in ("mean_length", "min_length", "max_length", "clipped_ratio"))
+# Throughput as users read it (README, "Metrics"): generation tokens per second of generation time
+# (perf/tokens_per_s, which the progress line shows), trained tokens (prompt + completion) per second of
+# training time, the share of the step's wall time the engines did not generate. perf/mfu (model FLOPs
+# utilisation of the learner) only with metrics.peak_tflops set: a run's extra key, not one of these.
+PERF_KEYS = ("perf/tokens_per_s", "perf/train_tokens_per_s", "perf/engine_idle_frac")
+MFU_KEY = "perf/mfu"
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0),
 # and the run's per-reward-function keys rewards/<name>/<stat> (actors/rewards/scorer.py metric_keys).
 # reward_unscorable: completions no reward function could score (a null), out of their group and the loss.
+# reward: TRL's name for reward_mean, logged beside it (reward_std is the same name in both).
 STEP_KEYS = (
-    "step", "reward_mean", "reward_std", "reward_errors", "reward_unscorable", *LEARNER_KEYS,
+    "step", "reward", "reward_mean", "reward_std", "reward_errors", "reward_unscorable", *LEARNER_KEYS,
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
     "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
     "sync_bytes", "sync_verified", "sync_verify_s", *COMPLETION_KEYS,
-    *MULTITURN_KEYS,
+    *MULTITURN_KEYS, *PERF_KEYS,
 )
+
+
+def perf_metrics(gen_tokens: float, gen_s: float, step_s: float, train_tokens: int, train_s: float, *,
+                 params: int | None = None, passes: int = 1, peak_tflops: float = 0.0, devices: int = 1) -> dict:
+    """A step's perf/* metrics (NaN where a time is 0: nothing generated or trained). MFU as the bench
+    counts it: 6 x parameters x processed tokens per optimisation pass (learner.mu), against
+    peak_tflops per learner device; absent without peak_tflops or a parameter count."""
+    def per_s(n, s):
+        return n / s if s and s > 0 else float("nan")
+
+    out = {"perf/tokens_per_s": per_s(gen_tokens, gen_s), "perf/train_tokens_per_s": per_s(train_tokens, train_s),
+           "perf/engine_idle_frac": min(max(1.0 - gen_s / step_s, 0.0), 1.0) if step_s and step_s > 0 else float("nan")}
+    if peak_tflops and params:
+        out[MFU_KEY] = per_s(6.0 * params * train_tokens * passes, train_s) / (peak_tflops * 1e12 * devices)
+    return out
 
 
 # A checkpoint carries the metrics rows of the steps it covers (under this name): a resume restores from
@@ -59,18 +82,22 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
                  wandb_init: dict | None = None, config: dict | None = None, show_staleness: bool = False,
-                 show_kl: bool = True, extra_keys: tuple[str, ...] = (), carried_rows: list[dict] = ()):
+                 show_kl: bool = True, extra_keys: tuple[str, ...] = (), carried_rows: list[dict] = (),
+                 eval_every: int = 0, evaluates: bool = False):
         """wandb_init: wandb.init's keywords (project, name, entity, tags); None: no W&B.
         show_staleness: the progress line says how many weight versions behind each batch was (async).
         show_kl: the progress line shows the KL (not in a run without a KL term, algo.beta = 0).
         extra_keys: this run's keys beside STEP_KEYS (the per-reward-function ones).
-        carried_rows: the rows the checkpoint a run resumes from carries (restored where the file lost them)."""
+        carried_rows: the rows the checkpoint a run resumes from carries (restored where the file lost them).
+        eval_every, evaluates: the run's evaluation schedule (trainer.eval_every; it has held-out prompts),
+        for the ETA (cluster/run/eta.py)."""
         self.run_dir = Path(run_dir)
         self.keys = (*STEP_KEYS, *extra_keys)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.total, self.start_step, self.t0 = total_steps, start_step, time.time()
         self.show_staleness, self.show_kl = show_staleness, show_kl
+        self.eta = EtaEstimator(total_steps, eval_every, evaluates)
         for path, carried in ((self.path, carried_rows), (self.run_dir / COMPLETIONS_FILE, None)):
             torn = read_jsonl(path)[1]
             if torn:  # moved aside below with the rows of the steps redone
@@ -114,14 +141,18 @@ class MetricsLogger:
                 self._tb.flush()
         if self._wandb:
             self._wandb.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
-        done = step - self.start_step
-        eta = (time.time() - self.t0) / max(done, 1) * (self.total - step)
+        self.eta.step_done(step, time.monotonic(), row["step_s"])
+        left = self.eta.remaining_s(step)
         summary = f"reward {row['reward_mean']:.3f}  len {row['completions/mean_length']:.1f}"
         if row["completions/clipped_ratio"] > 0:
             summary += f" (clipped {100 * row['completions/clipped_ratio']:.0f}%)"
         if self.show_staleness:
             summary += f"  stale {row['staleness']}"
-        summary += f"  step {row['step_s']:.1f}s  eta {eta / 60:.1f}m"
+        summary += f"  step {row['step_s']:.1f}s"
+        if math.isfinite(row["perf/tokens_per_s"]):
+            summary += f"  gen {row['perf/tokens_per_s']:.0f} tok/s"
+        if left is not None:
+            summary += f"  eta {format_duration(left)}"
         if self._bar is not None:
             self._bar.n = step
             self._bar.set_postfix_str(summary)
@@ -147,6 +178,9 @@ class MetricsLogger:
             self._wandb.log({"completions": wb.Table(columns=columns, data=data)}, step=step)
 
     def log_eval(self, step: int, m: dict) -> None:
+        """An evaluation's row; its eval_s (seconds) is what the ETA expects each later evaluation to take."""
+        if "eval_s" in m:
+            self.eta.eval_done(m["eval_s"])
         self._write({"kind": "eval", "step": step, **m})
         if self._tb:
             with naming_save_errors(self._tb_dir):
@@ -156,8 +190,9 @@ class MetricsLogger:
                 self._tb.flush()
         if self._wandb:
             self._wandb.log({f"eval/{k}": v for k, v in m.items()}, step=step)
-        text = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items())
-        (self._bar.write if self._bar is not None else print)(f"eval @ step {step}: {text}")
+        text = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in m.items() if k != "eval_s")
+        took = f" ({m['eval_s']:.1f}s)" if "eval_s" in m else ""
+        (self._bar.write if self._bar is not None else print)(f"eval @ step {step}{took}: {text}")
 
     def note(self, text: str) -> None:
         (self._bar.write if self._bar is not None else print)(text)

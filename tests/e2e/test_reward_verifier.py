@@ -99,7 +99,7 @@ def test_a_verifier_gets_the_columns_its_nulls_are_left_out_its_500s_retried_its
     assert all(str(eval(p.rstrip("="))) == a for r in requests for p, a in zip(r["prompts"], r["answer"]))  # noqa: S307
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    name = "127.0.0.1/verify"  # the URL's host and path
+    name = "127.0.0.1_verify"  # the URL's host and path, "/" as "_"
     # the null in each request: out of its group and the loss, counted (one per request that answered)
     assert [r["reward_unscorable"] for r in rows] == [r[f"rewards/{name}/unscorable"] for r in rows]
     assert sum(r["reward_unscorable"] for r in rows) == 5  # 6 batches, one hung: 5 answered with a null each

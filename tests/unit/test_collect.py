@@ -24,7 +24,7 @@ from cluster.data.dataset import Example
 from cluster.driver.batch import Batch, CollectStats, EnvironmentNotes, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.driver.collector import Collector
 from cluster.driver.trainer import Trainer
-from cluster.driver.worker_groups import Stopwatch
+from cluster.driver.worker_groups import RolloutPool, Stopwatch
 from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS, MetricsLogger
 from cluster.run.resume import resume_point
 from learner import checkpoint
@@ -54,10 +54,11 @@ class FakePool:
     restarts = 0
 
     def __init__(self, skip=()):
-        self.skip, self.calls = set(skip), []
+        self.skip, self.calls, self.activities = set(skip), [], []
 
-    def generate(self, prompts, group_size, seeds, greedy=False, expected_version=None):
+    def generate(self, prompts, group_size, seeds, greedy=False, expected_version=None, activity=None):
         self.calls.append(len(prompts))
+        self.activities.append(activity)
         skipped = [f"p{ids[0]}" in self.skip for ids in prompts]
         return [PromptRollout(p, [1, 2], [] if skip else
                               [Completion([3] * (i + 1), [-0.5] * (i + 1), f"c{i}", "stop") for i in range(group_size)],
@@ -69,6 +70,8 @@ class FakeScorer:
     """Rewards from the examples' `rewards` field: a number, NaN (a failed call), "timeout" (a call that
     timed out) or None (a null)."""
 
+    names = {"f": "f"}  # spec -> its one name
+
     def score(self, prompts, completions, fields, max_new_tokens=None, group_size=None):
         raw = [f["rewards"][i % G] for i, f in enumerate(fields)]
         failed = [r == "timeout" or (isinstance(r, float) and math.isnan(r)) for r in raw]
@@ -79,6 +82,9 @@ class FakeScorer:
                             functions={"f": FunctionStats(values, errors=sum(failed), unscorable=raw.count(None),
                                                           calls=len(raw), timeouts=raw.count("timeout"), seconds=0.5,
                                                           first_error="boom" if any(failed) else None)})
+
+    def judge(self, prompts, completions, fields):
+        return [c.text == "c0" for c in completions]  # the first sample of every prompt is right
 
     def timeout_setting(self, name):
         return "reward.timeout_s=3"
@@ -392,3 +398,39 @@ def test_the_learner_trains_with_the_advantages_the_batch_carries(estimator):
     t.pad_id, t._sync_weights = 0, lambda: {}
     t._learn(b, Stopwatch())
     assert trained[0].advantages is b.advantages
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_an_evaluation_is_named_in_the_waiting_lines_and_reports_its_cost(k, monkeypatch):
+    """Issue 37: "waiting on rollout worker 0 (evaluating: 8 held-out prompts, ...)", not "generating";
+    pass@k only with trainer.eval_pass_k > 0; eval_s in the evaluation's row."""
+    t = trainer([[1, 0]] * 8)
+    t.cfg.trainer.eval_pass_k = k
+    held = t.stream.take(8)
+    m = t.collector.evaluate(held, step=4)
+    expected = ["evaluating: {} held-out prompts, greedy"] + ([f"evaluating: {{}} held-out prompts x {k} samples, pass@{k}"]
+                                                              if k else [])
+    assert t.pool.activities == expected and t.pool.calls == [8] * len(expected)
+    assert m["accuracy"] == 1.0 and m["num_prompts"] == 8 and m["eval_s"] >= 0
+    assert ("pass@4" in m) == (k == 4) and not any(key.startswith("pass@0") for key in m)
+
+    # the pool puts the activity into its waiting lines (each engine's share of the prompts)
+    said = []
+
+    class Engine:
+        class generate:  # noqa: N801 - a Ray handle's method
+            @staticmethod
+            def remote(prompts, group_size, seeds, greedy):
+                return [PromptRollout(p, [1], [], weight_version=0) for p in prompts]
+
+    def wait_for(ref, actor, what, timeout_s):
+        said.append(f"waiting on {actor} ({what})")
+        return ref
+
+    monkeypatch.setattr("cluster.driver.worker_groups.wait_for", wait_for)
+    pool = RolloutPool([Engine(), Engine()], 10.0, on_restart=None, pids=[1, 2])
+    pool.generate([[1]] * 8, 1, list(range(8)), activity="evaluating: {} held-out prompts, greedy")
+    pool.generate([[1]] * 2, 1, [0, 1])
+    assert said == ["waiting on rollout worker 0 (evaluating: 4 held-out prompts, greedy)",
+                    "waiting on rollout worker 1 (evaluating: 4 held-out prompts, greedy)",
+                    "waiting on rollout worker 0 (generating 1 prompts)", "waiting on rollout worker 1 (generating 1 prompts)"]

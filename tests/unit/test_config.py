@@ -67,7 +67,7 @@ def test_every_problem_is_listed_in_one_error(tmp_path):
     ("learner.grad_clip=-1", "learner.grad_clip must be >= 0"),
     ("reward.fallback=.nan", "reward.fallback must be a finite number"),
     ("reward.weights=[1.0, .inf]", "reward.weights must be a finite number"),
-    ("trainer.eval_pass_k=0", "trainer.eval_pass_k must be >= 1"),
+    ("trainer.eval_pass_k=-1", "trainer.eval_pass_k must be >= 0"),
     ("data.num_eval=-1", "data.num_eval must be >= 0"),
     ("rollout.bucket_mb=0", "rollout.bucket_mb must be >= 1"),
     ("rollout.num_cpus=-1", "rollout.num_cpus and rollout.num_gpus must be >= 0"),

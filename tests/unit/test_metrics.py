@@ -199,12 +199,12 @@ def test_kl_plot_says_why_it_is_empty_when_beta_is_0(tmp_path, monkeypatch):
 
 
 def test_the_runs_reward_function_keys_are_logged_beside_the_step_keys(tmp_path, capsys):
-    keys = ("rewards/gsm8k/mean", "rewards/127.0.0.1/verify/unscorable")
+    keys = ("rewards/gsm8k/mean", "rewards/127.0.0.1_verify/unscorable")
     log = MetricsLogger(tmp_path, 2, tensorboard=False, extra_keys=keys)
     log.log_step({"step": 1, "reward_mean": 0.5, "step_s": 1.0, "loss": 0.1, "kl": 0.0, "rewards/gsm8k/mean": 0.25})
     log.close()
     [row] = read_metrics(tmp_path)
-    assert row["rewards/gsm8k/mean"] == 0.25 and row["rewards/127.0.0.1/verify/unscorable"] is None  # NaN -> null
+    assert row["rewards/gsm8k/mean"] == 0.25 and row["rewards/127.0.0.1_verify/unscorable"] is None  # NaN -> null
     assert "rewards" not in capsys.readouterr().out  # the console line stays short
     with pytest.raises(ValueError, match="rewards/other/mean"):
         MetricsLogger(tmp_path, 2, tensorboard=False).log_step({"step": 1, "rewards/other/mean": 1.0})

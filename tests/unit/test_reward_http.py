@@ -96,7 +96,7 @@ def test_the_verifier_receives_the_columns_in_batches(server, monkeypatch):
     assert first["answer"] == ["1", "2"] and first["id"] == [0, 1]  # every dataset column, as lists
     assert first["completion_ids"] == [[7, 1], [7, 1]] and first["_num_tokens"] == [2, 2]
     assert {r["auth"] for r in server.requests} == {"Bearer s3cret"}
-    stats = res.functions["127.0.0.1/verify"]  # the name: host and path
+    stats = res.functions["127.0.0.1_verify"]  # the name: host and path
     assert stats.calls == 3 and stats.values == [1.0] * 5 and stats.seconds > 0
 
 
@@ -104,7 +104,7 @@ def test_the_verifier_receives_the_columns_in_batches(server, monkeypatch):
 def test_nulls_are_unscorable_not_zero(server):
     res = _score(server.url, n=4)
     assert res.rewards[0] == res.rewards[2] == 1.0 and math.isnan(res.rewards[1]) and math.isnan(res.rewards[3])
-    assert res.unscorable == 2 and res.errors == 0 and res.functions["127.0.0.1/verify"].unscorable == 2
+    assert res.unscorable == 2 and res.errors == 0 and res.functions["127.0.0.1_verify"].unscorable == 2
 
 
 @pytest.mark.parametrize("server", [["500", "503", "ok"]], indirect=True)
@@ -135,7 +135,7 @@ def test_a_hung_request_times_out_as_an_error(server):
     assert time.monotonic() - t0 < 2.9  # not the server's 3 s, and the other request ran beside it
     assert res.errors == 2 and sum(r == 1.0 for r in res.rewards) == 2
     assert "no answer within 1 s (reward.http_timeout_s)" in res.error_samples[0]
-    assert res.functions["127.0.0.1/verify"].timeouts == 1 and len(server.requests) == 2  # not retried
+    assert res.functions["127.0.0.1_verify"].timeouts == 1 and len(server.requests) == 2  # not retried
 
 
 @pytest.mark.parametrize("server", [["401"]], indirect=True)

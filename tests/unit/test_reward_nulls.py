@@ -119,7 +119,7 @@ def test_python_functions_of_both_forms_may_return_none(user_file):
 def test_names_by_kind_and_reward_names(user_file, tmp_path):
     assert default_name("gsm8k") == "gsm8k"
     assert default_name("model:/models/my-rm/") == "my-rm"
-    assert default_name("http://verifier.local:8080/v1/score") == "verifier.local/v1/score"
+    assert default_name("http://verifier.local:8080/v1/score") == "verifier.local_v1_score"
     assert default_name("https://example.com") == "example.com"
     with RewardScorer(RewardConfig(functions=[f"{user_file}:renamed", "format"], num_procs=1)) as scorer:
         assert list(scorer.names.values()) == ["_private", "format"]  # a Python function's __name__

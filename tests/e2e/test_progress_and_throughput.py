@@ -1,0 +1,76 @@
+"""What a cluster team reads during a run (issue 37), through the CLI as a user runs it: the progress line
+with generation tokens/s and an ETA from the third step on, evaluations named as such with their cost
+(eval_s), the perf/* metrics (perf/mfu with metrics.peak_tflops), TRL's `reward` beside `reward_mean`,
+and one short name per reward function in metrics.jsonl, completions.jsonl, `raygrpo show` and TensorBoard.
+
+One 4-step `raygrpo train` (an evaluation before, at step 2 and after) in a project directory outside
+the checkout, with a built-in and a user's Python reward function. Real Ray, vLLM, DeepSpeed; the
+offline tiny model.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cluster.run.metrics import read_metrics
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+
+BREVITY = '''
+def brevity(completions, **kwargs):
+    return [1.0 / (1 + len(c)) for c in completions]
+'''
+
+
+def test_progress_line_evaluations_throughput_and_reward_names(tmp_path, tiny_model_dir):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "my_rewards.py").write_text(BREVITY)
+    out = subprocess.run(
+        [str(BIN / "raygrpo"), "train", str(ROOT / "examples" / "cpu_demo.yaml"), f"model.path={tiny_model_dir}",
+         "trainer.run_dir=runs/progress", "trainer.steps=4", "trainer.prompts_per_step=2", "trainer.group_size=2",
+         "trainer.eval_every=2", "trainer.eval_pass_k=2", "data.num_eval=4", "data.task_digits=1",
+         "trainer.dynamic_sampling=false", "checkpoint.every=0", "rollout.max_new_tokens=4",
+         "rollout.gpu_memory_utilization=0.03", "learner.micro_batch_size=4", "metrics.completions_per_step=2",
+         "metrics.peak_tflops=1.0", "reward.functions=[exact_match, 'my_rewards.py:brevity']", "trainer.halt_after=0"],
+        cwd=proj, capture_output=True, text=True, timeout=900)
+    console = out.stdout + out.stderr
+    assert out.returncode == 0, console[-5000:]
+    run_dir = proj / "runs" / "progress"
+
+    # 2. evaluations named as such, with their cost
+    assert "evaluating at step 0: 4 held-out prompts, greedy + pass@2 (2 samples each)\n" in console
+    assert re.search(r"evaluating at step 2: 4 held-out prompts, greedy \+ pass@2 \(2 samples each\); "
+                     r"the last evaluation took \d+\.\ds", console), console
+    assert re.search(r"eval @ step 2 \(\d+\.\ds\): accuracy ", console), console
+    evals = read_metrics(run_dir, "eval")
+    assert [e["step"] for e in evals] == [0, 2, 4] and all(e["eval_s"] > 0 and "pass@2" in e for e in evals)
+
+    # 1 and 3. the progress line: generation tokens/s on every step, an ETA from the third on
+    lines = {int(m[1]): m[0] for m in re.finditer(r"^step (\d)/4 .*$", out.stdout, flags=re.M)}
+    assert sorted(lines) == [1, 2, 3, 4], out.stdout
+    assert all(re.search(r"  gen \d+ tok/s", line) for line in lines.values()), lines
+    assert ["eta " in lines[s] for s in (1, 2, 3, 4)] == [False, False, True, True], lines
+
+    # 3 and 4. the metrics: throughput, TRL's reward, one name per reward function
+    rows = read_metrics(run_dir)
+    for r in rows:
+        assert r["perf/tokens_per_s"] == r["gen_tokens"] / r["gen_s"] > 0
+        assert r["perf/train_tokens_per_s"] > 0 and 0 <= r["perf/engine_idle_frac"] <= 1 and 0 < r["perf/mfu"] < 1
+        assert r["reward"] == r["reward_mean"] and "reward_std" in r
+        assert {"rewards/exact_match/mean", "rewards/brevity/mean"} <= set(r)
+        assert not [k for k in r if k.startswith("rewards/") and k.count("/") != 2]
+    logged = [json.loads(x) for x in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert logged and all(set(c["rewards"]) == {"exact_match", "brevity"} for c in logged)
+    shown = subprocess.run([str(BIN / "raygrpo"), "show", "runs/progress", "-n", "1"], cwd=proj,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"\(exact_match [\d.]+, brevity [\d.]+\)", shown.stdout) and "my_rewards.py" not in shown.stdout
+    tags = EventAccumulator(str(run_dir / "tensorboard")).Reload().Tags()["scalars"]
+    assert {"train/rewards/brevity/mean", "train/perf/tokens_per_s", "train/reward", "eval/eval_s"} <= set(tags)
