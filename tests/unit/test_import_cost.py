@@ -52,3 +52,17 @@ def test_no_unit_test_module_imports_vllm():
     done = subprocess.run([sys.executable, "-c", code, str(UNIT)], capture_output=True, text=True, cwd=UNIT.parents[1])
     assert done.stdout.split()[-2:] == ["0", "False"], \
         f"collecting tests/unit loaded vllm (a project module a unit test imports pulls it in):\n{done.stdout[-2000:]}"
+
+
+def test_no_two_test_modules_share_a_basename():
+    """pytest imports test modules by basename (rootdir imports, no __init__.py): a second
+    tests/*/test_x.py stops the whole suite at collection ("import file mismatch"), as
+    tests/e2e/test_reward_fails_alone.py beside tests/unit/test_reward_fails_alone.py once did."""
+    tests = Path(__file__).resolve().parent.parent
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(tests.rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(tests)} and {path.relative_to(tests)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test modules sharing a basename (rename one): " + "; ".join(clashes)
