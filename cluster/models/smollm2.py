@@ -230,7 +230,8 @@ def convert(gguf_path: Path, out: Path) -> Verification:
         problems = result.problems()
         if problems:
             raise RuntimeError(f"the conversion of {gguf_path} failed its checks: {'; '.join(problems)}")
-        (tmp / MARKER).write_text(json.dumps({"package": PACKAGE, "gguf": str(gguf_path), **dataclasses.asdict(result)}, indent=1))
+        record = {"package": PACKAGE, "gguf": str(gguf_path.resolve()), **dataclasses.asdict(result)}
+        (tmp / MARKER).write_text(json.dumps(record, indent=1))
         make_readable(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it 0700
         os.replace(tmp, out)
