@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from actors.runtime.sockets import free_port
 from cluster.launch.ray_cluster import NODE_START_ENV
@@ -258,8 +259,10 @@ def test_submit_a_users_own_directory_with_its_reward_and_environment_files(head
     assert train_steps(run_dir) == [1, 2]
     rows = [json.loads(x) for x in (run_dir / "completions.jsonl").read_text().splitlines()]
     # the job's config names the reward file by its absolute path in the job's copy of the directory
+    (spec,) = yaml.safe_load((run_dir / "config.yaml").read_text())["reward"]["functions"]
+    assert spec.endswith("my_rewards.py:longer_is_better") and not spec.startswith(str(project)), spec
     (name,) = {k for r in rows for k in r["rewards"]}
-    assert name.endswith("my_rewards.py:longer_is_better") and not name.startswith(str(project)), name
+    assert name == "longer_is_better", name  # completions.jsonl keys it by its one short name
     assert all(r["rewards"][name] is not None for r in rows)  # the reward file ran
     env_said = [m["content"] for r in rows for m in r["messages"] if m["content"].startswith("env loaded from ")]
     assert env_said and all(f"from {project}:" not in m for m in env_said)  # the environment file's copy ran
