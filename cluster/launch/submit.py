@@ -25,7 +25,7 @@ from pathlib import Path
 
 from actors.runtime.user_code import is_file_spec
 from cluster.launch.auth import dashboard_auth_mode, explain_auth_failure, use_cluster_auth_mode
-from cluster.launch.submit_client import CONNECT_TIMEOUT_S, bounded, make_client
+from cluster.launch.submit_client import CONNECT_TIMEOUT_S, bounded, make_client, request_timeout
 from cluster.launch.upload_check import UploadProblem, check_upload
 from cluster.paths import PROJECT_ROOT
 
@@ -149,8 +149,8 @@ def submit(args, cfg, log_level: str) -> int:
     except UploadProblem as e:
         raise SubmitError(str(e)) from None
     wait = args.agent_wait
-    print(f"contacting the Ray cluster at {args.address} (each request: at most --agent-wait={wait:.0f}s without an "
-          "answer)", file=sys.stderr, flush=True)
+    print(f"contacting the Ray cluster at {args.address} (each request: at most {request_timeout(wait):.0f}s without an "
+          "answer, --agent-wait or Ray's own wait for a job agent)", file=sys.stderr, flush=True)
 
     def connect():
         probe_s = min(CONNECT_TIMEOUT_S, wait)

@@ -3,7 +3,7 @@
 Ray's JobSubmissionClient calls `requests` without a timeout: an address that accepts connections
 and never answers (a wedged dashboard, a proxy, the wrong port of something else) would hold
 `raygrpo submit` silently forever. Here every request has a connect timeout (CONNECT_TIMEOUT_S) and a
-read timeout (`--agent-wait`), and each call runs while the console says, every
+read timeout (`--agent-wait`, at least Ray's own wait for a job agent), and each call runs while the console says, every
 WAITING_LINE_EVERY_S (as the actors' waits do: cluster/launch/waits.py), what it is waiting on.
 """
 from __future__ import annotations
@@ -15,6 +15,15 @@ import time
 from cluster.launch.waits import WAITING_LINE_EVERY_S
 
 CONNECT_TIMEOUT_S = 10.0
+# Ray's head waits up to this long for a job agent before it answers "No available agent" (ray/dashboard/
+# consts.py WAIT_AVAILABLE_AGENT_TIMEOUT): a request must be allowed to outlast it, or a short --agent-wait
+# would read a head that is about to answer as one that never does.
+RAY_AGENT_ANSWER_S = 10.0
+
+
+def request_timeout(wait_s: float) -> float:
+    """The read timeout of one request to the cluster: --agent-wait, but never shorter than Ray's own wait."""
+    return max(wait_s, RAY_AGENT_ANSWER_S + 5.0)
 VERSION_404 = "Version check returned 404"  # Ray's words when GET /api/version answers 404
 
 
@@ -40,7 +49,7 @@ def bounded(fn, what: str, address: str, wait_s: float, say=None, whole_call_bou
 
     t = threading.Thread(target=run, name=f"raygrpo-submit: {what}", daemon=True)
     t0 = time.monotonic()
-    limit = wait_s + CONNECT_TIMEOUT_S + extra_s if whole_call_bound else float("inf")
+    limit = request_timeout(wait_s) + CONNECT_TIMEOUT_S + extra_s if whole_call_bound else float("inf")
     t.start()
     while True:
         t.join(timeout=max(0.0, min(WAITING_LINE_EVERY_S, limit - (time.monotonic() - t0))))
@@ -48,8 +57,8 @@ def bounded(fn, what: str, address: str, wait_s: float, say=None, whole_call_bou
             break
         waited = time.monotonic() - t0
         if waited >= limit:
-            raise ClusterUnreachable(no_answer(address, what, wait_s))
-        bound = f"at most --agent-wait={wait_s:.0f}s" if whole_call_bound else f"at most --agent-wait={wait_s:.0f}s of silence"
+            raise ClusterUnreachable(no_answer(address, what, request_timeout(wait_s)))
+        bound = f"at most {request_timeout(wait_s):.0f}s" + ("" if whole_call_bound else " of silence")
         say(f"waiting on the Ray cluster at {address} ({what}): {waited:.0f}s so far, {bound}")
     if "error" in result:
         raise translate(result["error"], address, what, wait_s)
@@ -70,7 +79,7 @@ def translate(e: BaseException, address: str, what: str, wait_s: float) -> BaseE
         if "requests.exceptions.ConnectTimeout" in kinds:
             return ClusterUnreachable(f"could not connect to the Ray cluster at {address} within {CONNECT_TIMEOUT_S:.0f}s "
                                       f"({what}): is the host reachable and the head running?")
-        return ClusterUnreachable(no_answer(address, what, wait_s))
+        return ClusterUnreachable(no_answer(address, what, request_timeout(wait_s)))
     if VERSION_404 in str(e):  # Ray blames its own version for any 404; it is rarely that
         return ClusterUnreachable(
             f"{address} answered 404 Not Found to Ray's GET /api/version: no Ray dashboard is serving there (a "
@@ -85,12 +94,12 @@ def translate(e: BaseException, address: str, what: str, wait_s: float) -> BaseE
 
 def make_client(address: str, wait_s: float):
     """A JobSubmissionClient for `address` whose requests are bounded (connect CONNECT_TIMEOUT_S, read
-    wait_s). Its constructor asks the cluster for its version: call it under `bounded`."""
+    request_timeout(wait_s)). Its constructor asks the cluster for its version: call it under `bounded`."""
     from ray.job_submission import JobSubmissionClient
 
     class BoundedClient(JobSubmissionClient):
         def _do_request(self, method, endpoint, **kwargs):
-            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, wait_s))
+            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, request_timeout(wait_s)))
             return super()._do_request(method, endpoint, **kwargs)
 
     return BoundedClient(address)

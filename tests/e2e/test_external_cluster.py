@@ -282,6 +282,7 @@ def test_submit_waits_for_the_job_agent_then_names_the_likely_causes(tiny_model_
                               "--agent-wait", "5"], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
                              timeout=300)
     blocker.close()
+    print(out.stdout[-3000:], out.stderr[-3000:])
     assert out.returncode == 1, out.stdout + out.stderr
     assert "has no job agent ready yet" in out.stdout and "waiting up to 5 s" in out.stdout
     assert "no job agent to take the job after 5 s" in out.stderr and "--dashboard-agent-listen-port" in out.stderr

@@ -14,13 +14,12 @@ import math
 import re
 import shutil
 import socket
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 from console import run
+from local_http import LocalServer, QuietHandler
 
 from cluster.run.metrics import read_metrics
 
@@ -36,7 +35,7 @@ class Verifiers:
         self.requests: Counter = Counter()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802 - the name http.server calls
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests[self.path] += 1
@@ -58,27 +57,11 @@ class Verifiers:
                     return self.send(200, json.dumps({"rewards": [1.0] * n, "pad": "x" * BIG}))
                 self.send(404, "{}")
 
-            def send(self, status, text):
-                data = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # /big: the client stopped reading at its cap
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.local = LocalServer(Handler)
+        self.base = self.local.base
 
     def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.local.close()
 
 
 def closed_port() -> int:

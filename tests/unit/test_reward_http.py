@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from local_http import LocalServer, QuietHandler
 
 from actors.completions import Completion
 from actors.config import RewardConfig
@@ -28,7 +29,7 @@ class Server:
         self.script, self.requests, self.lock = script, [], threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer.lock:
@@ -50,23 +51,13 @@ class Server:
                 self._send(200, {"rewards": rewards})
 
             def _send(self, status, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send(status, json.dumps(payload))
 
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/verify"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.local = LocalServer(Handler)
+        self.url = f"{self.local.base}/verify"
 
     def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.local.close()
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from local_http import LocalServer, QuietHandler
 
 from actors.config import RewardConfig
 from actors.rewards.http import TOKEN_ENV, VerifierRefused
@@ -27,7 +27,7 @@ class Verifier:
         padded = b'{"rewards": [1.0, 1.0], "pad": "' + b"x" * big + b'"}'  # made once: 64 MB take a while
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):  # noqa: N802
@@ -38,12 +38,12 @@ class Verifier:
                     time.sleep(5)
                     return
                 if action.isdigit():
-                    return self._send(int(action), b'{"error": "scripted"}')
+                    return self.send(int(action), b'{"error": "scripted"}')
                 if action == "ok":
-                    return self._send(200, json.dumps({"rewards": [1.0] * n}).encode())
+                    return self.send(200, json.dumps({"rewards": [1.0] * n}).encode())
                 body = padded  # (two samples per request in these tests)
                 if action == "big":
-                    return self._send(200, body)
+                    return self.send(200, body)
                 self.send_response(200)  # big-chunked: no Content-Length, written in 64 KiB chunks
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
@@ -57,26 +57,11 @@ class Verifier:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-            def _send(self, status, data):
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/verify"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.local = LocalServer(Handler)
+        self.url = f"{self.local.base}/verify"
 
     def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.local.close()
 
 
 @pytest.fixture
