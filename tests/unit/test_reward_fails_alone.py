@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from local_http import LocalServer, QuietHandler
 
 from actors.config import RewardConfig
 from actors.rewards.scorer import REWARD_STATS, RewardScorer
@@ -26,24 +26,14 @@ from tests.unit.test_collect import trainer as collecting_trainer
 
 @pytest.fixture
 def broken_verifier():
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self):  # noqa: N802
             self.rfile.read(int(self.headers["Content-Length"]))
-            data = b'{"error": "down"}'
-            self.send_response(500)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send(500, b'{"error": "down"}')
 
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/verify"
-    httpd.shutdown()
-    httpd.server_close()
+    server = LocalServer(Handler)
+    yield f"{server.base}/verify"
+    server.close()
 
 
 def test_a_verifier_answering_500_fails_alone_and_the_others_are_renormalised(broken_verifier, capsys):
