@@ -1,0 +1,222 @@
+"""Hosts with their own addresses on one machine, for the multi-node tests (and the bench's cross-host part).
+
+A "switch" network namespace holds a bridge; each host is a network namespace joined to it by a veth
+pair (`eth0` inside the host, an address 10.77.N.i/24 on it, `lo` up). Every command a host runs goes
+through `ip netns exec NS unshare --uts --mount sh -c 'hostname NAME; mount -t tmpfs tmpfs /dev/shm; ...'`:
+its own hostname and its own /dev/shm (so shared memory does not cross hosts, as on two machines), and
+optionally a directory of its own mounted over a path (a host that sees another run dir).
+
+Root and `ip netns` are needed; `unavailable()` says why not, for a skip. Names carry the test process's
+pid and a random tag, so a leftover of an earlier run never collides. Every process of a host is stopped
+by pid (`ip netns pids`), never by name; `destroy()` deletes the namespaces, and is safe to call twice.
+
+    with two_hosts() as (a, b):          # or Hosts(["a", "b"]) ... destroy()
+        head = a.popen(["ray", "start", ...])
+        b.kill_all()                     # lose host b: SIGKILL every process it holds
+        b.link_down(); b.link_up()       # a partition: its cable pulled, then put back
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.launch.ray_cluster import NODE_START_ENV
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def unavailable() -> str | None:
+    """Why hosts cannot be made here (a skip reason), or None when they can."""
+    if os.geteuid() != 0:
+        return f"two-host tests need root (network namespaces); running as uid {os.geteuid()}"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"two-host tests need `{tool}` (iproute2 / util-linux), not found on PATH"
+    probe = f"rgprobe{os.getpid()}{secrets.token_hex(2)}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"`ip netns add` failed here: {made.stderr.strip()[:200]}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*args: str) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+@dataclass
+class Host:
+    """One host: a network namespace on the switch, its hostname, its address."""
+
+    name: str  # "a", "b", ...
+    hostname: str  # what `hostname` says inside it: host-a, ...
+    netns: str
+    address: str  # 10.77.N.i
+    switch: str  # the switch namespace
+    switch_port: str  # the veth end on the switch side (link_down pulls it)
+    interface: str = "eth0"
+    mounts: dict[str, str] = field(default_factory=dict)  # path -> the directory of this host's own mounted there
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        """`cmd` as this host runs it: in its namespace, with its hostname, its /dev/shm and its mounts."""
+        setup = [f"hostname {shlex.quote(self.hostname)}", "mount -t tmpfs tmpfs /dev/shm"]
+        setup += [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in self.mounts.items()]
+        script = " && ".join(setup) + ' && exec "$@"'
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "sh", "-c", script, "sh", *cmd]
+
+    def popen(self, cmd: list[str], env: dict | None = None, log=None, **kw) -> subprocess.Popen:
+        """Start `cmd` on this host (output to `log`, a file, or to a pipe when None)."""
+        return subprocess.Popen(self.wrap(cmd), env=env, cwd=kw.pop("cwd", ROOT),
+                                stdout=log if log is not None else subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, **kw)
+
+    def run(self, cmd: list[str], env: dict | None = None, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+        """Run `cmd` on this host to the end; stdout and stderr captured."""
+        return subprocess.run(self.wrap(cmd), env=env, cwd=kw.pop("cwd", ROOT), capture_output=True, text=True,
+                              timeout=timeout, **kw)
+
+    def pids(self) -> list[int]:
+        """Every process this host holds now (`ip netns pids`)."""
+        out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True)
+        return [int(x) for x in out.stdout.split()]
+
+    def kill_all(self, sig: int = signal.SIGKILL) -> list[int]:
+        """Send `sig` to every process of this host, by pid; returns the pids."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return pids
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every process of this host, then SIGKILL what is left after `grace_s`."""
+        self.kill_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for _ in range(20):  # processes forked while we killed: until none is left
+            if not self.kill_all(signal.SIGKILL):
+                break
+            time.sleep(0.2)
+
+    def link_down(self) -> None:
+        """Pull this host's cable: its switch port goes down (no packet in or out; its processes live on)."""
+        _ip("-n", self.switch, "link", "set", self.switch_port, "down")
+
+    def link_up(self) -> None:
+        _ip("-n", self.switch, "link", "set", self.switch_port, "up")
+
+
+class Hosts:
+    """`names` hosts on one private bridge (10.77.N.0/24, N from the pid). `mounts`: host name ->
+    {path: its own directory mounted over that path, on that host only}."""
+
+    def __init__(self, names=("a", "b"), mounts: dict[str, dict[str, str]] | None = None):
+        tag = f"rg{os.getpid() % 100000}{secrets.token_hex(2)}"
+        self.switch = f"{tag}-sw"
+        subnet = 1 + os.getpid() % 250
+        self.hosts = [Host(name=n, hostname=f"host-{n}", netns=f"{tag}-{n}", address=f"10.77.{subnet}.{i + 1}",
+                           switch=self.switch, switch_port=f"p{i}", mounts=dict((mounts or {}).get(n, {})))
+                      for i, n in enumerate(names)]
+        self._made: list[str] = []
+
+    def create(self) -> list[Host]:
+        try:
+            _ip("netns", "add", self.switch)
+            self._made.append(self.switch)
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
+            for h in self.hosts:
+                _ip("netns", "add", h.netns)
+                self._made.append(h.netns)
+                _ip("-n", self.switch, "link", "add", h.switch_port, "type", "veth",
+                    "peer", "name", h.interface, "netns", h.netns)
+                _ip("-n", self.switch, "link", "set", h.switch_port, "master", "br0")
+                _ip("-n", self.switch, "link", "set", h.switch_port, "up")
+                _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", h.interface)
+                _ip("-n", h.netns, "link", "set", h.interface, "up")
+                _ip("-n", h.netns, "link", "set", "lo", "up")
+        except BaseException:
+            self.destroy()
+            raise
+        return self.hosts
+
+    def destroy(self) -> None:
+        """Stop every process of every host (by pid), then delete the namespaces."""
+        for h in self.hosts:
+            if h.netns in self._made:
+                with contextlib.suppress(Exception):
+                    h.stop_all(grace_s=3.0)
+        for ns in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._made.clear()
+
+
+@contextlib.contextmanager
+def two_hosts(mounts: dict[str, dict[str, str]] | None = None):
+    hosts = Hosts(("a", "b"), mounts)
+    try:
+        yield hosts.create()
+    finally:
+        hosts.destroy()
+
+
+# ---------------------------------------------------------------- Ray on the hosts, as a user starts it
+
+# A user's environment: no RAY_* variable, the venv not on PATH (its `ray` is called by path). The head
+# then runs with token authentication (Ray 2.60 does whenever ~/.ray/auth_token exists).
+USER_ENV = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+USER_ENV["PATH"] = os.pathsep.join(p for p in USER_ENV.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+                                   if p and Path(p).resolve() != BIN.resolve())
+# A node joining a token-authenticated head needs RAY_AUTH_MODE=token (Ray 2.60 switches it on by
+# itself only for a head and for ray.init; Ray's docs: "configured consistently on every node").
+WORKER_NODE_ENV = {**USER_ENV, "RAY_AUTH_MODE": "token"}
+GCS_PORT, DASHBOARD_PORT = 6379, 8265  # Ray's defaults: every host has its own ports
+
+
+def ray_start(host: Host, args: list[str], temp_dir: str, log, env: dict) -> subprocess.Popen:
+    """`ray start --block` on `host` (its own --temp-dir: the hosts share this machine's /tmp)."""
+    return host.popen([str(BIN / "ray"), "start", "--block", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+                       f"--node-ip-address={host.address}", *args], env={**env, **NODE_START_ENV}, log=log)
+
+
+def ray_head(host: Host, temp_dir: str, log, num_cpus: int = 3) -> subprocess.Popen:
+    return ray_start(host, ["--head", f"--port={GCS_PORT}", f"--dashboard-host={host.address}",
+                            f"--dashboard-port={DASHBOARD_PORT}", "--include-dashboard=true", f"--num-cpus={num_cpus}"],
+                     temp_dir, log, USER_ENV)
+
+
+def ray_worker(host: Host, head: Host, temp_dir: str, log, num_cpus: int = 3) -> subprocess.Popen:
+    return ray_start(host, [f"--address={head.address}:{GCS_PORT}", f"--num-cpus={num_cpus}"],
+                     temp_dir, log, WORKER_NODE_ENV)
+
+
+def dashboard(head: Host) -> str:
+    return f"http://{head.address}:{DASHBOARD_PORT}"
+
+
+def wait_for_nodes(host: Host, head: Host, n: int, timeout_s: float = 180) -> None:
+    """Until `n` Ray nodes are alive, asked from `host` through the head's dashboard."""
+    address = dashboard(head)
+    probe = ("import sys; from cluster.launch.auth import dashboard_auth_mode, use_cluster_auth_mode; "
+             f"use_cluster_auth_mode(dashboard_auth_mode('{address}'), '{address}'); "
+             "from ray.util.state import list_nodes; "
+             f"sys.exit(0 if len(list_nodes(address='{address}', filters=[('state', '=', 'ALIVE')])) >= {n} else 1)")
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if host.run([sys.executable, "-c", probe], env=USER_ENV, timeout=120).returncode == 0:
+            return
+        time.sleep(3)
+    raise TimeoutError(f"{n} Ray nodes did not come up at {address} within {timeout_s}s")
