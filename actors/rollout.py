@@ -27,6 +27,7 @@ from actors.config import RolloutConfig
 from actors.multiturn.env_pool import EnvPool
 from actors.multiturn.trajectories import ChatTokens, run_trajectories
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
+from actors.runtime.sockets import network_view
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
 from actors.transport.fingerprint import WORKER_EXTENSION
@@ -358,6 +359,10 @@ class RolloutWorker:
                 "workers": workers}
 
     # ------------------------------------------------------------------ health
+    def network(self, towards: str) -> dict:
+        """This actor's host, advertised address and gloo interface (placement.json, the console)."""
+        return network_view(towards)
+
     def info(self) -> dict:
         node_id = None
         try:

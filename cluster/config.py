@@ -140,10 +140,21 @@ class RayConfig:
     num_cpus: int = 0  # embedded cluster's logical CPUs (0: the machine's, at least 8 so fractional actors fit)
     placement: str = "separate"  # separate | colocate (learner rank i and rollout engine i share a bundle)
     strategy: str = "PACK"  # how the placement group's bundles land on nodes: PACK | SPREAD | STRICT_SPREAD
+    # The network interface gloo and NCCL use on every node, e.g. "eth0": sets GLOO_SOCKET_IFNAME and
+    # NCCL_SOCKET_IFNAME for every actor. "": the driver's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME reach the
+    # actors as they are; where neither is set, each actor uses the interface on its route to learner rank 0.
+    network_interface: str = ""
+    # How long a learner rank waits for learner rank 0's host to answer at the address it advertises;
+    # past it, an error naming both hosts and the address (an engine: the weight transfer's own timeout).
+    connect_timeout_s: float = 60.0
 
     def problems(self) -> list[str]:
         p = []
         at_least(p, "ray.num_cpus", self.num_cpus, 0, " (0: the machine's)")
+        if self.connect_timeout_s <= 0:
+            p.append(f"ray.connect_timeout_s must be > 0, got {self.connect_timeout_s}")
+        if self.network_interface != self.network_interface.strip() or " " in self.network_interface:
+            p.append(f"ray.network_interface must be an interface name such as eth0, got {self.network_interface!r}")
         if self.placement not in ("separate", "colocate"):
             p.append(f"ray.placement must be separate|colocate, got {self.placement!r}")
         if self.strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):

@@ -7,12 +7,11 @@ import os
 import random
 
 import numpy as np
-import psutil
 import torch
 import torch.distributed as dist
 
 from actors.runtime.devices import resolve_dtype
-from actors.runtime.sockets import listening_store, local_ip_towards
+from actors.runtime.sockets import interface_of, listening_store, local_ip_towards, reach
 from learner.config import LearnerConfig
 from learner.lora import apply_lora
 
@@ -114,16 +113,25 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: int, world_size: int) -> None:
+def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: int, world_size: int,
+                       connect_timeout_s: float | None = None, master_host: str = "") -> None:
     """The ranks' torch.distributed world, listening on `master_addr` only: rank 0 serves the
     rendezvous store there (torch's env:// store would listen on every interface), and gloo's
-    own sockets use the interface that holds this node's address on the way to it."""
+    own sockets use the interface that holds this node's address on the way to it.
+
+    Another rank first makes sure rank 0's host answers at `master_addr` (`connect_timeout_s`,
+    ray.connect_timeout_s; None: no such check): torch's store would retry an unreachable address for its
+    whole timeout (30 minutes) and then say only that it timed out. `master_host`: rank 0's hostname, for
+    the error."""
     from deepspeed.constants import default_pg_timeout
 
     timeout = default_pg_timeout  # what deepspeed.init_distributed would use
     if rank == 0:
         store = listening_store(master_addr, master_port, timeout)
     else:
+        if connect_timeout_s is not None:
+            reach(master_addr, master_port, connect_timeout_s, f"learner rank {rank}",
+                  f"learner rank 0's rendezvous{f' on {master_host}' if master_host else ''}")
         store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
     if not on_gpu and not os.environ.get("GLOO_SOCKET_IFNAME"):
         ifname = interface_of(local_ip_towards(master_addr))
@@ -131,14 +139,6 @@ def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: i
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
     dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
-
-
-def interface_of(ip: str) -> str | None:
-    """The name of the network interface that holds `ip` (gloo binds by interface name)."""
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == ip for a in addrs):
-            return name
-    return None
 
 
 def seed_everything(seed: int) -> None:

@@ -12,6 +12,7 @@ import os
 import torch
 
 from actors.runtime.devices import on_gpu, resolve_dtype
+from actors.runtime.sockets import network_view
 from actors.runtime.threads import node_cores, use_threads
 from learner.config import ReferenceConfig
 from learner.sequences import completion_logprobs
@@ -47,6 +48,10 @@ class ReferenceActor:
         """The torch threads this actor computes with from now on (the driver's thread budget)."""
         self.threads = n
         use_threads(n)
+
+    def network(self, towards: str) -> dict:
+        """This actor's host, advertised address and gloo interface (placement.json, the console)."""
+        return network_view(towards)
 
     def info(self) -> dict:
         import ray

@@ -23,6 +23,7 @@ import time
 import torch
 
 from actors.runtime.devices import on_gpu, resolve_dtype
+from actors.runtime.sockets import network_view
 from actors.runtime.threads import node_cores, use_threads
 from learner import checkpoint, grpo
 from learner.batch import MicroBatch, TrainBatch
@@ -44,10 +45,13 @@ class LearnerWorker:
     """One DeepSpeed rank (a Ray actor). See the module docstring for the calling contract."""
 
     def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, *, rank: int, world_size: int,
-                 master_addr: str, master_port: int, total_steps: int, seed: int, reference_on_learner: bool = False):
+                 master_addr: str, master_port: int, total_steps: int, seed: int, reference_on_learner: bool = False,
+                 master_host: str = "", connect_timeout_s: float | None = None):
         """`reference_on_learner`: this rank computes the reference log-probs of its shard itself
         (RunConfig.reference_on_learner): with LoRA from its base model, adapters off; else from a
-        frozen copy of the starting model that it holds."""
+        frozen copy of the starting model that it holds. `master_host`, `connect_timeout_s`: rank 0's
+        hostname and how long another rank waits for rank 0's host to answer at `master_addr`
+        (rank_setup.init_process_group; a run passes ray.connect_timeout_s)."""
         import deepspeed
         from transformers import AutoModelForCausalLM
 
@@ -66,7 +70,8 @@ class LearnerWorker:
                           WORLD_SIZE=str(world_size),
                           # Ray gives each rank its own device(s), so the rank is local rank 0 there.
                           LOCAL_RANK="0")
-        init_process_group(self.on_gpu, master_addr, master_port, rank, world_size)
+        self.pinned_ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")  # before init sets it from the route
+        init_process_group(self.on_gpu, master_addr, master_port, rank, world_size, connect_timeout_s, master_host)
         if not self.on_gpu:  # DeepSpeed compiles its shared-memory op here once: say so; a stale lock is an error
             check_shm_op_build(build_dir())
         # DeepSpeed adopts the group made above (it initializes torch.distributed only if nobody did)
@@ -117,6 +122,10 @@ class LearnerWorker:
                 "init_seconds": self.init_seconds, "step": self.step, "lora_rank": self.cfg.lora_rank,
                 "listen_address": self.master_addr,  # rank 0's rendezvous and weight-transfer listeners
                 "cores": node_cores(), "torch_threads": torch.get_num_threads(), **self.param_counts}
+
+    def network(self, towards: str) -> dict:
+        """This rank's host, advertised address and gloo interface (placement.json, the console)."""
+        return network_view(towards, self.pinned_ifname)
 
     def set_threads(self, n: int) -> None:
         """The torch threads this rank computes with from now on (the driver's thread budget)."""

@@ -27,6 +27,7 @@ import torch
 
 from actors.config import RewardConfig
 from actors.runtime.devices import on_gpu, resolve_dtype
+from actors.runtime.sockets import network_view
 from actors.runtime.threads import node_cores, use_threads
 
 
@@ -103,6 +104,10 @@ class RewardModelActor:
         """The torch threads this actor computes with from now on (the driver's thread budget)."""
         self.threads = n
         use_threads(n)
+
+    def network(self, towards: str) -> dict:
+        """This actor's host, advertised address and gloo interface (placement.json, the console)."""
+        return network_view(towards)
 
     def info(self) -> dict:
         import ray

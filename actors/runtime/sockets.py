@@ -7,9 +7,12 @@ torch only, no vLLM: a learner rank sets up its group without the rollout side's
 from __future__ import annotations
 
 import datetime
+import errno
 import os
 import socket
+import time
 
+import psutil
 import torch.distributed as dist
 
 
@@ -31,6 +34,72 @@ def local_ip_towards(address: str) -> str:
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def interface_of(ip: str) -> str | None:
+    """The name of the network interface that holds `ip` (gloo binds by interface name)."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addrs):
+            return name
+    return None
+
+
+def address_of(interface: str) -> str | None:
+    """The IPv4 address of `interface` (what gloo advertises when it is pinned to it)."""
+    for a in psutil.net_if_addrs().get(interface, []):
+        if a.family == socket.AF_INET:
+            return a.address
+    return None
+
+
+def network_view(towards: str, pinned: str | None = None) -> dict:
+    """What this process shows its peers: its host, the address it advertises to gloo on the way to
+    `towards` (learner rank 0's address) and the interface that holds it, pinned or by the route.
+    `pinned`: GLOO_SOCKET_IFNAME as the process got it (a learner rank sets it itself from the route)."""
+    pinned = os.environ.get("GLOO_SOCKET_IFNAME", "") if pinned is None else pinned
+    address = (address_of(pinned) if pinned else None) or local_ip_towards(towards)
+    view = {"hostname": socket.gethostname(), "address": address,
+            "interface": pinned or interface_of(address) or "?",
+            "interface_from": "pinned by GLOO_SOCKET_IFNAME" if pinned else f"on the route to {towards}"}
+    if os.environ.get("NCCL_SOCKET_IFNAME"):
+        view["nccl_interface"] = os.environ["NCCL_SOCKET_IFNAME"]
+    return view
+
+
+class PeerUnreachable(ConnectionError):
+    """A process could not reach the address a peer advertised within its bounded wait."""
+
+
+# A refused connection means the host answered (its listener is not up yet): reachable. What is not
+# reachable never answers (a timeout: a firewall dropping, a wrong network) or has no route.
+_UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EHOSTDOWN)
+
+
+def reach(address: str, port: int, timeout_s: float, me: str, peer: str) -> None:
+    """Return once a TCP connection to `address:port` is accepted or refused (the host answers);
+    after `timeout_s` without an answer, a PeerUnreachable naming this host, the peer's host and
+    the address. `me`: who is connecting ("learner rank 1"); `peer`: whom ("learner rank 0 on host-a")."""
+    deadline, last = time.monotonic() + timeout_s, "no answer"
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((address, port), timeout=max(0.5, min(5.0, left))):
+                return
+        except ConnectionRefusedError:
+            return
+        except OSError as e:
+            if e.errno is not None and e.errno not in _UNREACHABLE:
+                return  # anything else is not about reaching the host: the store's own connect reports it
+            last = "timed out" if isinstance(e, TimeoutError) or e.errno == errno.ETIMEDOUT else (e.strerror or str(e))
+        if time.monotonic() >= deadline:
+            here = f"{socket.gethostname()} ({local_ip_towards(address)})"
+            raise PeerUnreachable(
+                f"{me} on {here} could not reach {peer} at the address it advertises, {address}:{port}, within "
+                f"{timeout_s:.0f}s ({last}). {address} must be reachable from {socket.gethostname()}: check the "
+                f"firewall between the nodes (README, Multi-node), and that the address is the node's own on the "
+                f"network the nodes share (`ray start --node-ip-address`; ray.network_interface pins gloo's and "
+                f"NCCL's interface)")
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def listening_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPStore:

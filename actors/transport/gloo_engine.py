@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import WeightTransferEngine  # noqa: TID253 (vLLM side)
 
-from actors.runtime.sockets import new_gloo_group
+from actors.runtime.sockets import new_gloo_group, reach
 from actors.transport import shared_memory
 from actors.transport.base import LAST_UPDATE_PARTS
 from actors.transport.direct_load import DirectLoader, signature_of
@@ -69,6 +69,10 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.bucket_bytes = init_info.bucket_bytes
         self.timeout_s = init_info.timeout_s
         timeout = datetime.timedelta(seconds=init_info.timeout_s)
+        # Fail naming both hosts and the address when the sender's host does not answer, instead of the
+        # store retrying it for the whole timeout and saying only that it timed out.
+        reach(init_info.master_address, init_info.master_port, init_info.timeout_s, "a rollout engine's vLLM worker",
+              f"the weight sender (learner rank 0){f' on {init_info.master_hostname}' if init_info.master_hostname else ''}")
         store = dist.TCPStore(init_info.master_address, init_info.master_port, is_master=False, timeout=timeout)
         prefixed = dist.PrefixStore(f"raygrpo/{init_info.generation}/", store)
         if init_info.rank_offset is None:

@@ -160,6 +160,7 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     master_address: str
     master_port: int
     world_size: int
+    master_hostname: str = ""  # the sender's host, named when an engine cannot reach master_address
     generation: str = ""  # store key prefix, fresh per trainer_init, so stale keys never collide
     rank_offset: int | None = None  # None: claim a rank from the store counter
     bucket_bytes: int = DEFAULT_BUCKET_BYTES

@@ -18,6 +18,7 @@ GlooTrainerInitInfo(...), client=..., source=...)` after `import actors.transpor
 from __future__ import annotations
 
 import datetime
+import socket
 import threading
 import time
 import uuid
@@ -168,7 +169,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                  "shared_memory_nonce": segment[1]} if segment else {}
         payload = asdict(GlooWeightTransferInitInfo(
             master_address=init_info.master_address, master_port=store.port,
-            world_size=init_info.world_size, generation=generation,
+            world_size=init_info.world_size, master_hostname=socket.gethostname(), generation=generation,
             bucket_bytes=init_info.bucket_bytes, timeout_s=init_info.timeout_s, **offer,
         ))
         prefixed = dist.PrefixStore(f"raygrpo/{generation}/", store)

@@ -32,8 +32,9 @@ from cluster.driver.batch import (
 )
 from cluster.driver.collector import Collector
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
-from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
-from cluster.launch.ray_cluster import start_ray
+from cluster.launch.network import add_network
+from cluster.launch.placement import actor_roles, apply_thread_budget, create_actors, shutdown_actors, wait_ready
+from cluster.launch.ray_cluster import pin_network_interface, start_ray
 from cluster.launch.waits import ActorFailed, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
@@ -300,6 +301,7 @@ class Trainer:
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
         logs.start_run_log(self.run_dir)  # third-party INFO lines of the driver into RUN_DIR/logs/driver.log
+        pin_network_interface(cfg.ray.network_interface)  # before start_ray: the workers' env is fixed there
         start_ray(cfg.ray.address, cfg.ray.num_cpus, logs.worker_env(self.run_dir))  # the workers' output: RUN_DIR/logs/
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
@@ -308,6 +310,9 @@ class Trainer:
             reward_models=self.scorer.actor_paths())
         self.placement = wait_ready(self.actors, cfg.trainer.actor_timeout_s)
         self.threads = apply_thread_budget(self.actors, self.placement, cfg)
+        for line in add_network(actor_roles(self.actors), self.placement, self.actors.master_address,
+                                cfg.trainer.actor_timeout_s):
+            print(line, flush=True)
         self.scorer.attach(self.actors.reward_models, cfg.trainer.actor_timeout_s)  # it calls their handles itself
         self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
                      for p in self.placement if "threads_when_collecting_idles" in p}

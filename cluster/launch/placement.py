@@ -4,12 +4,15 @@ tearing them down.
 """
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 
 from actors.rewards.model_actor import RewardModelActor
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
+from cluster.launch.network import bundle_node, bundle_nodes
+from cluster.launch.shared_storage import check_shared_storage
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
 from cluster.launch.waits import wait_for
 from learner.reference import ReferenceActor
@@ -27,6 +30,8 @@ class Actors:
     reward_model_paths: dict = field(default_factory=dict)  # model:PATH entry -> its model directory
     placement_group: object | None = None
     learner_port: int = 0
+    master_address: str = "127.0.0.1"  # where learner rank 0 listens (rendezvous, weight sender)
+    master_hostname: str = ""
 
 
 def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | None = None) -> Actors:
@@ -38,7 +43,7 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
     `ray.strategy` (PACK | SPREAD) says how bundles land on nodes.
     """
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
@@ -75,13 +80,22 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
             f"the cluster has {ray.cluster_resources()}; lower the num_cpus/num_gpus of rollout/learner/reference"
         ) from None
 
+    if cfg.ray.address:  # a joined cluster: every node that got a bundle must share the storage (before any load)
+        try:
+            check_shared_storage(ray, bundle_nodes(pg), [cfg.model.path, *reward_models.values()], cfg.trainer.run_dir,
+                                 cfg.trainer.actor_timeout_s)
+        except BaseException:
+            remove_placement_group(pg)
+            raise
+
     def at(i):
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
-    out = Actors(placement_group=pg, learner_port=free_port())
     # Where learner rank 0 listens for the other ranks and (as the weight sender) for the engines:
     # loopback when the cluster is our own embedded one, else the IP Ray knows rank 0's node by.
-    master = bundle_node_ip(pg, learner_bundle[0]) if cfg.ray.address else "127.0.0.1"
+    master, master_host = (bundle_node(pg, learner_bundle[0])[:2] if cfg.ray.address
+                           else ("127.0.0.1", socket.gethostname()))
+    out = Actors(placement_group=pg, learner_port=free_port(), master_address=master, master_hostname=master_host)
     for i in range(r.num_workers):
         # Restarted by Ray when they die; the driver re-syncs weights and re-sends their prompts.
         # max_task_retries=0: the call in flight fails (RayActorError) so the driver knows.
@@ -102,7 +116,8 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
                      scheduling_strategy=at(learner_bundle[rank]))
             .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
                     master_port=out.learner_port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
-                    reference_on_learner=cfg.reference_on_learner())
+                    reference_on_learner=cfg.reference_on_learner(), master_host=master_host,
+                    connect_timeout_s=cfg.ray.connect_timeout_s)
         )
     if with_reference:
         out.reference = (
@@ -123,15 +138,6 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
         )
         out.reward_model_paths[spec] = path
     return out
-
-
-def bundle_node_ip(pg, bundle: int) -> str:
-    """The IP (as Ray knows the node) of the node a ready placement group put `bundle` on."""
-    import ray
-    from ray.util.placement_group import placement_group_table
-
-    node_id = placement_group_table(pg)["bundles_to_node_id"][bundle]
-    return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
 
 
 def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
@@ -165,10 +171,7 @@ def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str,
     budget = thread_budget(cfg.trainer.mode, placement, {"rollout": cfg.rollout.threads,
                                                         "learner": cfg.learner.threads,
                                                         "reference": cfg.reference.threads})
-    handles = {**{f"rollout-{i}": h for i, h in enumerate(actors.rollouts)},
-               **{f"learner-{i}": h for i, h in enumerate(actors.learners)},
-               **({"reference": actors.reference} if actors.reference is not None else {}),
-               **{f"reward-{i}": h for i, h in enumerate(actors.reward_models.values())}}
+    handles = actor_roles(actors)
     refs = {role: h.set_threads.remote(budget[role]) for role, h in handles.items()}
     for role, ref in refs.items():
         wait_for(ref, role, "setting its threads", cfg.trainer.actor_timeout_s)
@@ -181,6 +184,14 @@ def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str,
     return budget
 
 
+
+
+def actor_roles(actors: Actors) -> dict:
+    """Every actor by its placement.json role."""
+    return {**{f"rollout-{i}": h for i, h in enumerate(actors.rollouts)},
+            **{f"learner-{i}": h for i, h in enumerate(actors.learners)},
+            **({"reference": actors.reference} if actors.reference is not None else {}),
+            **{f"reward-{i}": h for i, h in enumerate(actors.reward_models.values())}}
 
 
 def shutdown_actors(actors: Actors) -> None:

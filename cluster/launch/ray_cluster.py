@@ -19,6 +19,10 @@ WORKER_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
+# The variables that pin the interface gloo and NCCL use: the driver's reach every actor
+# (ray.network_interface sets both: pin_network_interface).
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
 # Every Ray node raygrpo starts (the embedded cluster here; the test clusters, docker/compose.yaml,
 # docker/slurm.sbatch) gets these. The raylet gives its dashboard agent 30 s to register (Ray's
 # default) and then dies with "Timed out waiting for file .../dashboard_agent_listen_port_..."; on a
@@ -31,9 +35,18 @@ def worker_runtime_env(extra_env: dict[str, str] | None = None, more: dict | Non
     """The runtime env of every Ray worker of a run. `more`: further runtime-env fields, its env_vars
     added to ours (the run's console set-up, cluster/run/logs.py worker_env)."""
     env = {k: os.environ.get(k, v) for k, v in WORKER_ENV.items()}
+    env.update({k: os.environ[k] for k in SOCKET_IFNAME_VARS if os.environ.get(k)})
     env.update(extra_env or {})
     more = more or {}
     return {**more, "env_vars": {**env, **more.get("env_vars", {})}}
+
+
+def pin_network_interface(interface: str) -> None:
+    """ray.network_interface: set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the driver, from where
+    they reach every actor (worker_runtime_env). "": leave the driver's own as they are."""
+    if interface:
+        for k in SOCKET_IFNAME_VARS:
+            os.environ[k] = interface
 
 
 def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> None:

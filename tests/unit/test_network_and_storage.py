@@ -1,0 +1,94 @@
+"""Multi-node set-up, the parts that need no cluster: the interface env reaching the actors, the
+bounded wait on an unreachable peer, what a node reports on the shared-storage check."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from actors.runtime.sockets import PeerUnreachable, network_view, reach
+from cluster.config import ConfigError, load_config
+from cluster.launch.ray_cluster import SOCKET_IFNAME_VARS, pin_network_interface, worker_runtime_env
+from cluster.launch.shared_storage import look
+
+
+@pytest.fixture
+def clean_ifname_env(monkeypatch):
+    for k in SOCKET_IFNAME_VARS:
+        monkeypatch.delenv(k, raising=False)
+    return monkeypatch
+
+
+def test_the_drivers_interface_variables_reach_every_actor_and_the_config_key_sets_both(clean_ifname_env):
+    assert not set(SOCKET_IFNAME_VARS) & set(worker_runtime_env()["env_vars"])  # unset: nothing invented
+    clean_ifname_env.setenv("NCCL_SOCKET_IFNAME", "^docker,lo")
+    assert worker_runtime_env()["env_vars"]["NCCL_SOCKET_IFNAME"] == "^docker,lo"
+    assert "GLOO_SOCKET_IFNAME" not in worker_runtime_env()["env_vars"]
+    pin_network_interface("")  # the key unset: the driver's own stay
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "^docker,lo"
+    pin_network_interface("eth7")
+    env = worker_runtime_env()["env_vars"]
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth7"
+
+
+def test_network_interface_and_connect_timeout_are_checked():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["ray.network_interface=eth 0", "ray.connect_timeout_s=0"], validate_paths=False)
+    text = "\n".join(e.value.problems)
+    assert "ray.network_interface must be an interface name" in text and "ray.connect_timeout_s must be > 0" in text
+
+
+def test_network_view_names_the_host_the_address_and_the_interface(clean_ifname_env):
+    v = network_view("127.0.0.1")
+    assert v == {"hostname": socket.gethostname(), "address": "127.0.0.1", "interface": "lo",
+                 "interface_from": "on the route to 127.0.0.1"}
+    clean_ifname_env.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert network_view("127.0.0.1")["interface_from"] == "pinned by GLOO_SOCKET_IFNAME"
+
+
+def test_a_listener_not_up_yet_counts_as_reachable():
+    with socket.socket() as s:  # a port nobody listens on: refused at once, i.e. the host answered
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.monotonic()
+    reach("127.0.0.1", port, 5, "learner rank 1", "learner rank 0's rendezvous on host-a")
+    assert time.monotonic() - t < 2
+
+
+def test_an_address_that_never_answers_fails_within_the_bound_naming_both_hosts(monkeypatch):
+    # No address is unreachable on every machine (this one's gateway is TEST-NET-1's .1): the network
+    # drops every SYN here, as a firewall does
+    tries = []
+
+    def dropped(address, timeout):
+        tries.append(address)
+        time.sleep(timeout)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", dropped)
+    t = time.monotonic()
+    with pytest.raises(PeerUnreachable) as e:
+        reach("192.0.2.1", 29500, 3, "learner rank 1", "learner rank 0's rendezvous on host-a")
+    assert len(tries) >= 1 and tries[0] == ("192.0.2.1", 29500)
+    assert 3 <= time.monotonic() - t < 8
+    msg = str(e.value)
+    assert f"learner rank 1 on {socket.gethostname()} (" in msg
+    assert "could not reach learner rank 0's rendezvous on host-a at the address it advertises, 192.0.2.1:29500" \
+        in msg and "within 3s" in msg
+
+
+def test_a_node_reports_the_paths_it_does_not_share(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "nonce").write_text("abc")
+    assert look([str(model)], str(tmp_path / "nonce")) == {"hostname": socket.gethostname(), "models": {},
+                                                           "nonce": "abc"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    got = look([str(tmp_path / "missing"), str(empty)], str(tmp_path / "run" / "nonce"))
+    assert got["models"] == {str(tmp_path / "missing"): "does not exist there",
+                             str(empty): "holds no config.json there (another directory at the same path?)"}
+    assert got["nonce"] is None
