@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,3 +221,31 @@ def wait_for_nodes(host: Host, head: Host, n: int, timeout_s: float = 180) -> No
             return
         time.sleep(3)
     raise TimeoutError(f"{n} Ray nodes did not come up at {address} within {timeout_s}s")
+
+
+def main(argv: list[str]) -> int:
+    """`python tests/hosts.py -- CMD ...`: two hosts, a Ray head on host a and a worker node on host b,
+    then CMD run on host a ({head} in it: the head's GCS address; {dashboard}: its dashboard URL);
+    everything stopped and deleted after. E.g. the bench's cross-host part:
+    python tests/hosts.py -- .venv/bin/raygrpo bench --parts crosshost 'ray.address={head}'"""
+    if "--" not in argv or not argv[argv.index("--") + 1:]:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    cmd = argv[argv.index("--") + 1:]
+    why = unavailable()
+    if why:
+        print(f"hosts: {why}", file=sys.stderr)
+        return 2
+    with two_hosts() as (a, b), tempfile.TemporaryDirectory(prefix="rg-hosts-") as tmp:
+        log = open(Path(tmp) / "ray_nodes.log", "w")
+        ray_head(a, f"{tmp}/a", log)
+        wait_for_nodes(a, a, 1)
+        ray_worker(b, a, f"{tmp}/b", log)
+        wait_for_nodes(a, a, 2)
+        print(f"hosts: {a.hostname} {a.address} (Ray head), {b.hostname} {b.address} (worker node)", flush=True)
+        cmd = [c.replace("{head}", f"{a.address}:{GCS_PORT}").replace("{dashboard}", dashboard(a)) for c in cmd]
+        return subprocess.run(a.wrap(cmd), cwd=ROOT, env=USER_ENV).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
