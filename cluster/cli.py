@@ -252,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="runs/bench/bench.json", help="where the JSON goes (work files beside it)")
     b.add_argument("--skip-trl", action="store_true", help="leave out part 5 (no .venv-bench, no TRL install)")
     b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora,rewards (default: all; "
+                   "crosshost, only when named: the update across two nodes of a joined cluster vs a raw gloo broadcast; "
                    "--setting long: schedule,trl)")
     b.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of part 6 (adapter vs merged vs full sync)")
     b.add_argument("--cache-dir", default=".cache/bench", help="where the tiny models and warm starts are cached")

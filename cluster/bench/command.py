@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from cluster.bench import cross_host
 from cluster.bench import rewards as reward_part
 from cluster.bench.learner_sync import (
     bench_learner_and_sync,
@@ -80,7 +81,7 @@ def _run_bench(args, res: dict) -> int:
 
     user = list(args.overrides or [])
     cfg0 = load_config(None, [*setting.overrides, f"model.path={base}", *user])
-    if not args.model and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards"}:  # part 7 needs no warm start
+    if not args.model and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards", "crosshost"}:  # neither needs one
         t = time.perf_counter()
         train_set, _ = load_splits(cfg0.data.train, cfg0.data.eval, cfg0.data.num_eval, cfg0.data.task_digits,
                                    cfg0.trainer.seed)
@@ -102,6 +103,12 @@ def _run_bench(args, res: dict) -> int:
     res["driver_niceness"] = current_niceness()
     rollout_actor = None
     try:
+        if "crosshost" in parts:  # the weight update across two nodes vs a raw gloo broadcast on the same link
+            res["cross_host"] = cross_host.bench_cross_host(ray, str(base), cfg, args.sync_repeats, timeout_s)
+            ch = res["cross_host"]
+            progress(f"crosshost: update {fmt_value(ch['sync']['seconds'])} s, raw broadcast "
+                     f"{fmt_value(ch['raw_broadcast']['seconds'])} s for {ch['sync']['bytes'] / 2**20:.2f} MiB "
+                     f"({ch['host_a']} -> {ch['host_b']}): x{fmt_value(ch['vs_raw'])}")
         # 1. rollout throughput (random base model: completions mostly run to max tokens)
         rollouts = None
         if parts & {"rollout", "learner", "sync", "lora"}:
@@ -191,7 +198,7 @@ def _run_bench(args, res: dict) -> int:
 
     res["load_average_end"] = load_average()
     res["wall_seconds"] = time.perf_counter() - t_start
-    rows = table_rows(res) + reward_part.table_rows(res)
+    rows = table_rows(res) + reward_part.table_rows(res) + cross_host.table_rows(res)
     res["table"] = [list(r) for r in rows]
     write_json(out_path, res)
     print()

@@ -9,6 +9,8 @@ import time
 import pytest
 
 from actors.runtime.sockets import PeerUnreachable, network_view, reach
+from cluster.bench.cross_host import two_nodes
+from cluster.bench.report import resolve_setting
 from cluster.config import ConfigError, load_config
 from cluster.launch.ray_cluster import SOCKET_IFNAME_VARS, pin_network_interface, worker_runtime_env
 from cluster.launch.shared_storage import look
@@ -92,3 +94,20 @@ def test_a_node_reports_the_paths_it_does_not_share(tmp_path):
     assert got["models"] == {str(tmp_path / "missing"): "does not exist there",
                              str(empty): "holds no config.json there (another directory at the same path?)"}
     assert got["nonce"] is None
+
+
+def test_the_crosshost_bench_part_runs_only_when_named_and_says_it_needs_two_nodes():
+    assert "crosshost" not in resolve_setting("default").parts  # a plain `raygrpo bench` needs one node only
+    assert resolve_setting("default", parts="crosshost").parts == ("crosshost",)
+
+    class OneNode:  # what ray answers on a one-node cluster
+        @staticmethod
+        def get_runtime_context():
+            return type("Ctx", (), {"get_node_id": staticmethod(lambda: "n1")})()
+
+        @staticmethod
+        def nodes():
+            return [{"NodeID": "n1", "Alive": True, "NodeManagerAddress": "10.0.0.1"}]
+
+    with pytest.raises(RuntimeError, match=r"needs a Ray cluster of two nodes or more .*this cluster has one \(10.0.0.1\)"):
+        two_nodes(OneNode)
