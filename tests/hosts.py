@@ -187,28 +187,40 @@ WORKER_NODE_ENV = {**USER_ENV, "RAY_AUTH_MODE": "token"}
 GCS_PORT, DASHBOARD_PORT = 6379, 8265  # Ray's defaults: every host has its own ports
 
 
-def ray_start(host: Host, args: list[str], temp_dir: str, log, env: dict) -> subprocess.Popen:
-    """`ray start --block` on `host` (its own --temp-dir: the hosts share this machine's /tmp)."""
-    return host.popen([str(BIN / "ray"), "start", "--block", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-                       f"--node-ip-address={host.address}", *args], env={**env, **NODE_START_ENV}, log=log)
+def ray_start(host: Host, args: list[str], temp_dir: str, log, env: dict, attempts: int = 3) -> None:
+    """`ray start` on `host` (its own --temp-dir: the hosts share this machine's /tmp), as a user runs it:
+    the command returns once the node is up, its processes stay in the host's namespace (stopped by
+    pid with the host). Not `--block`: that stops the whole node when one helper (the Ray Client
+    server) dies, which a loaded machine makes happen. A start that fails (Ray's own 30 s raylet
+    registration, missed under load) is tried again after the host's processes are stopped."""
+    cmd = [str(BIN / "ray"), "start", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+           f"--node-ip-address={host.address}", *args]
+    for attempt in range(1, attempts + 1):
+        rc = host.popen(cmd, env={**env, **NODE_START_ENV}, log=log).wait(timeout=600)
+        if rc == 0:
+            return
+        log.write(f"\n[hosts] ray start on {host.hostname} exited {rc} (attempt {attempt} of {attempts})\n")
+        log.flush()
+        host.stop_all()
+    raise RuntimeError(f"ray start on {host.hostname} failed {attempts} times; see {getattr(log, 'name', 'the log')}")
 
 
-def ray_head(host: Host, temp_dir: str, log, num_cpus: int = 3) -> subprocess.Popen:
-    return ray_start(host, ["--head", f"--port={GCS_PORT}", f"--dashboard-host={host.address}",
-                            f"--dashboard-port={DASHBOARD_PORT}", "--include-dashboard=true", f"--num-cpus={num_cpus}"],
-                     temp_dir, log, USER_ENV)
+def ray_head(host: Host, temp_dir: str, log, num_cpus: int = 3) -> None:
+    ray_start(host, ["--head", f"--port={GCS_PORT}", f"--dashboard-host={host.address}",
+                     f"--dashboard-port={DASHBOARD_PORT}", "--include-dashboard=true", f"--num-cpus={num_cpus}"],
+              temp_dir, log, USER_ENV)
 
 
-def ray_worker(host: Host, head: Host, temp_dir: str, log, num_cpus: int = 3) -> subprocess.Popen:
-    return ray_start(host, [f"--address={head.address}:{GCS_PORT}", f"--num-cpus={num_cpus}"],
-                     temp_dir, log, WORKER_NODE_ENV)
+def ray_worker(host: Host, head: Host, temp_dir: str, log, num_cpus: int = 3) -> None:
+    ray_start(host, [f"--address={head.address}:{GCS_PORT}", f"--num-cpus={num_cpus}"], temp_dir, log,
+              WORKER_NODE_ENV)
 
 
 def dashboard(head: Host) -> str:
     return f"http://{head.address}:{DASHBOARD_PORT}"
 
 
-def wait_for_nodes(host: Host, head: Host, n: int, timeout_s: float = 180) -> None:
+def wait_for_nodes(host: Host, head: Host, n: int, timeout_s: float = 300) -> None:
     """Until `n` Ray nodes are alive, asked from `host` through the head's dashboard."""
     address = dashboard(head)
     probe = ("import sys; from cluster.launch.auth import dashboard_auth_mode, use_cluster_auth_mode; "
@@ -236,12 +248,13 @@ def main(argv: list[str]) -> int:
     if why:
         print(f"hosts: {why}", file=sys.stderr)
         return 2
-    with two_hosts() as (a, b), tempfile.TemporaryDirectory(prefix="rg-hosts-") as tmp:
-        log = open(Path(tmp) / "ray_nodes.log", "w")
+    tmp = tempfile.mkdtemp(prefix="rg-hosts-")  # kept: the nodes' log and Ray's session dirs
+    with two_hosts() as (a, b), open(Path(tmp) / "ray_nodes.log", "w") as log:
+        print(f"hosts: the Ray nodes' output goes to {tmp}/ray_nodes.log", flush=True)
         ray_head(a, f"{tmp}/a", log)
-        wait_for_nodes(a, a, 1)
+        wait_for_nodes(a, a, 1, timeout_s=600)
         ray_worker(b, a, f"{tmp}/b", log)
-        wait_for_nodes(a, a, 2)
+        wait_for_nodes(a, a, 2, timeout_s=600)
         print(f"hosts: {a.hostname} {a.address} (Ray head), {b.hostname} {b.address} (worker node)", flush=True)
         cmd = [c.replace("{head}", f"{a.address}:{GCS_PORT}").replace("{dashboard}", dashboard(a)) for c in cmd]
         return subprocess.run(a.wrap(cmd), cwd=ROOT, env=USER_ENV).returncode

@@ -9,9 +9,11 @@ this machine.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
+import time
 from pathlib import Path
 
 NONCE_FILE = ".raygrpo-shared-storage-check"
@@ -21,7 +23,13 @@ class SharedStorageError(RuntimeError):
     """A node of the run does not see the model or the run dir as the driver does."""
 
 
-def look(model_paths: list[str], nonce_path: str) -> dict:
+# A node's filesystem may cache "no such file" for a moment (NFS keeps negative lookups for up to
+# acdirmin, 30 s by default): a node that does not read the nonce at once looks again, listing the
+# directory (which revalidates it), for this long before it is said not to share the run dir.
+NONCE_PATIENCE_S = 10.0
+
+
+def look(model_paths: list[str], nonce_path: str, expected: str, patience_s: float = NONCE_PATIENCE_S) -> dict:
     """On one node: which model paths it cannot read, and the nonce it reads in the run dir."""
     models = {}
     for path in model_paths:
@@ -32,10 +40,17 @@ def look(model_paths: list[str], nonce_path: str) -> dict:
             models[path] = "is not readable there"
         elif p.is_dir() and not (p / "config.json").exists():
             models[path] = "holds no config.json there (another directory at the same path?)"
-    try:
-        nonce = Path(nonce_path).read_text()
-    except OSError as e:
-        nonce = None if isinstance(e, FileNotFoundError) else f"unreadable: {e.strerror or e}"
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            nonce = Path(nonce_path).read_text()
+        except OSError as e:
+            nonce = None if isinstance(e, FileNotFoundError) else f"unreadable: {e.strerror or e}"
+        if nonce == expected or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+        with contextlib.suppress(OSError):
+            os.listdir(Path(nonce_path).parent)
     return {"hostname": socket.gethostname(), "models": models, "nonce": nonce}
 
 
@@ -51,7 +66,7 @@ def check_shared_storage(ray, node_ids: list[str], model_paths: list[str], run_d
         task = ray.remote(num_cpus=0, max_retries=0)(look)
         ids = sorted(set(node_ids))
         refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n, soft=False))
-                .remote(model_paths, str(nonce_path)) for n in ids]
+                .remote(model_paths, str(nonce_path), nonce) for n in ids]
         try:
             answers = ray.get(refs, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:

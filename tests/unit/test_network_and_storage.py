@@ -86,11 +86,13 @@ def test_a_node_reports_the_paths_it_does_not_share(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     (tmp_path / "nonce").write_text("abc")
-    assert look([str(model)], str(tmp_path / "nonce")) == {"hostname": socket.gethostname(), "models": {},
+    assert look([str(model)], str(tmp_path / "nonce"), "abc") == {"hostname": socket.gethostname(), "models": {},
                                                            "nonce": "abc"}
     empty = tmp_path / "empty"
     empty.mkdir()
-    got = look([str(tmp_path / "missing"), str(empty)], str(tmp_path / "run" / "nonce"))
+    t = time.monotonic()
+    got = look([str(tmp_path / "missing"), str(empty)], str(tmp_path / "run" / "nonce"), "abc", patience_s=1.5)
+    assert time.monotonic() - t >= 1.5  # it looked again before saying so
     assert got["models"] == {str(tmp_path / "missing"): "does not exist there",
                              str(empty): "holds no config.json there (another directory at the same path?)"}
     assert got["nonce"] is None
