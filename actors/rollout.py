@@ -269,19 +269,22 @@ class RolloutWorker:
                                 lambda: self._version, cfg.kv_after_update, lambda: self._threads,
                                 lora_request=self._adapter.request)
 
-    def pipeline_submit(self, groups: list[tuple[int, list[int], int]]) -> int:
-        """groups: (key, prompt ids, G). Returns the groups in flight on this engine."""
+    def pipeline_submit(self, groups: list[tuple[int, list[int], int]]) -> dict:
+        """groups: (key, prompt ids, G). Returns the groups in flight here and this process's pid (an
+        engine Ray restarted starts its loop on the first call, and the driver sees the new pid)."""
         limit = self.cfg.max_model_len - self.cfg.max_new_tokens
         for key, ids, _ in groups:
             if not 0 < len(ids) <= limit:
                 raise ValueError(f"group {key}: prompt of {len(ids)} tokens, limit {limit}")
-        self._require_loop().submit(groups)
-        return self._loop.in_flight()
+        self.pipeline_start()
+        self._loop.submit(groups)
+        return {"in_flight": self._loop.in_flight(), "pid": os.getpid()}
 
     def pipeline_take(self) -> dict:
         """The groups finished since the last call (PromptRollout, `prompt` = the group's key, every
         completion with per-token `versions`) and the engine's counters (actors/pipeline.py stats)."""
-        loop = self._require_loop()
+        self.pipeline_start()
+        loop = self._loop
         return {"rollouts": loop.take(), "stats": loop.stats(), "in_flight": loop.in_flight(),
                 "weight_version": self._version, "pid": os.getpid()}
 
@@ -291,11 +294,6 @@ class RolloutWorker:
             return []
         keys, self._loop = self._loop.stop(), None
         return keys
-
-    def _require_loop(self) -> EngineLoop:
-        if self._loop is None:
-            raise RuntimeError("pipeline_start was not called on this engine")
-        return self._loop
 
     @contextlib.contextmanager
     def _loop_paused(self):

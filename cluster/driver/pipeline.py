@@ -44,10 +44,12 @@ class PipelineFeeder:
         self._cv = threading.Condition()
         self._ready: collections.deque = collections.deque()  # (ScoredGroup, ref rows or None), arrival order
         self._again: collections.deque = collections.deque()  # examples to generate again (stale, lost)
-        self._held: list[dict[int, Example]] = [{} for _ in pool.handles]  # per engine: key -> example
+        # per engine: key -> (example, pid of the engine process it was submitted to)
+        self._held: list[dict[int, tuple[Example, int]]] = [{} for _ in pool.handles]
         self._next_key = 0
         self.stats = CollectStats()  # what was scored since the last batch (swapped by next_batch)
         self.stale_groups = 0  # dropped for max_staleness since the last batch, their prompts generated again
+        self.requeued = 0  # groups lost with an engine that died, generated again
         self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": 0}
         self._last_engine: list[dict] = [{} for _ in pool.handles]
         self._stop = False
@@ -57,8 +59,7 @@ class PipelineFeeder:
     # ------------------------------------------------------------------ the loop's side
     def start(self) -> None:
         for w, h in enumerate(self.pool.handles):
-            wait_for(h.pipeline_start.remote(), f"rollout worker {w}", "starting its engine loop",
-                     self.cfg.trainer.actor_timeout_s)
+            self._call(w, h.pipeline_start.remote, "starting its engine loop")
         self._thread.start()
 
     def next_batch(self, timeout_s: float) -> tuple[Batch, dict]:
@@ -153,27 +154,36 @@ class PipelineFeeder:
                 examples += self.stream.take(n - len(examples))
                 groups = []
                 for ex in examples:
-                    self._held[w][self._next_key] = ex
                     groups.append((self._next_key, ex.prompt_ids, G))
                     self._next_key += 1
-            self._call(w, lambda h=h, groups=groups: h.pipeline_submit.remote(groups), "taking prompts")
+            out = self._call(w, lambda h=h, groups=groups: h.pipeline_submit.remote(groups), "taking prompts")
+            with self._cv:
+                if out is None:  # the engine died: its replacement gets these on the next round
+                    self._again.extend(examples)
+                    continue
+                for (key, _, _), ex in zip(groups, examples):
+                    self._held[w][key] = (ex, out["pid"])
 
     def _call(self, w: int, call, what: str):
-        """One call to engine w; a dead engine is revived (weights re-synced) and its groups sent again."""
+        """One call to engine w; None if it died (the pool revives it and re-syncs its weights; the
+        groups it held are sent again once its replacement answers, `_lost_groups`)."""
         try:
             return wait_for(call(), f"rollout worker {w}", what, self.cfg.trainer.actor_timeout_s)
         except ActorFailed as e:
             if not e.died:
                 raise
-        self.pool.revive(w)
-        wait_for(self.pool.handles[w].pipeline_start.remote(), f"rollout worker {w}", "starting its engine loop",
-                 self.cfg.trainer.actor_timeout_s)
-        with self._cv:
-            lost, self._held[w] = list(self._held[w].values()), {}
-            self._again.extend(lost)
-            self._last_engine[w] = {}
-        print(f"rollout worker {w} was replaced; its {len(lost)} group(s) in flight are generated again", flush=True)
+        self.pool.restarted_workers()  # revives each engine whose process changed, once (the sync may have already)
         return None
+
+    def _lost_groups(self, w: int, pid: int) -> None:
+        """Groups submitted to an earlier process of engine w (it died, Ray started another) are lost:
+        generate them again. Called with the condition held."""
+        lost = [key for key, (_, p) in self._held[w].items() if p != pid]
+        if lost:
+            self._again.extend(self._held[w].pop(key)[0] for key in lost)
+            self._last_engine[w] = {}
+            self.requeued += len(lost)
+            print(f"rollout worker {w} was replaced; its {len(lost)} group(s) in flight are generated again", flush=True)
 
     def _poll(self) -> bool:
         """Take the finished groups of every engine, score them; True if any came."""
@@ -183,11 +193,12 @@ class PipelineFeeder:
             if out is None:
                 continue
             with self._cv:
+                self._lost_groups(w, out["pid"])
                 for ro in out["rollouts"]:
-                    ex = self._held[w].pop(ro.prompt, None)
-                    if ex is not None:
-                        ro.prompt = ex.prompt_ids
-                        arrived.append((ex, ro))
+                    held = self._held[w].pop(ro.prompt, None)
+                    if held is not None:
+                        ro.prompt = held[0].prompt_ids
+                        arrived.append((held[0], ro))
                 self._account(w, out)
         if arrived:
             self._score(arrived)

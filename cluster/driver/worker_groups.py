@@ -127,10 +127,6 @@ class RolloutPool:
             self._revive(w, infos[w])
         return out
 
-    def revive(self, w: int) -> None:
-        """Worker w died: wait for Ray's restart of it and bring it to the current weights."""
-        self._revive(w)
-
     def _revive(self, w: int, info: dict | None = None) -> None:
         """Record worker w's new process (waiting for it unless `info` already came from it), re-sync it."""
         info = info or wait_restarted(self.handles[w], f"rollout worker {w}", self.timeout_s)
