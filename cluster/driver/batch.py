@@ -112,6 +112,27 @@ class CollectStats:
             if st.first_error is not None and not acc.get("first_error"):
                 acc["first_error"] = st.first_error
 
+    def merge(self, other: CollectStats) -> None:
+        """Add `other`'s counts to these (trainer.mode=pipeline scores each group on its own as it arrives,
+        and a step's stats are those of the groups it took)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "error_samples":
+                self.error_samples = mine or theirs
+            elif f.name == "reward_functions":
+                for name, acc in theirs.items():
+                    into = mine.setdefault(name, {"values": [], "errors": 0, "unscorable": 0, "calls": 0,
+                                                  "timeouts": 0, "seconds": 0.0, "truncated": None})
+                    for key, value in acc.items():
+                        if key == "first_error":
+                            into[key] = into.get(key) or value
+                        elif key == "truncated":
+                            into[key] = value if into[key] is None else into[key] + (value or 0)
+                        else:
+                            into[key] = into[key] + value
+            else:
+                setattr(self, f.name, mine + theirs)
+
     def function_errors(self, timeout_setting=lambda name: None) -> dict[str, str]:
         """Every reward function with an error in this step -> what a halt says of it: whether it failed
         every call, its error count and its first error (`timeout_setting(name)`: the setting that

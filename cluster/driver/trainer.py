@@ -419,6 +419,11 @@ class Trainer:
 
     def _save_checkpoint(self, tmp: str, pending: Future | None, finished: bool) -> Path:
         data_state = self.stream.state()
+        if self.feeder is not None:  # pipeline: the stream moves in the feeder's thread
+            data_state, unsaved = self.feeder.checkpoint_state()
+            if unsaved:
+                self.log.note(f"pipeline: the checkpoint of step {self.step} does not save the {unsaved} group(s) in "
+                              "flight; a resume from it generates from the next prompts instead")
         if pending is not None:
             try:
                 save_batch(pending.result(), tmp)

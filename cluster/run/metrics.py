@@ -157,6 +157,9 @@ class MetricsLogger:
         if self.show_staleness:
             summary += f"  stale {row['staleness']}"
         summary += f"  step {row['step_s']:.1f}s"
+        if math.isfinite(row["pipeline/engine_busy_frac"]):  # trainer.mode=pipeline: the engines' side
+            summary += (f"  engines busy {100 * row['pipeline/engine_busy_frac']:.0f}% queue {row['pipeline/queue_depth']}"
+                        f" paused {row['pipeline/pause_s']:.2f}s")
         if math.isfinite(row["perf/tokens_per_s"]):
             summary += f"  gen {row['perf/tokens_per_s']:.0f} tok/s"
         if left is not None:

@@ -35,19 +35,36 @@ def feeder(version: int, **trainer) -> PipelineFeeder:
 
 def test_next_batch_takes_groups_in_arrival_order_and_regenerates_the_stale_ones():
     f = feeder(version=5, max_staleness=2)
-    f._ready.extend([(group("a", [[5, 5], [4, 5]]), None), (group("old", [[2, 5], [5, 5]]), None),
-                     (group("b", [[3, 4], [4]]), None), (group("c", [[5], [5]]), None)])
-    f.stats.gen_tokens = 9
+    def stats(tokens):
+        return CollectStats(gen_tokens=tokens, samples=[{"prompt_index": 0, "tokens": tokens}])
+
+    f._ready.extend([(group("a", [[5, 5], [4, 5]]), None, stats(4)), (group("old", [[2, 5], [5, 5]]), None, stats(4)),
+                     (group("b", [[3, 4], [4]]), None, stats(3)), (group("c", [[5], [5]]), None, stats(2))])
+    f.pool.pids = [1]
     batch, extra = f.next_batch(timeout_s=1)
     assert [e.prompt for e in batch.examples] == ["a", "b"]  # "old" has a token 3 versions behind
     assert extra["stale_groups"] == 1 and [e.prompt for e in f._again] == ["old"]  # its prompt is generated again
     assert batch.token_versions == [[5, 5], [4, 5], [3, 4], [4]] and batch.weight_version == 3
-    assert batch.stats.gen_tokens == 9 and f.stats.gen_tokens == 0  # what was scored since the last batch
+    # the step's stats: its groups' and the stale one's (whose logged samples are not the step's)
+    assert batch.stats.gen_tokens == 11 and batch.stats.samples == [{"prompt_index": 0, "tokens": 4},
+                                                                     {"prompt_index": 1, "tokens": 3}]
     assert batch.stream_state == {"epoch": 0, "index": 7}
-    assert [g.example.prompt for g, _ in f._ready] == ["c"]  # the next batch starts there
+    assert [g.example.prompt for g, _, _ in f._ready] == ["c"]  # the next batch starts there
     m = version_metrics(batch, trained_from=5)
     assert m == {"staleness/token_mean": pytest.approx((0 + 0 + 1 + 0 + 2 + 1 + 1) / 7), "staleness/token_max": 2,
                  "versions_per_sequence_mean": (1 + 2 + 2 + 1) / 4}
+
+
+def test_merged_stats_add_every_count():
+    a = CollectStats(rewards=[1.0], gen_tokens=3, reward_functions={"f": {"values": [1.0], "errors": 0, "unscorable": 0,
+                     "calls": 1, "timeouts": 0, "seconds": 0.5, "truncated": None}})
+    b = CollectStats(rewards=[0.0], gen_tokens=4, reward_errors=1, error_samples=["boom"],
+                     reward_functions={"f": {"values": [0.0], "errors": 1, "unscorable": 0, "calls": 1, "timeouts": 0,
+                                             "seconds": 0.25, "truncated": None, "first_error": "boom"}})
+    a.merge(b)
+    assert a.rewards == [1.0, 0.0] and a.gen_tokens == 7 and a.reward_errors == 1 and a.error_samples == ["boom"]
+    assert a.reward_functions["f"] == {"values": [1.0, 0.0], "errors": 1, "unscorable": 0, "calls": 2, "timeouts": 0,
+                                       "seconds": 0.75, "truncated": None, "first_error": "boom"}
 
 
 def test_next_batch_says_when_no_group_comes():
