@@ -72,6 +72,7 @@ def version_metrics(batch: Batch, trained_from: int) -> dict:
 
 class Trainer:
     learner_params: int | None = None  # the model's parameter count, as learner rank 0 reports it (perf/mfu)
+    feeder: PipelineFeeder | None = None  # trainer.mode=pipeline (cluster/driver/pipeline.py), made in _setup
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
@@ -114,7 +115,6 @@ class Trainer:
         self._engines_lock = threading.RLock()
         self._collecting = ThreadPoolExecutor(1, thread_name_prefix="collect")
         self.collector: Collector | None = None  # made in _setup, once the actors it drives are up
-        self.feeder: PipelineFeeder | None = None  # trainer.mode=pipeline (cluster/driver/pipeline.py), made in _setup
         self.stop = StopSignals(t.stop_grace_s)
         r = cfg.rollout
         self.health = HealthMonitor(t, beta=cfg.algo.beta, mismatch_expected=r.logprobs_mode == "processed_logprobs"
