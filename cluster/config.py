@@ -89,7 +89,8 @@ class TrainerConfig:
     # async: a batch generated more than this many versions ago is dropped; pipeline: a group whose oldest
     # token is more than this many versions behind is dropped and its prompt generated again (stale_groups)
     max_staleness: int = 1
-    # pipeline: groups in flight over all engines (submitted, not yet trained on); 0: 2 x prompts_per_step
+    # pipeline: groups in flight over all engines (submitted, or back and not yet trained on): how far the
+    # engines may run ahead of the learner; 0: 2 x prompts_per_step
     pipeline_groups_in_flight: int = 0
     seed: int = 0
     run_dir: str = "runs/raygrpo"

@@ -153,7 +153,8 @@ class PipelineFeeder:
     def _engine_since_last(self) -> dict:
         e, n = self.engine, len(self.pool.handles)
         self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": e["in_flight"]}
-        return {"pipeline/engine_busy_frac": e["busy_s"] / e["wall_s"] if e["wall_s"] > 0 else float("nan"),
+        # (a step is counted when it ends, so a step that straddles two polls could lift the share over 1)
+        return {"pipeline/engine_busy_frac": min(1.0, e["busy_s"] / e["wall_s"]) if e["wall_s"] > 0 else float("nan"),
                 "pipeline/engine_tokens_per_s": e["tokens"] / (e["wall_s"] / n) if e["wall_s"] > 0 else float("nan"),
                 "pipeline/queue_depth": e["in_flight"], "pipeline/pause_s": e["pause_s"] / n}
 
@@ -177,7 +178,9 @@ class PipelineFeeder:
         G = self.cfg.trainer.group_size
         for w, h in enumerate(self.pool.handles):
             with self._cv:
-                n = self.target - len(self._held[w])
+                # in flight = in an engine, or back and not yet trained on: the engines run at most this far ahead
+                budget = self.target * len(self.pool.handles) - self._pending() + len(self._again)
+                n = min(self.target - len(self._held[w]), budget)
                 if n <= 0:
                     continue
                 examples = [self._again.popleft() for _ in range(min(n, len(self._again)))]
