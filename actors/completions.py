@@ -16,14 +16,17 @@ class Completion:
     logprobs: list[float]  # behaviour log-prob of each sampled token, from vLLM
     text: str  # decoded without special tokens (no <|im_end|>): what reward functions see
     finish_reason: str  # "stop" (EOS, an eos_token_id of generation_config.json, a stop string) | "length"
+    # per token, the weight version that sampled it (trainer.mode=pipeline, actors/pipeline.py: an update
+    # may land mid-request); None: every token is the rollout's `weight_version` (sync, async)
+    versions: list[int] | None = None
 
 
 @dataclass
 class PromptRollout:
-    prompt: str | list[int]  # as given to generate(): token ids (the driver's) or a string
+    prompt: str | list[int] | int  # as given to generate(): token ids (the driver's) or a string; pipeline: the group's key
     prompt_ids: list[int]
     completions: list[Completion]  # G of them; empty when the prompt was skipped
-    weight_version: int
+    weight_version: int  # the engine's version (pipeline: the oldest of its tokens')
     skipped: str | None = None  # why the prompt was skipped (e.g. too long)
 
     def training_rows(self) -> list[tuple]:

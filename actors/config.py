@@ -56,6 +56,11 @@ class RolloutConfig:
     max_turns: int = 1  # assistant turns per trajectory (multi-turn); max_model_len caps its tokens
     env_timeout_s: float = 10.0  # per environment call (constructor+reset, or one step)
     env_num_procs: int = 2  # isolated processes that run environment code (per rollout worker)
+    # trainer.mode=pipeline: what a weight update landing mid-request does to the running requests' KV
+    # cache (actors/pipeline.py): "recompute" (prefilled again by the new weights; the new tokens'
+    # log-probs are the new policy's) or "keep" (no re-prefill; the new tokens come from new weights over
+    # old-weight keys/values). Measured in docs/DESIGN.md (issue 40); recompute is the default.
+    kv_after_update: str = "recompute"
 
     def model_token_cap(self) -> int:
         """The most tokens the model samples for one completion: max_new_tokens, or for a multi-turn
@@ -69,6 +74,8 @@ class RolloutConfig:
         at_least(p, "rollout.threads", self.threads, 0, " (0: the thread budget decides)")
         at_least(p, "rollout.cpu_pack_above_elements", self.cpu_pack_above_elements, 0, " (0: pack every layer)")
         at_least(p, "rollout.max_turns", self.max_turns, 1)
+        if self.kv_after_update not in ("recompute", "keep"):
+            p.append(f"rollout.kv_after_update must be recompute|keep, got {self.kv_after_update!r}")
         if self.env and self.env_timeout_s <= 0:
             p.append(f"rollout.env_timeout_s must be > 0, got {self.env_timeout_s}")
         if self.env and self.env_num_procs < 1:

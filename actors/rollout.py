@@ -15,6 +15,7 @@ in whichever process builds the model, here the actor itself.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import socket
@@ -26,6 +27,7 @@ from actors.completions import PromptRollout, completion_from_vllm, stop_token_i
 from actors.config import RolloutConfig
 from actors.multiturn.env_pool import EnvPool
 from actors.multiturn.trajectories import ChatTokens, run_trajectories
+from actors.pipeline import EngineLoop
 from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.sockets import network_view
 from actors.runtime.threads import node_cores, use_threads
@@ -97,6 +99,7 @@ class RolloutWorker:
         self._updating = False
         self.llm.update_weight_version("0")  # vLLM's own default is the string "default"
         self._chat = self._envs = None
+        self._loop: EngineLoop | None = None  # trainer.mode=pipeline: the engine runs on (pipeline_start)
         if cfg.env:  # multi-turn: refuse a non-prefix-preserving template now, start the environment processes
             self._chat = ChatTokens(self.tokenizer, chat_template_kwargs)
             self._envs = EnvPool(cfg.env, cfg.env_num_procs, cfg.env_timeout_s)
@@ -164,7 +167,8 @@ class RolloutWorker:
                 params.append(self.sampling_params(group_size, max_new, None if seeds is None else seeds[i], greedy))
                 slots.append(i)
         if requests:
-            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter.request)
+            with self._loop_idle("generate"):
+                outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter.request)
             texts = None if detokenize else iter(self.tokenizer.batch_decode(
                 [c.token_ids for out in outputs for c in out.outputs], skip_special_tokens=True))
             for i, out in zip(slots, outputs):
@@ -242,6 +246,78 @@ class RolloutWorker:
             seed=None if seed is None else int(seed),
         )
 
+    # ------------------------------------------------------------------ pipeline mode (actors/pipeline.py)
+    def pipeline_start(self) -> None:
+        """From now on the engine runs continuously: groups go in with pipeline_submit and come back
+        finished from pipeline_take. Evaluation (generate) is possible while no group is in flight."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._loop is not None:
+            return
+        if self.cfg.stop or self._envs is not None:
+            raise ValueError("trainer.mode=pipeline supports single-turn rollouts without rollout.stop strings")
+        cfg = self.cfg
+
+        def params():
+            return SamplingParams(
+                n=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k if cfg.top_k > 0 else 0,
+                max_tokens=cfg.max_new_tokens, min_tokens=min(cfg.min_new_tokens, cfg.max_new_tokens),
+                stop_token_ids=self.stop_token_ids, skip_special_tokens=True, logprobs=0, detokenize=False,
+                output_kind=RequestOutputKind.DELTA)  # each step's new tokens, to stamp with their version
+
+        self._loop = EngineLoop(self.llm, params, lambda ids: self.tokenizer.batch_decode(ids, skip_special_tokens=True),
+                                lambda: self._version, cfg.kv_after_update, lambda: self._threads,
+                                lora_request=self._adapter.request)
+
+    def pipeline_submit(self, groups: list[tuple[int, list[int], int]]) -> dict:
+        """groups: (key, prompt ids, G). Returns the groups in flight here and this process's pid (an
+        engine Ray restarted starts its loop on the first call, and the driver sees the new pid)."""
+        limit = self.cfg.max_model_len - self.cfg.max_new_tokens
+        for key, ids, _ in groups:
+            if not 0 < len(ids) <= limit:
+                raise ValueError(f"group {key}: prompt of {len(ids)} tokens, limit {limit}")
+        self.pipeline_start()
+        self._loop.submit(groups)
+        return {"in_flight": self._loop.in_flight(), "pid": os.getpid()}
+
+    def pipeline_take(self) -> dict:
+        """The groups finished since the last call (PromptRollout, `prompt` = the group's key, every
+        completion with per-token `versions`) and the engine's counters (actors/pipeline.py stats)."""
+        self.pipeline_start()
+        loop = self._loop
+        return {"rollouts": loop.take(), "stats": loop.stats(), "in_flight": loop.in_flight(),
+                "weight_version": self._version, "pid": os.getpid()}
+
+    def pipeline_stop(self) -> list[int]:
+        """Abort the groups in flight and stop the loop; returns their keys (to submit again elsewhere)."""
+        if self._loop is None:
+            return []
+        keys, self._loop = self._loop.stop(), None
+        return keys
+
+    @contextlib.contextmanager
+    def _loop_paused(self):
+        """No engine step runs inside (pipeline mode); a no-op otherwise."""
+        loop = self._loop
+        if loop is None:
+            yield
+            return
+        loop.pause()
+        try:
+            yield
+        finally:
+            loop.resume()
+
+    @contextlib.contextmanager
+    def _loop_idle(self, what: str):
+        """`LLM.generate` steps the whole engine: with the pipeline's groups in it, it would step (and
+        swallow) them too. So it runs paused, and only with none in flight."""
+        with self._loop_paused():
+            if self._loop is not None and self._loop.in_flight():
+                raise RuntimeError(f"{what} while pipeline groups are in flight on this engine: stop the pipeline first")
+            yield
+
     def _check_not_updating(self) -> None:
         if self._updating:
             raise RuntimeError("a weight update is in progress on this engine (start_weight_update without "
@@ -259,8 +335,9 @@ class RolloutWorker:
             if not 2 <= len(ids) < self.cfg.max_model_len:
                 raise ValueError(f"sequence {i} has {len(ids)} tokens; need 2..{self.cfg.max_model_len - 1}")
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids],
-                                    params, use_tqdm=False, lora_request=self._adapter.request)
+        with self._loop_idle("prompt_logprobs"):
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in token_ids],
+                                        params, use_tqdm=False, lora_request=self._adapter.request)
         return [[float(step[tok].logprob) for tok, step in zip(ids[1:], out.prompt_logprobs[1:])]
                 for ids, out in zip(token_ids, outputs)]
 
@@ -278,14 +355,26 @@ class RolloutWorker:
             except Exception:  # noqa: BLE001 - the state is being replaced anyway
                 pass
             self._updating = False
-        self.llm.init_weight_transfer_engine(request)
+        with self._loop_paused():
+            self.llm.init_weight_transfer_engine(request)
 
     def shutdown_weight_transfer_engine(self) -> None:
         self.llm.shutdown_weight_transfer_engine()
 
     def start_weight_update(self) -> None:
-        self.llm.start_weight_update()
+        """Pipeline mode: between two engine steps, running requests kept (finish_weight_update resumes)."""
+        if self._loop is not None and not self._updating:
+            self._loop.pause()
+        try:
+            self.llm.start_weight_update()
+        except BaseException:
+            self._resume_loop()
+            raise
         self._updating = True
+
+    def _resume_loop(self) -> None:
+        if self._loop is not None:
+            self._loop.resume()
 
     def set_threads(self, n: int) -> None:
         """The torch threads this engine computes with from now on (the driver's thread budget)."""
@@ -298,21 +387,29 @@ class RolloutWorker:
             self.llm.update_weights(request)
         except BaseException:
             self._updating = False  # vLLM's worker ends the update on a failed chunk, too
+            self._resume_loop()
             raise
 
     def finish_weight_update(self, weight_version: int | str | None = None) -> dict:
         """End an update (the gloo engine re-packs vLLM's CPU layers), drop the cached prefixes and
         stamp `weight_version`; returns the seconds of those parts."""
         t0 = time.perf_counter()
-        self.llm.finish_weight_update()
-        self._updating = False
-        t1 = time.perf_counter()
-        # Cached prefixes hold K/V computed by the old weights.
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
-        if weight_version is not None:
-            self.update_weight_version(weight_version)
-        return {"engine_finish_s": t1 - t0, "prefix_reset_and_version_s": time.perf_counter() - t1}
+        try:
+            self.llm.finish_weight_update()
+            self._updating = False
+            t1 = time.perf_counter()
+            loop = {}
+            if self._loop is not None:  # requests are running: the rollout.kv_after_update choice
+                loop = self._loop.after_update()
+            # Cached prefixes hold K/V computed by the old weights.
+            elif not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+            if weight_version is not None:
+                self.update_weight_version(weight_version)
+        finally:
+            self._updating = False
+            self._resume_loop()
+        return {"engine_finish_s": t1 - t0, "prefix_reset_and_version_s": time.perf_counter() - t1, **loop}
 
     def apply_weight_update(self, request, weight_version: int | str) -> dict:
         """A whole weight update in one call (one round trip from the sender instead of four):
@@ -354,7 +451,8 @@ class RolloutWorker:
         """What this engine holds of the learner's tensors `shapes` (actors/transport/fingerprint.py),
         read inside each vLLM worker; the learner compares it with what it sent."""
         self._check_not_updating()
-        workers = self.llm.collective_rpc("raygrpo_weight_fingerprint", args=(shapes, int(version), adapter))
+        with self._loop_paused():
+            workers = self.llm.collective_rpc("raygrpo_weight_fingerprint", args=(shapes, int(version), adapter))
         return {"engine": f"rollout worker {self.worker_index} (pid {os.getpid()})", "version": self._version,
                 "workers": workers}
 

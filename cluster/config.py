@@ -83,8 +83,15 @@ class TrainerConfig:
     steps: int = 20
     prompts_per_step: int = 8
     group_size: int = 8  # G completions per prompt
-    mode: str = "sync"  # sync | async (generation of step k+1 overlaps training of step k)
-    max_staleness: int = 1  # async: a batch generated more than this many versions ago is dropped
+    # sync | async (generation of step k+1 overlaps training of step k) | pipeline (the engines never stop;
+    # weight updates land mid-request; each token carries its version: cluster/driver/pipeline.py)
+    mode: str = "sync"
+    # async: a batch generated more than this many versions ago is dropped; pipeline: a group whose oldest
+    # token is more than this many versions behind is dropped and its prompt generated again (stale_groups)
+    max_staleness: int = 1
+    # pipeline: groups in flight over all engines (submitted, or back and not yet trained on): how far the
+    # engines may run ahead of the learner; 0: 2 x prompts_per_step
+    pipeline_groups_in_flight: int = 0
     seed: int = 0
     run_dir: str = "runs/raygrpo"
     eval_every: int = 0  # steps between held-out evaluations (0: only before and after training)
@@ -126,8 +133,9 @@ class TrainerConfig:
             p.append(f"trainer.seed must be a whole number from 0 to 2**32-1, got {self.seed}")
         at_least(p, "trainer.prompts_per_step", self.prompts_per_step, 1)
         at_least(p, "trainer.group_size", self.group_size, 2, " (group advantages need a group)")
-        if self.mode not in ("sync", "async"):
-            p.append(f"trainer.mode must be sync|async, got {self.mode!r}")
+        if self.mode not in ("sync", "async", "pipeline"):
+            p.append(f"trainer.mode must be sync|async|pipeline, got {self.mode!r}")
+        at_least(p, "trainer.pipeline_groups_in_flight", self.pipeline_groups_in_flight, 0, " (0: 2 x prompts_per_step)")
         at_least(p, "trainer.max_staleness", self.max_staleness, 0)
         if self.actor_timeout_s <= 0:
             p.append(f"trainer.actor_timeout_s must be > 0, got {self.actor_timeout_s}")
@@ -226,8 +234,10 @@ class RunConfig:
                 f"algo.ratio_level=sequence (GSPO) with clip_high={self.algo.clip_high}: GSPO's sequence ratios need "
                 "clip ranges around 3e-4..4e-4; set algo.clip_low/clip_high"
             )
-        if t.mode == "async" and t.max_staleness < 1:
-            p.append("trainer.mode=async generates each batch one weight version behind: set trainer.max_staleness >= 1")
+        if t.mode in ("async", "pipeline") and t.max_staleness < 1:
+            p.append(f"trainer.mode={t.mode} generates one weight version behind or more: set trainer.max_staleness >= 1")
+        if t.mode == "pipeline":
+            p += self._pipeline_problems()
         room = r.max_model_len - r.max_new_tokens
         if self.data.max_prompt_tokens > room:
             p.append(f"data.max_prompt_tokens ({self.data.max_prompt_tokens}) > rollout.max_model_len - rollout.max_new_tokens "
@@ -240,6 +250,18 @@ class RunConfig:
             p.append(f"rollout.max_turns={r.max_turns} needs rollout.env (an environment that answers each turn)")
         if t.dynamic_sampling and t.max_extra_prompts < 1:
             p.append("trainer.dynamic_sampling needs trainer.max_extra_prompts >= 1")
+        return p
+
+    def _pipeline_problems(self) -> list[str]:
+        """What trainer.mode=pipeline does not support (yet), each with what to do instead."""
+        t, r, p = self.trainer, self.rollout, []
+        for bad, what in ((bool(r.env), "multi-turn rollouts (rollout.env)"), (bool(r.stop), "rollout.stop strings"),
+                          (self.learner.lora and self.learner.lora_sync == "adapter", "LoRA adapter sync "
+                           "(learner.lora_sync=adapter; use merged)"),
+                          (t.eval_every > 0, "evaluations during training (trainer.eval_every; the evaluations "
+                           "before and after training run)")):
+            if bad:
+                p.append(f"trainer.mode=pipeline does not support {what}: use trainer.mode=async for it")
         return p
 
     def reference_on_learner(self) -> bool:

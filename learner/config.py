@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from actors.runtime.checks import at_least
 from learner.checkpoint import verify
-from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS
+from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, BEHAVIOR_CORRECTIONS, KL_ESTIMATORS, RATIO_LEVELS
 
 # vLLM 0.32 accepts only these max_lora_rank values (vllm/config/lora.py); an engine is started
 # with the smallest one >= learner.lora_rank.
@@ -26,13 +26,17 @@ class AlgoConfig:
     beta: float = 0.0  # KL coefficient; 0 starts no reference actor
     kl_estimator: str = "k3"  # k1 | k2 | k3
     tis_cap: float | None = 2.0  # truncated IS cap for the vLLM-vs-trainer mismatch; None: off
+    # how each token's loss is reweighted from the sampler's log-probs (learner/grpo.py section 6): tis
+    # (truncated at tis_cap) | decoupled (AReaL's decoupled PPO: tokens above tis_cap left out)
+    behavior_correction: str = "tis"
 
     def problems(self) -> list[str]:
         p = []
         for key, value, allowed in (("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS),
                                     ("ratio_level", self.ratio_level, RATIO_LEVELS),
                                     ("aggregation", self.aggregation, AGGREGATIONS),
-                                    ("kl_estimator", self.kl_estimator, KL_ESTIMATORS)):
+                                    ("kl_estimator", self.kl_estimator, KL_ESTIMATORS),
+                                    ("behavior_correction", self.behavior_correction, BEHAVIOR_CORRECTIONS)):
             if value not in allowed:  # the keys of the objective's own tables (learner/grpo.py): they cannot drift
                 p.append(f"algo.{key} must be {'|'.join(allowed)}, got {value!r}")
         if not (0 <= self.clip_low < 1) or self.clip_high < 0:

@@ -22,6 +22,9 @@ Papers behind the knobs:
   TIS       Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
             Off-Policy RL Training": truncated importance sampling between the
             sampler (vLLM) and the trainer's log-probs of the same policy.
+  AReaL     Fu et al. 2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning
+            System for Language Reasoning" (arXiv:2505.24298): the decoupled PPO
+            objective, for tokens sampled by older policies (section 6).
 
 A variant of an option (an advantage estimator, a KL estimator, a ratio level, an aggregation)
 is one function in its section and one entry in that section's table; learner/config.py
@@ -259,7 +262,36 @@ AGGREGATIONS = {"token-mean": token_mean, "seq-mean-token-mean": seq_mean_token_
 
 
 # --------------------------------------------------------------------------- #
-# 6. The policy loss
+# 6. Off-policy correction: the weight of each token's loss, from the log-probs of the
+#    proximal policy (old, the trainer's before this update) and of the behaviour policy
+#    (behav, the sampler's, vLLM's: per token, whatever version sampled it)
+# --------------------------------------------------------------------------- #
+# Each maps (old, behav, cap) [N,T] to detached weights [N,T]; cap may be None (no cap).
+def tis_weights(old, behav, cap):
+    """TIS:  w_t = sg[min(pi_old(y_t) / pi_behav(y_t), cap)]   (truncated: large ratios are cut to cap)"""
+    return torch.clamp(torch.exp(old - behav), max=cap).detach()
+
+
+def decoupled_weights(old, behav, cap):
+    """AReaL's decoupled PPO objective (Fu et al. 2025, eq. 5), with the proximal policy pi_prox = pi_old:
+
+        J(theta) = E[ sum_t  pi_prox(y_t) / pi_behav(y_t) * min(u_t A, clip(u_t, 1 - eps, 1 + eps) A) ],
+        u_t = pi_theta(y_t) / pi_prox(y_t)
+
+    The clip trusts the region around the proximal policy (the trainer's weights now), not around the
+    stale one that sampled; the behaviour ratio reweights each token to it. As in AReaL, a token whose
+    ratio exceeds `cap` is left out (weight 0) rather than truncated: w_t = sg[r_t * 1(r_t <= cap)]."""
+    w = torch.exp(old - behav)
+    if cap is not None:
+        w = torch.where(w <= cap, w, torch.zeros_like(w))
+    return w.detach()
+
+
+BEHAVIOR_CORRECTIONS = {"tis": tis_weights, "decoupled": decoupled_weights}
+
+
+# --------------------------------------------------------------------------- #
+# 7. The policy loss
 # --------------------------------------------------------------------------- #
 class LossSettings(Protocol):
     """The knobs policy_loss reads (learner/config.py AlgoConfig is one; each defaults there)."""
@@ -270,7 +302,8 @@ class LossSettings(Protocol):
     aggregation: str  # a key of AGGREGATIONS
     beta: float  # the KL term's coefficient
     kl_estimator: str  # a key of KL_ESTIMATORS
-    tis_cap: float | None  # TIS weights' cap; None: no TIS
+    tis_cap: float | None  # TIS weights' cap; None: no TIS (decoupled: no cap)
+    behavior_correction: str  # a key of BEHAVIOR_CORRECTIONS
 
 
 def policy_loss(inputs: LossInputs, algo: LossSettings):
@@ -279,8 +312,9 @@ def policy_loss(inputs: LossInputs, algo: LossSettings):
     Per-token loss, with the ratio r_t of algo.ratio_level (section 4):
       l_t = -min(r_t A, clip(r_t, 1 - clip_low, 1 + clip_high) A) * w_t + beta * KL_t
       clip_high > clip_low is DAPO's clip-higher; KL_t = kl_penalty(logp, ref_logp) (section 3).
-      w_t = sg[min(exp(old_logp_t - behavior_logp_t), tis_cap)] (TIS) when both
-      behavior_logp and tis_cap are given, else 1.
+      w_t: the off-policy weight of algo.behavior_correction (section 6) when behavior_logp is given:
+      "tis" sg[min(exp(old_logp_t - behavior_logp_t), tis_cap)] (only with a tis_cap), "decoupled"
+      (AReaL) the same ratio, tokens above tis_cap left out; else 1.
     The loss: the per-token losses aggregated over the mask by algo.aggregation (section 5).
     Metrics are means over this batch. An all-zero mask gives loss 0 (with a grad graph), never NaN.
     """
@@ -289,6 +323,7 @@ def policy_loss(inputs: LossInputs, algo: LossSettings):
     _check_choice("ratio_level", algo.ratio_level, RATIO_LEVELS)
     _check_choice("aggregation", algo.aggregation, AGGREGATIONS)
     _check_choice("kl estimator", algo.kl_estimator, KL_ESTIMATORS)
+    _check_choice("behavior_correction", algo.behavior_correction, BEHAVIOR_CORRECTIONS)
     if algo.beta != 0.0 and ref_logp is None:
         raise ValueError(f"beta={algo.beta} needs ref_logp")
     if algo.clip_low < 0 or algo.clip_high < 0:
@@ -306,29 +341,29 @@ def policy_loss(inputs: LossInputs, algo: LossSettings):
     adv = advantages.to(logp.dtype)
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv.masked_fill(pad, 0.0)
 
-    # 6a. importance ratio pi_theta / pi_old
+    # 7a. importance ratio pi_theta / pi_old
     ratio = RATIO_LEVELS[algo.ratio_level](lp, old, m)
 
-    # 6b. clipped surrogate (PPO), pessimistic of the two branches
+    # 7b. clipped surrogate (PPO), pessimistic of the two branches
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - algo.clip_low, 1.0 + algo.clip_high)
     pg = torch.maximum(unclipped, clipped)
 
-    # 6c. truncated importance sampling: correct for sampler != trainer numerics
-    tis = behavior_logp is not None and algo.tis_cap is not None
+    # 7c. off-policy correction (section 6): sampler != trainer numerics, and older policy versions
+    tis = behavior_logp is not None and (algo.tis_cap is not None or algo.behavior_correction != "tis")
     if tis:
         beh = behavior_logp.masked_fill(pad, 0.0)
-        tis_w = torch.clamp(torch.exp(old - beh), max=algo.tis_cap).detach()
+        tis_w = BEHAVIOR_CORRECTIONS[algo.behavior_correction](old, beh, algo.tis_cap)
         pg = pg * tis_w
 
-    # 6d. KL penalty to the reference policy
+    # 7d. KL penalty to the reference policy
     per_token = pg
     if ref_logp is not None:
         kl = kl_penalty(lp, ref_logp.masked_fill(pad, 0.0), algo.kl_estimator)
         if algo.beta != 0.0:
             per_token = pg + algo.beta * kl
 
-    # 6e. aggregate
+    # 7e. aggregate
     combine = AGGREGATIONS[algo.aggregation]
 
     def aggregate(x):

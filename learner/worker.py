@@ -289,7 +289,7 @@ class LearnerWorker:
             out[name] = reduced[name] / max(total_tokens, 1) / passes
         for name in ("entropy", "logprob_diff_mean"):  # measured in the first pass only
             out[name] = reduced[name] / max(total_tokens, 1)
-        if self.algo.tis_cap is None:
+        if self.algo.tis_cap is None and self.algo.behavior_correction == "tis":  # no weights computed
             out.pop("tis_weight_mean")
         return out
 

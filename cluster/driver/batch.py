@@ -112,6 +112,27 @@ class CollectStats:
             if st.first_error is not None and not acc.get("first_error"):
                 acc["first_error"] = st.first_error
 
+    def merge(self, other: CollectStats) -> None:
+        """Add `other`'s counts to these (trainer.mode=pipeline scores each group on its own as it arrives,
+        and a step's stats are those of the groups it took)."""
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "error_samples":
+                self.error_samples = mine or theirs
+            elif f.name == "reward_functions":
+                for name, acc in theirs.items():
+                    into = mine.setdefault(name, {"values": [], "errors": 0, "unscorable": 0, "calls": 0,
+                                                  "timeouts": 0, "seconds": 0.0, "truncated": None})
+                    for key, value in acc.items():
+                        if key == "first_error":
+                            into[key] = into.get(key) or value
+                        elif key == "truncated":
+                            into[key] = value if into[key] is None else into[key] + (value or 0)
+                        else:
+                            into[key] = into[key] + value
+            else:
+                setattr(self, f.name, mine + theirs)
+
     def function_errors(self, timeout_setting=lambda name: None) -> dict[str, str]:
         """Every reward function with an error in this step -> what a halt says of it: whether it failed
         every call, its error count and its first error (`timeout_setting(name)`: the setting that
@@ -246,6 +267,15 @@ class Batch:
     # per completion token: the reference model's log-prob, when the reference actor computed it
     # while the batch was collected (None: no reference actor, or beta = 0)
     ref_logp: list[list[float]] | None = None
+    # per completion token: the weight version that sampled it, when the engines stamp each token
+    # (trainer.mode=pipeline); None: every token of a group is its rollout's `weight_version`
+    token_versions: list[list[int]] | None = None
+
+    def versions(self) -> list[list[int]]:
+        """Per completion, per token, the weight version that sampled it (whatever the mode)."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return [[self.weight_version] * len(c) for c in self.completion_ids]
 
     @classmethod
     def from_groups(cls, groups: list[ScoredGroup], stream_state: dict, stats: CollectStats,
@@ -259,6 +289,7 @@ class Batch:
         # an unscorable completion (NaN reward) is kept in its group's place with a loss mask of 0s
         rows = [(p, c, b, [0] * len(c)) if math.isnan(r) else (p, c, b, m) for (p, c, b, m), r in zip(rows, rewards)]
         masked = any(r[3] is not None for r in rows)
+        versions = [getattr(c, "versions", None) for g in groups for c in g.rollout.completions]
         group_size = len(groups[0].rewards) if groups else 0
         return cls(
             examples=[g.example for g in groups],
@@ -266,7 +297,8 @@ class Batch:
             rewards=rewards, advantages=batch_advantages(rewards, group_size, advantage_estimator),
             weight_version=min((g.rollout.weight_version for g in groups), default=version_if_empty),
             stream_state=stream_state, stats=stats,
-            loss_mask=[r[3] if r[3] is not None else [1] * len(r[1]) for r in rows] if masked else None)
+            loss_mask=[r[3] if r[3] is not None else [1] * len(r[1]) for r in rows] if masked else None,
+            token_versions=versions if versions and all(v is not None for v in versions) else None)
 
 
 # The next step's batch beside a checkpoint (async: see Trainer.save_checkpoint): the per-token
@@ -274,7 +306,7 @@ class Batch:
 # the rest as JSON. Nothing is unpickled (learner/checkpoint.py, "Safety").
 NEXT_BATCH_TENSORS, NEXT_BATCH_JSON = "next_batch.safetensors", "next_batch.json"
 _RAGGED = {"prompt_ids": torch.int64, "completion_ids": torch.int64, "behavior_logp": torch.float64,
-           "ref_logp": torch.float64, "loss_mask": torch.int64}
+           "ref_logp": torch.float64, "loss_mask": torch.int64, "token_versions": torch.int64}
 
 
 def batch_advantages(rewards: list[float], group_size: int, advantage_estimator: str) -> list[float]:
@@ -327,7 +359,7 @@ def load_batch(directory: str | Path) -> Batch | None:
                  advantages=tensors["advantages"].tolist() if "advantages" in tensors else None,
                  weight_version=meta["weight_version"],
                  stream_state=meta["stream_state"], stats=CollectStats(**meta["stats"]),
-                 loss_mask=ragged("loss_mask"), ref_logp=ragged("ref_logp"))
+                 loss_mask=ragged("loss_mask"), ref_logp=ragged("ref_logp"), token_versions=ragged("token_versions"))
 
 
 def model_turns(token_ids: list[int], loss_mask: list[int]) -> list[list[int]]:

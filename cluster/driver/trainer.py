@@ -31,6 +31,7 @@ from cluster.driver.batch import (
     save_batch,
 )
 from cluster.driver.collector import Collector
+from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
 from cluster.launch.network import add_network
 from cluster.launch.placement import actor_roles, apply_thread_budget, create_actors, shutdown_actors, wait_ready
@@ -58,8 +59,21 @@ def check_multiturn(cfg: RunConfig) -> None:
         raise ConfigError([str(e)], "rollout.env") from None
 
 
+def version_metrics(batch: Batch, trained_from: int) -> dict:
+    """Per-token staleness (versions between the weights that sampled a token and `trained_from`, the
+    weights this step's update started from) over the batch's completion tokens, and how many versions
+    a sequence's tokens span on average (more than 1 only when an update lands mid-request)."""
+    versions = [v for v in batch.versions() if v]
+    if not versions:
+        return {}
+    stale = [trained_from - x for v in versions for x in v]
+    return {"staleness/token_mean": sum(stale) / len(stale), "staleness/token_max": max(stale),
+            "versions_per_sequence_mean": sum(len(set(v)) for v in versions) / len(versions)}
+
+
 class Trainer:
     learner_params: int | None = None  # the model's parameter count, as learner rank 0 reports it (perf/mfu)
+    feeder: PipelineFeeder | None = None  # trainer.mode=pipeline (cluster/driver/pipeline.py), made in _setup
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
@@ -130,6 +144,7 @@ class Trainer:
                             self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
                         raise
                     self.learner_restarts += 1
+                    self._stop_feeder()
                     print(f"{e}; restarting every actor and resuming from the last checkpoint "
                           f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
                     self._teardown()
@@ -138,6 +153,10 @@ class Trainer:
             raise
         finally:
             self.stop.restore()
+            try:
+                self._stop_feeder()
+            except Exception as e:  # noqa: BLE001 - the run's own error (if any) is the one to raise
+                print(f"pipeline: stopping the engine loops failed ({type(e).__name__}: {e})", flush=True)
             self._teardown()
             run_dir_lock.release()
             logs.tidy(self.run_dir)
@@ -156,7 +175,7 @@ class Trainer:
         self.resume_from = resume_point(cfg, restarting=self.learner_restarts > 0)
         self.log = MetricsLogger(self.run_dir, cfg.trainer.steps, self.resume_from.step,
                                  tensorboard=cfg.metrics.tensorboard, wandb_init=cfg.metrics.wandb_init(),
-                                 config=cfg.to_dict(), show_staleness=cfg.trainer.mode == "async",
+                                 config=cfg.to_dict(), show_staleness=cfg.trainer.mode != "sync",
                                  show_kl=cfg.algo.beta > 0, carried_rows=self.resume_from.carried_rows(),
                                  extra_keys=(*self.scorer.metric_keys(), *((MFU_KEY,) if cfg.metrics.peak_tflops else ())),
                                  eval_every=cfg.trainer.eval_every, evaluates=bool(self.heldout))
@@ -171,12 +190,18 @@ class Trainer:
             pending.set_result(self.resumed_batch)
             self.resumed_batch = None
         self.stop.armed = True  # from here a stop signal waits for the step boundary (and a checkpoint)
+        if self.feeder is not None:
+            self.feeder.start()  # the engines run from here to the end of training
         while self.step < t.steps:
             sw, t0 = Stopwatch(), time.perf_counter()
+            engines: dict = {}
             with sw("wait_gen"):
-                batch = (pending or self._collect_async(self.step)).result()
+                if self.feeder is not None:
+                    batch, engines = self.feeder.next_batch(t.actor_timeout_s)
+                else:
+                    batch = (pending or self._collect_async(self.step)).result()
             pending = None
-            if self.version - batch.weight_version > t.max_staleness:  # too old to train on: regenerate
+            if self.feeder is None and self.version - batch.weight_version > t.max_staleness:  # too old: regenerate
                 batch = self._collect_async(self.step).result()
             if t.mode == "async" and self.step + 1 < t.steps:
                 # Overlaps the training below, which is the learners' next train call: once this
@@ -185,7 +210,7 @@ class Trainer:
             m = self._learn(batch, sw)
             self.step += 1
             sw.t["step_s"] = time.perf_counter() - t0
-            row = self._step_metrics(batch, m, sw)
+            row = self._step_metrics(batch, m, sw) | engines
             self.log.log_step(row)
             self.log.log_completions(self.step, batch.stats.samples)
             self._check_health(row, batch, pending)
@@ -195,6 +220,7 @@ class Trainer:
                 self.evaluate()
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < t.steps:
                 self.save_checkpoint(pending=pending)
+        self._stop_feeder()  # before the evaluation: its generate needs engines with no group in flight
         after = self.evaluate() if self.heldout else None
         final = self.save_checkpoint(finished=True)
         self.learners.export_hf(str(self.run_dir / "hf_model"))
@@ -204,6 +230,14 @@ class Trainer:
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
                 "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts,
                 "reward_model_restarts": reward_model_restarts}
+
+    def _stop_feeder(self) -> None:
+        """trainer.mode=pipeline: stop the engines' loops; the groups still in flight are said and dropped."""
+        if self.feeder is not None:
+            feeder, self.feeder = self.feeder, None
+            lost = feeder.stop()
+            if lost:
+                print(f"pipeline: {lost} group(s) in flight at the end of training were not trained on", flush=True)
 
     def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
         """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""
@@ -284,7 +318,7 @@ class Trainer:
         return {
             "step": self.step, "reward": stats["reward_mean"], **stats, **perf, **{k: m[k] for k in LEARNER_KEYS if k in m},
             "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
-            "step_s": sw.t["step_s"], "weight_version": self.version,
+            "step_s": sw.t["step_s"], "weight_version": self.version, **version_metrics(batch, self.version - 1),
             "staleness": self.version - 1 - batch.weight_version, "trained_groups": 0 if m.get("skipped") else len(batch.examples),
             "rollout_restarts": self.pool.restarts, "update_skipped": m.get("skipped", False),
             "sync_bytes": m.get("sync", {}).get("bytes", 0),
@@ -326,6 +360,9 @@ class Trainer:
             lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
             engine_version=lambda: self.engine_version, eos_id=self.tokenizer.eos_token_id,
             env_notes=self.env_notes, run_dir=self.run_dir)
+        if cfg.trainer.mode == "pipeline":
+            self.feeder = PipelineFeeder(cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference,
+                                         eos_id=self.tokenizer.eos_token_id, weight_version=lambda: self.version)
         self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
                                        cfg.rollout.tensor_parallel_size)
@@ -387,6 +424,11 @@ class Trainer:
 
     def _save_checkpoint(self, tmp: str, pending: Future | None, finished: bool) -> Path:
         data_state = self.stream.state()
+        if self.feeder is not None:  # pipeline: the stream moves in the feeder's thread
+            data_state, unsaved = self.feeder.checkpoint_state()
+            if unsaved:
+                self.log.note(f"pipeline: the checkpoint of step {self.step} does not save the {unsaved} group(s) in "
+                              "flight; a resume from it generates from the next prompts instead")
         if pending is not None:
             try:
                 save_batch(pending.result(), tmp)

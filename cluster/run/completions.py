@@ -8,7 +8,8 @@ is one row of `completions.jsonl` in the run dir (and a TensorBoard text summary
      "rewards": {"gsm8k": 1.0}, "advantage": 0.87, "finish_reason": "stop", "num_tokens": 23}
 
 `prompt` is the dataset's prompt as it is (a string or chat messages). Multi-turn rows add
-`messages` (the whole transcript, roles included), `turns`, `env_reward` and `env_error`.
+`messages` (the whole transcript, roles included), `turns`, `env_reward` and `env_error`. With
+trainer.mode=pipeline a row adds `versions`: per completion token, the weight version that sampled it.
 `raygrpo show RUN_DIR` prints them (`format_row`).
 """
 from __future__ import annotations
@@ -49,6 +50,8 @@ def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[f
                     "env_reward": c.env_reward, "env_error": c.env_error}
         else:
             row["num_tokens"] = len(c.token_ids)
+        if getattr(c, "versions", None) is not None:  # trainer.mode=pipeline: per token, the version that sampled it
+            row["versions"] = c.versions
         rows.append(row)
     return rows
 

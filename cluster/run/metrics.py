@@ -38,6 +38,14 @@ COMPLETION_KEYS = tuple(f"completions/{turn}{name}" for turn in ("", "turn_")
 # utilisation of the learner) only with metrics.peak_tflops set: a run's extra key, not one of these.
 PERF_KEYS = ("perf/tokens_per_s", "perf/train_tokens_per_s", "perf/engine_idle_frac")
 MFU_KEY = "perf/mfu"
+# Per-token policy versions (every mode): how many versions behind the weights being trained each token's
+# sampler was, over the batch's tokens; how many versions one sequence's tokens span (pipeline: an update can
+# land mid-request). trainer.mode=pipeline only (NaN otherwise): groups dropped for trainer.max_staleness
+# (their prompts generated again); each engine's share of wall time stepping requests, its tokens per second
+# of wall time, the groups in flight over all engines, an engine's seconds paused for weight updates.
+VERSION_KEYS = ("staleness/token_mean", "staleness/token_max", "versions_per_sequence_mean")
+PIPELINE_KEYS = ("stale_groups", "pipeline/engine_busy_frac", "pipeline/engine_tokens_per_s", "pipeline/queue_depth",
+                 "pipeline/pause_s")
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0),
 # and the run's per-reward-function keys rewards/<name>/<stat> (actors/rewards/scorer.py metric_keys).
 # reward_unscorable: completions no reward function could score (a null), out of their group and the loss.
@@ -47,7 +55,7 @@ STEP_KEYS = (
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
     "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
     "sync_bytes", "sync_verified", "sync_verify_s", *COMPLETION_KEYS,
-    *MULTITURN_KEYS, *PERF_KEYS,
+    *MULTITURN_KEYS, *PERF_KEYS, *VERSION_KEYS, *PIPELINE_KEYS,
 )
 
 
@@ -149,6 +157,9 @@ class MetricsLogger:
         if self.show_staleness:
             summary += f"  stale {row['staleness']}"
         summary += f"  step {row['step_s']:.1f}s"
+        if math.isfinite(row["pipeline/engine_busy_frac"]):  # trainer.mode=pipeline: the engines' side
+            summary += (f"  engines busy {100 * row['pipeline/engine_busy_frac']:.0f}% queue {row['pipeline/queue_depth']}"
+                        f" paused {row['pipeline/pause_s']:.2f}s")
         if math.isfinite(row["perf/tokens_per_s"]):
             summary += f"  gen {row['perf/tokens_per_s']:.0f} tok/s"
         if left is not None:

@@ -25,7 +25,7 @@ from cluster.driver.batch import Batch, CollectStats, EnvironmentNotes, ScoredGr
 from cluster.driver.collector import Collector
 from cluster.driver.trainer import Trainer
 from cluster.driver.worker_groups import RolloutPool, Stopwatch
-from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, STEP_KEYS, MetricsLogger
+from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, PIPELINE_KEYS, STEP_KEYS, MetricsLogger
 from cluster.run.resume import resume_point
 from learner import checkpoint
 from learner.grpo import ADVANTAGE_ESTIMATORS, group_advantages
@@ -222,9 +222,10 @@ def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
     per_function = {f"rewards/f/{stat}" for stat in REWARD_STATS}  # the run's reward function keys (metric_keys)
     assert set(row) <= set(STEP_KEYS) | per_function
     if "skipped" not in learner_metrics:
-        # single-turn: the multi-turn keys are left to the logger (NaN)
+        # single-turn: the multi-turn keys are left to the logger (NaN); so are the pipeline mode's
         per_turn = {k for k in COMPLETION_KEYS if "/turn_" in k}
-        assert set(row) == (set(STEP_KEYS) - set(MULTITURN_KEYS) - per_turn) | per_function and row["sync_bytes"] == 10
+        assert set(row) == (set(STEP_KEYS) - set(MULTITURN_KEYS) - set(PIPELINE_KEYS) - per_turn) | per_function
+        assert row["sync_bytes"] == 10 and row["staleness/token_max"] == row["staleness"] and row["versions_per_sequence_mean"] == 1
     else:
         assert row["update_skipped"] is True and "kl" not in row  # the logger writes it as NaN
 

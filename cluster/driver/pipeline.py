@@ -1,0 +1,288 @@
+"""trainer.mode=pipeline, the driver's side: engines that never stop, groups scored as they arrive.
+
+`PipelineFeeder` runs in a thread of the driver for the whole run. It keeps every engine supplied
+with groups (prompts from the stream, `trainer.pipeline_groups_in_flight` in flight over all
+engines), polls the engines for finished groups (actors/pipeline.py hands one back as soon as its
+G completions are done); a second thread scores each group as it arrives (on its own: a step's
+metrics are those of the groups it trains on) and, with a reference actor, takes its log-probs.
+The training loop asks `next_batch` for the next `trainer.prompts_per_step`
+scored groups in arrival order. Weight updates land in the engines while they run (the learner's
+sync pauses each engine between two steps, actors/rollout.py); every token carries the version that
+sampled it. A group whose oldest token is more than `trainer.max_staleness` versions behind the
+learner is dropped at `next_batch` and its prompt generated again (counted: stale_groups).
+
+An engine that died is revived by the pool (weights re-synced), always from the training loop's
+thread (`next_batch`, or the weight sync that failed on it), and the groups submitted to its old
+process are sent again. Checkpoints record the data position past every prompt taken so far: groups in flight at a
+checkpoint are not saved, and a resume does not generate them again (said and counted then).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from cluster.driver.batch import Batch, CollectStats, score_groups, trim_to_ranks
+from cluster.launch.waits import ActorFailed, wait_for
+
+if TYPE_CHECKING:
+    from cluster.config import RunConfig
+    from cluster.data.dataset import Example, PromptStream
+    from cluster.driver.worker_groups import RolloutPool
+
+POLL_S = 0.02  # between two polls of the engines when none had anything
+
+
+class PipelineFeeder:
+    def __init__(self, cfg: RunConfig, stream: PromptStream, scorer, pool: RolloutPool, *, reference,
+                 eos_id: int | None, weight_version: Callable[[], int]):
+        self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
+        self.reference, self.eos_id, self.weight_version = reference, eos_id, weight_version
+        t, m = cfg.trainer, cfg.metrics
+        self.target = math.ceil((t.pipeline_groups_in_flight or 2 * t.prompts_per_step) / len(pool.handles))
+        self.samples_per_group = math.ceil(m.completions_per_step / t.prompts_per_step) if m.log_completions else 0
+        self._cv = threading.Condition()
+        self._arrived: list = []  # (example, rollout) taken from the engines, not yet scored
+        self._ready: collections.deque = collections.deque()  # (ScoredGroup, ref rows or None, its stats)
+        self._again: collections.deque = collections.deque()  # examples to generate again (stale, lost)
+        # per engine: key -> (example, pid of the engine process it was submitted to)
+        self._held: list[dict[int, tuple[Example, int]]] = [{} for _ in pool.handles]
+        self._next_key = 0
+        self._unclaimed = CollectStats()  # groups scored and not trained on (dynamic sampling, stale)
+        self.requeued = 0  # groups lost with an engine that died, generated again
+        self._revive = False  # an engine died or came back as another process: next_batch revives it
+        self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": 0}
+        self._last_engine: list[dict] = [{} for _ in pool.handles]
+        self._stop = False
+        self._error: BaseException | None = None
+        self._threads = [threading.Thread(target=self._guarded, args=(self._feed,), name="pipeline-feed", daemon=True),
+                         threading.Thread(target=self._guarded, args=(self._scoring,), name="pipeline-score", daemon=True)]
+
+    # ------------------------------------------------------------------ the loop's side
+    def start(self) -> None:
+        for w, h in enumerate(self.pool.handles):
+            wait_for(h.pipeline_start.remote(), f"rollout worker {w}", "starting its engine loop",
+                     self.cfg.trainer.actor_timeout_s)
+        for th in self._threads:
+            th.start()
+
+    def next_batch(self, timeout_s: float) -> tuple[Batch, dict]:
+        """The next prompts_per_step scored groups within trainer.max_staleness, in arrival order, as a
+        Batch; and the pipeline's metrics since the last batch (cluster/run/metrics.py PIPELINE_KEYS)."""
+        t, version = self.cfg.trainer, self.weight_version()
+        want, taken, stale = t.prompts_per_step, [], 0
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while len(taken) < want:
+                if self._revive:  # from this thread only: the weight sync revives engines here too
+                    self._revive = False
+                    self._cv.release()
+                    try:
+                        self.pool.restarted_workers()
+                    finally:
+                        self._cv.acquire()
+                    continue
+                if not self._ready:
+                    self._raise_if_failed()
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"pipeline: {len(taken)} of {want} groups in {timeout_s:.0f}s "
+                                           "(trainer.actor_timeout_s); the engines' logs are in the run dir")
+                    self._cv.wait(timeout=1.0)
+                    continue
+                group, ref, stats = self._ready.popleft()
+                oldest = min((v for c in group.rollout.completions for v in c.versions), default=version)
+                if version - oldest > t.max_staleness:  # too old to train on: its prompt is generated again
+                    stale += 1
+                    self._again.append(group.example)
+                    self._unclaimed.merge(dataclasses.replace(stats, samples=[]))
+                    continue
+                taken.append((group, ref, stats))
+            groups = trim_to_ranks([g for g, _, _ in taken], t.group_size, self.cfg.learner.num_ranks)
+            for item in reversed(taken[len(groups):]):
+                self._ready.appendleft(item)  # trimmed: the first of the next batch
+            taken = taken[:len(groups)]
+            stats, self._unclaimed = self._unclaimed, CollectStats()
+            for i, (_, _, st) in enumerate(taken):
+                for row in st.samples:
+                    row["prompt_index"] = i
+                stats.merge(st)
+            stats.samples = stats.samples[:self.cfg.metrics.completions_per_step]
+            stats.gen_s = self.engine["busy_s"] / len(self.pool.handles)  # an engine's mean seconds generating
+            state = self.stream.state()
+            engine = self._engine_since_last()
+        batch = Batch.from_groups(groups, state, stats, version_if_empty=version,
+                                  advantage_estimator=self.cfg.algo.advantage_estimator)
+        if self.reference is not None and groups:
+            batch.ref_logp = [row for _, ref, _ in taken for row in ref]
+        return batch, {"stale_groups": stale, **engine}
+
+    def checkpoint_state(self) -> tuple[dict, int]:
+        """The data position past every prompt taken so far, and the groups in flight or ready that a
+        checkpoint now does not save (a resume moves on past them)."""
+        with self._cv:
+            return self.stream.state(), self._pending()
+
+    def _pending(self) -> int:
+        return sum(len(h) for h in self._held) + len(self._arrived) + len(self._ready) + len(self._again)
+
+    def stop(self) -> int:
+        """Stop feeding and every engine's loop (aborting what runs); returns the groups not trained on."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        for th in self._threads:
+            if th.is_alive():
+                th.join(timeout=60)
+        lost = self._pending()
+        for w, h in enumerate(self.pool.handles):
+            try:
+                wait_for(h.pipeline_stop.remote(), f"rollout worker {w}", "stopping its engine loop",
+                         self.cfg.trainer.actor_timeout_s)
+            except ActorFailed:
+                pass  # a dead engine runs nothing
+        return lost
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"pipeline feeder failed: {type(self._error).__name__}: {self._error}") from self._error
+
+    def _engine_since_last(self) -> dict:
+        e, n = self.engine, len(self.pool.handles)
+        self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": e["in_flight"]}
+        # (a step is counted when it ends, so a step that straddles two polls could lift the share over 1)
+        return {"pipeline/engine_busy_frac": min(1.0, e["busy_s"] / e["wall_s"]) if e["wall_s"] > 0 else float("nan"),
+                "pipeline/engine_tokens_per_s": e["tokens"] / (e["wall_s"] / n) if e["wall_s"] > 0 else float("nan"),
+                "pipeline/queue_depth": e["in_flight"], "pipeline/pause_s": e["pause_s"] / n}
+
+    # ------------------------------------------------------------------ the threads
+    def _guarded(self, loop) -> None:
+        try:
+            loop()
+        except BaseException as e:  # noqa: BLE001 - raised by next_batch
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+
+    def _feed(self) -> None:
+        """Keep every engine supplied; take back what finished."""
+        while not self._stop:
+            self._top_up()
+            if not self._poll():
+                time.sleep(POLL_S)
+
+    def _top_up(self) -> None:
+        G = self.cfg.trainer.group_size
+        for w, h in enumerate(self.pool.handles):
+            with self._cv:
+                # in flight = in an engine, or back and not yet trained on: the engines run at most this far ahead
+                budget = self.target * len(self.pool.handles) - self._pending() + len(self._again)
+                n = min(self.target - len(self._held[w]), budget)
+                if n <= 0:
+                    continue
+                examples = [self._again.popleft() for _ in range(min(n, len(self._again)))]
+                examples += self.stream.take(n - len(examples))
+                groups = []
+                for ex in examples:
+                    groups.append((self._next_key, ex.prompt_ids, G))
+                    self._next_key += 1
+            out = self._call(w, lambda h=h, groups=groups: h.pipeline_submit.remote(groups), "taking prompts")
+            with self._cv:
+                if out is None:  # the engine died: its replacement gets these
+                    self._again.extend(examples)
+                    continue
+                for (key, _, _), ex in zip(groups, examples):
+                    self._held[w][key] = (ex, out["pid"])
+
+    def _call(self, w: int, call, what: str):
+        """One call to engine w; None if it died (next_batch has the pool revive it)."""
+        try:
+            return wait_for(call(), f"rollout worker {w}", what, self.cfg.trainer.actor_timeout_s)
+        except ActorFailed as e:
+            if not e.died:
+                raise
+        with self._cv:
+            self._revive = True
+            self._cv.notify_all()
+        time.sleep(1.0)  # Ray is restarting it
+        return None
+
+    def _lost_groups(self, w: int, pid: int) -> None:
+        """Groups submitted to an earlier process of engine w (it died, Ray started another) are lost:
+        generate them again. Called with the condition held."""
+        if pid != self.pool.pids[w]:
+            self._revive = True  # the new process has not been brought to the current weights yet
+        lost = [key for key, (_, p) in self._held[w].items() if p != pid]
+        if lost:
+            self._again.extend(self._held[w].pop(key)[0] for key in lost)
+            self._last_engine[w] = {}
+            self.requeued += len(lost)
+            print(f"rollout worker {w} was replaced; its {len(lost)} group(s) in flight are generated again", flush=True)
+
+    def _poll(self) -> bool:
+        """Take the finished groups of every engine; True if any came."""
+        arrived = []
+        for w, h in enumerate(self.pool.handles):
+            out = self._call(w, h.pipeline_take.remote, "returning finished groups")
+            if out is None:
+                continue
+            with self._cv:
+                self._lost_groups(w, out["pid"])
+                for ro in out["rollouts"]:
+                    held = self._held[w].pop(ro.prompt, None)
+                    if held is not None:
+                        ro.prompt = held[0].prompt_ids
+                        arrived.append((held[0], ro))
+                self._account(w, out)
+        if arrived:
+            with self._cv:
+                self._arrived += arrived
+                self._cv.notify_all()
+        return bool(arrived)
+
+    def _account(self, w: int, out: dict) -> None:
+        """The engine's counters since the last poll (they are running totals on the engine)."""
+        s, last = out["stats"], self._last_engine[w]
+        for key in ("busy_s", "wall_s", "tokens", "pause_s"):
+            self.engine[key] += s[key] - last.get(key, 0)
+        self._last_engine[w] = s
+        self.engine["in_flight"] = sum(len(h) for h in self._held)
+
+    def _scoring(self) -> None:
+        """Score each group as it arrives, on its own; then the reference's log-probs of those kept."""
+        t = self.cfg.trainer
+        while True:
+            with self._cv:
+                while not self._arrived and not self._stop:
+                    self._cv.wait(timeout=0.5)
+                if self._stop:
+                    return
+                arrived, self._arrived = self._arrived, []
+            kept = []
+            for ex, ro in arrived:
+                stats, t0 = CollectStats(), time.perf_counter()
+                groups = score_groups(self.scorer, [(ex, ro)], t.group_size, stats,
+                                      max_new_tokens=self.cfg.rollout.model_token_cap(),
+                                      dynamic_sampling=t.dynamic_sampling, eos_id=self.eos_id,
+                                      samples=self.samples_per_group, advantage_estimator=self.cfg.algo.advantage_estimator)
+                stats.reward_s += time.perf_counter() - t0
+                if groups:
+                    kept.append((groups[0], stats))
+                else:  # no learning signal (dynamic sampling): counted in the next step, not trained on
+                    with self._cv:
+                        self._unclaimed.merge(dataclasses.replace(stats, samples=[]))
+            refs: list = [None] * len(kept)
+            if self.reference is not None and kept:
+                t0 = time.perf_counter()
+                rows = [r for g, _ in kept for r in g.rollout.training_rows()]
+                logp = wait_for(self.reference.logprobs.remote([r[0] for r in rows], [r[1] for r in rows]),
+                                "reference actor", "computing reference log-probs", t.actor_timeout_s)
+                G = t.group_size
+                refs = [logp[i * G:(i + 1) * G] for i in range(len(kept))]
+                kept[0][1].ref_s += time.perf_counter() - t0
+            with self._cv:
+                self._ready.extend((g, ref, st) for (g, st), ref in zip(kept, refs))
+                self._cv.notify_all()

@@ -1,0 +1,113 @@
+"""trainer.mode=pipeline, the parts without engines: the feeder's staleness rule and batch, the config's
+refusals, per-token version metrics, AReaL's decoupled objective."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from actors.completions import Completion, PromptRollout
+from cluster.config import RunConfig
+from cluster.data.dataset import Example
+from cluster.driver.batch import Batch, CollectStats, ScoredGroup
+from cluster.driver.pipeline import PipelineFeeder
+from cluster.driver.trainer import version_metrics
+from learner.config import AlgoConfig
+from learner.grpo import LossInputs, decoupled_weights, policy_loss, tis_weights
+
+
+def group(name: str, versions: list[list[int]]) -> ScoredGroup:
+    comps = [Completion([5] * len(v), [-1.0] * len(v), "x", "stop", versions=v) for v in versions]
+    return ScoredGroup(Example(name, prompt_ids=[1, 2]), PromptRollout([1, 2], [1, 2], comps, min(map(min, versions))),
+                       [float(i) for i in range(len(versions))])
+
+
+def feeder(version: int, **trainer) -> PipelineFeeder:
+    cfg = RunConfig()
+    cfg.trainer = dataclasses.replace(cfg.trainer, mode="pipeline", group_size=2, prompts_per_step=2, **trainer)
+    stream = SimpleNamespace(state=lambda: {"epoch": 0, "index": 7})
+    pool = SimpleNamespace(handles=[object()])
+    return PipelineFeeder(cfg, stream, scorer=None, pool=pool, reference=None, eos_id=None,
+                          weight_version=lambda: version)
+
+
+def test_next_batch_takes_groups_in_arrival_order_and_regenerates_the_stale_ones():
+    f = feeder(version=5, max_staleness=2)
+    def stats(tokens):
+        return CollectStats(gen_tokens=tokens, samples=[{"prompt_index": 0, "tokens": tokens}])
+
+    f._ready.extend([(group("a", [[5, 5], [4, 5]]), None, stats(4)), (group("old", [[2, 5], [5, 5]]), None, stats(4)),
+                     (group("b", [[3, 4], [4]]), None, stats(3)), (group("c", [[5], [5]]), None, stats(2))])
+    f.pool.pids = [1]
+    batch, extra = f.next_batch(timeout_s=1)
+    assert [e.prompt for e in batch.examples] == ["a", "b"]  # "old" has a token 3 versions behind
+    assert extra["stale_groups"] == 1 and [e.prompt for e in f._again] == ["old"]  # its prompt is generated again
+    assert batch.token_versions == [[5, 5], [4, 5], [3, 4], [4]] and batch.weight_version == 3
+    # the step's stats: its groups' and the stale one's (whose logged samples are not the step's)
+    assert batch.stats.gen_tokens == 11 and batch.stats.samples == [{"prompt_index": 0, "tokens": 4},
+                                                                     {"prompt_index": 1, "tokens": 3}]
+    assert batch.stream_state == {"epoch": 0, "index": 7}
+    assert [g.example.prompt for g, _, _ in f._ready] == ["c"]  # the next batch starts there
+    m = version_metrics(batch, trained_from=5)
+    assert m == {"staleness/token_mean": pytest.approx((0 + 0 + 1 + 0 + 2 + 1 + 1) / 7), "staleness/token_max": 2,
+                 "versions_per_sequence_mean": (1 + 2 + 2 + 1) / 4}
+
+
+def test_merged_stats_add_every_count():
+    a = CollectStats(rewards=[1.0], gen_tokens=3, reward_functions={"f": {"values": [1.0], "errors": 0, "unscorable": 0,
+                     "calls": 1, "timeouts": 0, "seconds": 0.5, "truncated": None}})
+    b = CollectStats(rewards=[0.0], gen_tokens=4, reward_errors=1, error_samples=["boom"],
+                     reward_functions={"f": {"values": [0.0], "errors": 1, "unscorable": 0, "calls": 1, "timeouts": 0,
+                                             "seconds": 0.25, "truncated": None, "first_error": "boom"}})
+    a.merge(b)
+    assert a.rewards == [1.0, 0.0] and a.gen_tokens == 7 and a.reward_errors == 1 and a.error_samples == ["boom"]
+    assert a.reward_functions["f"] == {"values": [1.0, 0.0], "errors": 1, "unscorable": 0, "calls": 2, "timeouts": 0,
+                                       "seconds": 0.75, "truncated": None, "first_error": "boom"}
+
+
+def test_next_batch_says_when_no_group_comes():
+    with pytest.raises(TimeoutError, match="0 of 2 groups"):
+        feeder(version=0).next_batch(timeout_s=0.01)
+
+
+def test_sync_and_async_batches_have_the_rollouts_version_on_every_token():
+    comps = [Completion([3, 4], [0.0, 0.0], "", "stop"), Completion([3], [0.0], "", "stop")]
+    b = Batch.from_groups([ScoredGroup(Example("p"), PromptRollout([1], [1], comps, 2), [1.0, 0.0])], {}, CollectStats(),
+                          0, "grpo")
+    assert b.token_versions is None and b.versions() == [[2, 2], [2]]
+    assert version_metrics(b, trained_from=3) == {"staleness/token_mean": 1, "staleness/token_max": 1,
+                                                   "versions_per_sequence_mean": 1}
+
+
+@pytest.mark.parametrize("override, problem", [
+    ({"trainer.max_staleness": 0}, "set trainer.max_staleness >= 1"),
+    ({"trainer.eval_every": 2}, "does not support evaluations during training"),
+    ({"rollout.stop": ["\n"]}, "does not support rollout.stop strings"),
+    ({"rollout.kv_after_update": "drop"}, "rollout.kv_after_update must be recompute|keep"),
+])
+def test_pipeline_config_names_what_it_does_not_support(override, problem):
+    cfg = RunConfig()
+    cfg.trainer.mode = "pipeline"
+    for key, value in override.items():
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, value)
+    assert any(problem in p for p in cfg.problems()), cfg.problems()
+
+
+def test_decoupled_objective_leaves_out_tokens_above_the_cap_where_tis_truncates():
+    old = torch.tensor([[0.0, 0.0, 0.0]])
+    behav = torch.tensor([[0.0, -0.5, -2.0]])  # ratios 1, e^0.5 = 1.65, e^2 = 7.4
+    assert torch.allclose(tis_weights(old, behav, 2.0), torch.tensor([[1.0, 1.6487213, 2.0]]))
+    assert torch.allclose(decoupled_weights(old, behav, 2.0), torch.tensor([[1.0, 1.6487213, 0.0]]))
+    assert torch.allclose(decoupled_weights(old, behav, None), torch.exp(old - behav))
+    logp = torch.zeros(1, 3, requires_grad=True)
+    inputs = LossInputs(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 3), behavior_logp=behav)
+    loss_tis, m_tis = policy_loss(inputs, AlgoConfig())
+    loss_dec, m_dec = policy_loss(inputs, AlgoConfig(behavior_correction="decoupled"))
+    assert loss_tis.item() == pytest.approx(-(1 + 1.6487213 + 2) / 3)
+    assert loss_dec.item() == pytest.approx(-(1 + 1.6487213) / 3)
+    assert "unknown behavior_correction" in str(pytest.raises(ValueError, policy_loss, inputs,
+                                                              AlgoConfig(behavior_correction="x")).value)
+    assert any("algo.behavior_correction must be tis|decoupled" in p for p in AlgoConfig(behavior_correction="x").problems())
