@@ -17,7 +17,7 @@ Pins (why each one):
   peft==0.21.2          LoRA on the learner; the version verified with vLLM 0.32 adapters (DESIGN.md).
   wandb==0.31.0         metrics.wandb=true (W&B online, or offline without an API key); in the default
                         install so the README's commands have it. 0.31.0 is the version whose offline run
-                        files (one run-<id>.wandb transaction log) tests/e2e/test_wandb_offline.py reads back.
+                        files (one run-<id>.wandb transaction log) tests/e2e/test_progress_and_throughput.py reads back.
   ruff==0.17.5          lint (pyproject.toml); pinned so a new rule set cannot turn CI red overnight.
   gguf==0.19.0          extra `realmodel`: transformers reads the GGUF of SmolLM2-135M-Instruct
                         (cluster/models/smollm2.py, the real-model tests) with it; 0.19.0 is the

@@ -3,19 +3,25 @@ with generation tokens/s and an ETA from the third step on, evaluations named as
 (eval_s), the perf/* metrics (perf/mfu with metrics.peak_tflops), TRL's `reward` beside `reward_mean`,
 and one short name per reward function in metrics.jsonl, completions.jsonl, `raygrpo show` and TensorBoard.
 
+The same run also shows W&B for real (issue 37): metrics.wandb=true and no W&B API key, as on a machine
+that never ran `wandb login`. The run logs offline by itself (saying so and how to upload it), and its
+files read back hold the run name, the config, every step's metrics and the completions table.
+
 One 4-step `raygrpo train` (an evaluation before, at step 2 and after) in a project directory outside
-the checkout, with a built-in and a user's Python reward function. Real Ray, vLLM, DeepSpeed; the
-offline tiny model.
+the checkout, with a built-in and a user's Python reward function. Real Ray, vLLM, DeepSpeed, wandb; the
+offline tiny model. (One run serves both: each claim reads a different output of it.)
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from wandb_files import read_offline_run
 
 from cluster.run.metrics import read_metrics
 
@@ -28,18 +34,22 @@ def brevity(completions, **kwargs):
 '''
 
 
-def test_progress_line_evaluations_throughput_and_reward_names(tmp_path, tiny_model_dir):
+def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(tmp_path, tiny_model_dir):
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "my_rewards.py").write_text(BREVITY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # no key, no mode: a new user's
+    env["HOME"] = str(tmp_path / "home")  # and no ~/.netrc from an earlier `wandb login`
     out = subprocess.run(
         [str(BIN / "raygrpo"), "train", str(ROOT / "examples" / "cpu_demo.yaml"), f"model.path={tiny_model_dir}",
          "trainer.run_dir=runs/progress", "trainer.steps=4", "trainer.prompts_per_step=2", "trainer.group_size=2",
          "trainer.eval_every=2", "trainer.eval_pass_k=2", "data.num_eval=4", "data.task_digits=1",
          "trainer.dynamic_sampling=false", "checkpoint.every=0", "rollout.max_new_tokens=4",
          "rollout.gpu_memory_utilization=0.03", "learner.micro_batch_size=4", "metrics.completions_per_step=2",
-         "metrics.peak_tflops=1.0", "reward.functions=[exact_match, 'my_rewards.py:brevity']", "trainer.halt_after=0"],
-        cwd=proj, capture_output=True, text=True, timeout=900)
+         "metrics.peak_tflops=1.0", "reward.functions=[exact_match, 'my_rewards.py:brevity']", "trainer.halt_after=0",
+         "metrics.wandb=true", "metrics.wandb_project=raygrpo-e2e", "metrics.wandb_run_name=offline-try-1",
+         "metrics.wandb_tags=[e2e]"],
+        cwd=proj, env=env, capture_output=True, text=True, timeout=900)
     console = out.stdout + out.stderr
     assert out.returncode == 0, console[-5000:]
     run_dir = proj / "runs" / "progress"
@@ -74,3 +84,25 @@ def test_progress_line_evaluations_throughput_and_reward_names(tmp_path, tiny_mo
     assert re.search(r"\(exact_match [\d.]+, brevity [\d.]+\)", shown.stdout) and "my_rewards.py" not in shown.stdout
     tags = EventAccumulator(str(run_dir / "tensorboard")).Reload().Tags()["scalars"]
     assert {"train/rewards/brevity/mean", "train/perf/tokens_per_s", "train/reward", "eval/eval_s"} <= set(tags)
+
+    # 5. W&B without an API key: offline by itself, saying so and naming the command that uploads it later
+    assert "no W&B API key is configured" in console and "wandb is not installed" not in console
+    named = re.search(r"`wandb sync (\S+)/wandb/offline-run-\*`", console)
+    assert named and (proj / named[1]).resolve() == run_dir.resolve(), console[-3000:]
+    run = read_offline_run(run_dir)
+    assert run["name"] == "offline-try-1" and run["project"] == "raygrpo-e2e"
+    assert run["config"]["trainer"]["steps"] == 4 and run["config"]["metrics"]["wandb_run_name"] == "offline-try-1"
+    assert run["config"]["model"]["path"] == str(tiny_model_dir)
+    wandb_logged = {}  # step -> every key logged at it (one wandb.log call per kind)
+    for row in run["history"]:
+        wandb_logged.setdefault(row["_step"], {}).update(row)
+    assert [s["step"] for s in rows] == [1, 2, 3, 4]
+    for s in rows:
+        at = wandb_logged[s["step"]]
+        assert at["train/reward_mean"] == s["reward_mean"] and at["train/gen_tokens"] == s["gen_tokens"]
+        table = at["completions"]
+        assert table["_type"] == "table-file" and table["nrows"] == 2
+        data = json.loads((run["dir"] / "files" / table["path"]).read_text())
+        assert data["columns"][:4] == ["step", "prompt", "completion", "reward"]
+        assert {r[0] for r in data["data"]} == {s["step"]}
+        assert sorted(r[2] for r in data["data"]) == sorted(w["completion"] for w in logged if w["step"] == s["step"])

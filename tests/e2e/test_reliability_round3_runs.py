@@ -3,7 +3,8 @@ during the final export (what it leaves in hf_model/; the rerun finishes it, not
 while completions.jsonl is written (a clear error naming the path), and a rollout worker killed in an
 async run which is then stopped by SIGTERM and resumed.
 
-One 1-step run for the module, started as a user starts it (the console script, from the user's directory).
+The export cases rerun copies of the session's finished run (tests/e2e/finished_run.py); the other runs start
+as a user starts them (the console script, from the user's directory).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 import pytest
 import yaml
 from console import RAYGRPO, full_disk_wrapper, run
+from finished_run import STEPS, copy_run
 
 from learner.hf_dir import hf_dir_problem
 
@@ -38,34 +40,26 @@ def home(tmp_path_factory, tiny_model_dir):
     return home
 
 
-@pytest.fixture(scope="module")
-def finished(home):
-    (home / "run.yaml").write_text(yaml.safe_dump(config("runs/first")))
-    out = run(["train", "run.yaml"], home)
-    out.report("a 1-step run")
-    assert out.returncode == 0, out.text[-3000:]
-    run_dir = home / "runs" / "first"
-    assert hf_dir_problem(run_dir / "hf_model") is None
-    return home, run_dir
-
-
 @pytest.mark.parametrize("torn", ["weights cut short", "config only"])
-def test_a_driver_killed_during_the_final_export_is_finished_by_the_rerun(finished, torn):
+def test_a_driver_killed_during_the_final_export_is_finished_by_the_rerun(finished_run, torn):
     """Untried case: the driver killed during the final export. The final checkpoint is written first (marked
     finished), so what a kill can leave is an hf_model/ whose weights are cut short or not yet written; the
-    rerun used to see its config.json and call the run done. Now it exports again; the torn copy is kept aside."""
-    home, run_dir = finished
+    rerun used to see its config.json and call the run done. Now it exports again; the torn copy is kept aside.
+    On a copy of the session's finished run (tests/e2e/finished_run.py)."""
+    home, finished, _ = finished_run
+    run_dir = copy_run(home, finished, f"torn-{torn.replace(' ', '-')}")
     hf = run_dir / "hf_model"
+    assert hf_dir_problem(hf) is None
     weights = (hf / "model.safetensors").read_bytes()
     if torn == "weights cut short":
         (hf / "model.safetensors").write_bytes(weights[: len(weights) // 3])
     else:
         (hf / "model.safetensors").unlink()
-    out = run(["train", "run.yaml"], home)
+    out = run(["train", "run.yaml", f"trainer.run_dir={run_dir.relative_to(home)}"], home)
     out.report(f"rerun after an export killed ({torn})")
     assert out.returncode == 0, out.text[-3000:]
     assert "(the run stopped during its final export?): exporting it again from" in out.text, out.text[-3000:]
-    assert "already finished its 1 steps" in out.text
+    assert f"already finished its {STEPS} steps" in out.text
     assert hf_dir_problem(hf) is None and (hf / "model.safetensors").read_bytes() == weights  # the same export
     assert len(list(run_dir.glob("hf_model.replaced-*"))) >= 1  # the torn one moved aside, nothing deleted
 

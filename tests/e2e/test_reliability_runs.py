@@ -1,10 +1,10 @@
 """Issue 30 through the CLI on a run that finished: rerunning it, exporting it, copying it, tearing its
 metrics, resuming it from another model, a full disk under an export.
 
-One real run (Ray, vLLM, DeepSpeed) for the module, started as a user starts it: the console script,
-from the user's directory, with a config there whose paths are relative to it (they cross into the
-actors, so they must be made absolute first). Its model declares no EOS (case 7), so the same run
-shows the warning. The tests that change a run work on copies of it.
+One real run (Ray, vLLM, DeepSpeed) for the session (tests/e2e/finished_run.py), started as a user starts
+it: the console script, from the user's directory, with a config there whose paths are relative to it
+(they cross into the actors, so they must be made absolute first). Its model declares no EOS (case 7), so
+the same run shows the warning. The tests that change a run work on copies of it.
 """
 from __future__ import annotations
 
@@ -13,41 +13,18 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from console import full_disk_wrapper, run
+from finished_run import STEPS
 
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 from learner import checkpoint
 
 pytestmark = pytest.mark.timeout(900)
-STEPS = 2
-
-
-def drop_eos(model: Path) -> None:
-    """No end-of-sequence token anywhere: the tokenizer, generation_config.json, config.json."""
-    for name, key in (("tokenizer_config.json", "eos_token"), ("config.json", "eos_token_id")):
-        data = json.loads((model / name).read_text())
-        data.pop(key, None)
-        (model / name).write_text(json.dumps(data))
-    (model / "generation_config.json").unlink()
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, tiny_model_dir):
-    home = tmp_path_factory.mktemp("user")
-    shutil.copytree(tiny_model_dir, home / "model")
-    drop_eos(home / "model")
-    (home / "run.yaml").write_text(yaml.safe_dump({
-        "model": {"path": "model"}, "data": {"num_eval": 0, "task_digits": 1},
-        "trainer": {"steps": STEPS, "prompts_per_step": 4, "group_size": 4, "run_dir": "runs/first",
-                    "actor_timeout_s": 300},
-        "rollout": {"max_model_len": 48, "max_new_tokens": 6, "gpu_memory_utilization": 0.03},
-        "learner": {"lr": 1.0e-3, "micro_batch_size": 8}, "reward": {"functions": ["exact_match", "format"]},
-        "checkpoint": {"every": 1}}))  # TensorBoard on: the default
-    out = run(["train", "run.yaml"], home)
-    out.report("a 2-step run")
-    assert out.returncode == 0, out.text[-3000:]
-    return home, home / "runs" / "first", out
+def finished(finished_run):
+    return finished_run
 
 
 def test_a_model_without_eos_is_warned_about_and_weights_get_the_runs_permissions(finished):

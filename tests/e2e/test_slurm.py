@@ -125,7 +125,7 @@ def slurm_cluster():
             if dead or time.time() > deadline:
                 logs = "\n".join(f"{f.name}: {f.read_text()[-1500:]}" for f in d.glob("*.log"))
                 pytest.skip(f"the SLURM daemons did not start here ({dead or 'node state ' + repr(state)}):\n{logs}")
-            time.sleep(2)
+            time.sleep(0.5)
         yield d, env, lambda: seen.update(descendants(daemons))
     finally:
         seen |= descendants(daemons)
@@ -162,7 +162,7 @@ def run_sbatch(slurm_cluster, args: list[str], head_args: str = "", timeout_s: f
             if state in ENDED:
                 break
             note_job_processes()
-            time.sleep(5)
+            time.sleep(1)  # scontrol is cheap; a longer poll only adds to the test's time
     finally:
         if state not in ENDED:
             subprocess.run(["scancel", job], env=env, check=False)

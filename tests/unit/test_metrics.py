@@ -107,7 +107,7 @@ def test_tensorboard_shows_a_redone_step_once(tmp_path, start_step):
 
 
 class FakeWandb:
-    """Stands in for the wandb package (tests/e2e/test_wandb_offline.py runs the real one): records init's keywords
+    """Stands in for the wandb package (tests/e2e/test_progress_and_throughput.py runs the real one): records init's keywords
     and what is logged."""
 
     def __init__(self):
