@@ -140,10 +140,16 @@ class RayConfig:
     num_cpus: int = 0  # embedded cluster's logical CPUs (0: the machine's, at least 8 so fractional actors fit)
     placement: str = "separate"  # separate | colocate (learner rank i and rollout engine i share a bundle)
     strategy: str = "PACK"  # how the placement group's bundles land on nodes: PACK | SPREAD | STRICT_SPREAD
+    # After a host was lost: how long the run waits for a node with room, when what is left holds fewer
+    # engines than rollout.min_workers or no room for a learner rank's bundle; past it, an error says what
+    # was missing. Each wait says what it waits for.
+    node_wait_s: float = 300.0
 
     def problems(self) -> list[str]:
         p = []
         at_least(p, "ray.num_cpus", self.num_cpus, 0, " (0: the machine's)")
+        if self.node_wait_s <= 0:
+            p.append(f"ray.node_wait_s must be > 0, got {self.node_wait_s}")
         if self.placement not in ("separate", "colocate"):
             p.append(f"ray.placement must be separate|colocate, got {self.placement!r}")
         if self.strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):

@@ -32,6 +32,7 @@ from cluster.driver.batch import (
 )
 from cluster.driver.collector import Collector
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
+from cluster.launch.hosts import HostWatch, divert_node_death_lines
 from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
@@ -55,6 +56,14 @@ def check_multiturn(cfg: RunConfig) -> None:
         ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path), cfg.data.chat_template_kwargs)
     except (ValueError, TypeError, TemplateError) as e:
         raise ConfigError([str(e)], "rollout.env") from None
+
+
+def actor_name(placement_row: dict) -> str:
+    """The name errors give the actor of a placement.json row ("rollout-1" -> "rollout worker 1")."""
+    role = placement_row["role"]
+    kind, _, index = role.partition("-")
+    return {"rollout": f"rollout worker {index}", "learner": f"learner rank {index}", "reference": "reference actor",
+            "reward": f"reward model {placement_row.get('model', index)}"}.get(kind, role)
 
 
 class Trainer:
@@ -260,15 +269,21 @@ class Trainer:
     def _sync_weights(self) -> dict:
         """Broadcast the learner's weights; an engine that died during it is revived and re-synced."""
         with self._engines_lock:
+            if self.pool.fleet_changed:  # an engine left with its host: the transfer group without it
+                self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
+                                               self.cfg.rollout.tensor_parallel_size)
+                self.pool.fleet_changed = False
             try:
                 out = self.learners.sync_weights(self.version)
             except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
                 raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
                                      f"checkpoints so far are in {self.run_dir}.") from None
             except Exception:
-                if not self.pool.restarted_workers():  # not a rollout crash: a real error
+                if not self.pool.recover_all():  # no engine died or left: a real error
                     raise
-                out = {"bytes": 0, "verified": True}  # _resync_after_restart sent (and verified) the weights
+                if self.pool.fleet_changed:  # one left with its host: the update again, to those that are live
+                    self._resync_engines()
+                out = {"bytes": 0, "verified": True}  # _resync_engines sent (and verified) the weights
             self.engine_version = self.version
             return out
 
@@ -285,7 +300,8 @@ class Trainer:
             "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
             "step_s": sw.t["step_s"], "weight_version": self.version,
             "staleness": self.version - 1 - batch.weight_version, "trained_groups": 0 if m.get("skipped") else len(batch.examples),
-            "rollout_restarts": self.pool.restarts, "update_skipped": m.get("skipped", False),
+            "rollout_restarts": self.pool.restarts, "rollout/live_engines": len(self.pool.live),
+            "update_skipped": m.get("skipped", False),
             "sync_bytes": m.get("sync", {}).get("bytes", 0),
             # every engine's fingerprint matched this step's update (and the seconds that check took);
             # absent (null) when no update was sent
@@ -302,6 +318,7 @@ class Trainer:
         logs.start_run_log(self.run_dir)  # third-party INFO lines of the driver into RUN_DIR/logs/driver.log
         start_ray(cfg.ray.address, cfg.ray.num_cpus, logs.worker_env(self.run_dir))  # the workers' output: RUN_DIR/logs/
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
+        divert_node_death_lines()  # a lost host is said in raygrpo's words (cluster/launch/hosts.py)
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
         self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
             cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner(),
@@ -314,8 +331,15 @@ class Trainer:
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learner_params = next((p.get("total_params") for p in self.placement if p["role"] == "learner-0"), None)
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
+        self.hosts = HostWatch()
+        for p in self.placement:
+            self.hosts.place(actor_name(p), p.get("node_id"))
+        r = cfg.rollout
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
-                                [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
+                                [p["pid"] for p in self.placement if p["role"].startswith("rollout")],
+                                on_rejoin=self._sync_rejoined, hosts=self.hosts, min_live=r.min_live_workers(),
+                                node_wait_s=cfg.ray.node_wait_s,
+                                bundle={"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})})
         self.collector = Collector(
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
             lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
@@ -333,11 +357,25 @@ class Trainer:
         it, so the engine may get weights one step newer than `version` says; the loss still uses
         the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
         print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
+        self._resync_engines(worker_index)
+
+    def _sync_rejoined(self, worker_index: int) -> None:
+        """An engine that left with its host is back (Ray placed it on a node with room): its threads, the
+        transfer group rebuilt with it, the current weights sent; the sync checks every engine's
+        fingerprint (a mismatch raises) before the engine is given prompts."""
+        print(f"rollout worker {worker_index} is back; sending it weights version {self.version}", flush=True)
+        self._resync_engines(worker_index)
+
+    def _resync_engines(self, worker_index: int | None = None) -> None:
+        """The transfer group rebuilt with the live engines and the current weights sent to them (verified);
+        `worker_index`: a new engine process, which gets its thread count first."""
         with self._engines_lock:
-            wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
-                            f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
-            self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb,
+            if worker_index is not None:
+                wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
+                         f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
+            self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
                                            self.cfg.rollout.tensor_parallel_size)
+            self.pool.fleet_changed = False
             self.learners.sync_weights(self.version)
             self.engine_version = self.version
 
