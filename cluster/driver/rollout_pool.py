@@ -144,7 +144,7 @@ class RolloutPool:
         name, deadline = f"rollout worker {w}", time.monotonic() + self.timeout_s
         while True:
             if self.hosts.host_lost(name):
-                self._leave(w)
+                self.leave(w)
                 return False
             state, restarts = actor_state(self.handles[w])
             if state == "DEAD":
@@ -176,7 +176,8 @@ class RolloutPool:
         self.restarts += 1
         self.on_restart(w)
 
-    def _leave(self, w: int) -> None:
+    def leave(self, w: int) -> None:
+        """Worker w's host was lost: it leaves the fleet (below min_live this waits for room, or raises)."""
         self.live.remove(w)
         self.fleet_changed = True
         print(f"rollout worker {w} left the fleet with its host: {len(self.live)} of {len(self.handles)} engine(s) "

@@ -33,7 +33,14 @@ from cluster.driver.batch import (
 from cluster.driver.collector import Collector
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
-from cluster.launch.placement import apply_thread_budget, create_actors, shutdown_actors, wait_ready
+from cluster.launch.placement import (
+    Actors,
+    apply_thread_budget,
+    create_actors,
+    restart_learners,
+    shutdown_actors,
+    wait_ready,
+)
 from cluster.launch.ray_cluster import start_ray
 from cluster.launch.waits import ActorFailed, wait_for
 from cluster.run import logs
@@ -60,7 +67,7 @@ def check_multiturn(cfg: RunConfig) -> None:
 
 def actor_name(placement_row: dict) -> str:
     """The name errors give the actor of a placement.json row ("rollout-1" -> "rollout worker 1")."""
-    role = placement_row["role"]
+    role = placement_row.get("role") or f"learner-{placement_row['rank']}"
     kind, _, index = role.partition("-")
     return {"rollout": f"rollout worker {index}", "learner": f"learner rank {index}", "reference": "reference actor",
             "reward": f"reward model {placement_row.get('model', index)}"}.get(kind, role)
@@ -138,9 +145,13 @@ class Trainer:
                             self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
                         raise
                     self.learner_restarts += 1
-                    print(f"{e}; restarting every actor and resuming from the last checkpoint "
-                          f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
-                    self._teardown()
+                    budget = f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})"
+                    if self._engines_outlive_learners():
+                        print(f"{e}; restarting the learner ranks and resuming from the last checkpoint {budget}; "
+                              f"the {len(self.pool.live)} live rollout engine(s) and the other actors are kept", flush=True)
+                    else:
+                        print(f"{e}; restarting every actor and resuming from the last checkpoint {budget}", flush=True)
+                        self._teardown()
         except ActorFailed:
             logs.point_at_actor_logs(self.run_dir)  # their tracebacks went to the log files, not the console
             raise
@@ -206,11 +217,11 @@ class Trainer:
         after = self.evaluate() if self.heldout else None
         final = self.save_checkpoint(finished=True)
         self.learners.export_hf(str(self.run_dir / "hf_model"))
-        reward_model_restarts = self.scorer.restarts
+        reward_model_restarts, rollout_restarts = self.scorer.restarts, self.pool.restarts
         self._teardown()
         write_plots(self.run_dir)
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
-                "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts,
+                "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": rollout_restarts,
                 "reward_model_restarts": reward_model_restarts}
 
     def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
@@ -310,8 +321,44 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------ actors, checkpoints
+    def _engines_outlive_learners(self) -> bool:
+        """After a learner rank died: whether the engines can be kept for the restart (they hold no learner
+        state). The collection under way ends first (its engines answer, or fail, within their timeouts);
+        engines whose host was lost leave the fleet (below rollout.min_workers this waits for room, or raises)."""
+        if getattr(self, "actors", None) is None or getattr(self, "pool", None) is None:
+            return False
+        self._collecting.submit(lambda: None).result()  # the single collecting thread is idle after this
+        for actor in self.hosts.check():
+            if actor.startswith("rollout worker ") and int(actor.rsplit(" ", 1)[1]) in self.pool.live:
+                self.pool.leave(int(actor.rsplit(" ", 1)[1]))
+        return bool(self.pool.live)
+
+    def _restart_learners(self) -> None:
+        """New learner ranks in the run's placement group (waiting, at most ray.node_wait_s, for room when
+        their host was lost), the engines and the other actors kept; the weights reach the engines in
+        _resume, from the checkpoint (or the base model)."""
+        cfg = self.cfg
+        restart_learners(self.actors, cfg, self.hosts)
+        infos = wait_ready(Actors(learners=self.actors.learners), cfg.trainer.actor_timeout_s)
+        for info in infos:
+            self.hosts.place(actor_name(info), info.get("node_id"))
+            wait_for(self.actors.learners[info["rank"]].set_threads.remote(self.threads[info["role"]]), actor_name(info),
+                     "setting its threads", cfg.trainer.actor_timeout_s)
+            old = next(p for p in self.placement if p["role"] == info["role"])
+            old.update({**info, "threads": self.threads[info["role"]]})
+        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
+        self.collector.learners = self.learners
+        self.learners.init_weight_sync(self.pool.live_handles, self.backend, cfg.rollout.bucket_mb,
+                                       cfg.rollout.tensor_parallel_size)
+        self.pool.fleet_changed = False
+        self._resume(resync_engines=True)
+
     def _setup(self) -> None:
         cfg = self.cfg
+        if getattr(self, "actors", None) is not None:  # a learner rank died and the engines were kept
+            self._restart_learners()
+            return
         # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
@@ -379,18 +426,25 @@ class Trainer:
             self.learners.sync_weights(self.version)
             self.engine_version = self.version
 
-    def _resume(self) -> None:
+    def _resume(self, resync_engines: bool = False) -> None:
+        """`resync_engines`: the engines were kept across a learner restart and hold newer weights than the
+        resume point: they get the resumed ones (verified) even when that is the base model."""
         path, state = self.resume_from.path, self.resume_from.state  # read by _open_log
         if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
             self.step = self.version = 0
             self.stream.load_state({"epoch": 0, "index": 0})
+            if resync_engines:
+                with self._engines_lock:
+                    self.learners.sync_weights(self.version)
+                    self.engine_version = self.version
             return
         self.learners.load(str(path), checkpoint.LEARNER_TAG)
         self.step, self.version = state["step"], state["weight_version"]
         self.stream.load_state(state["data"])
         checkpoint.set_rng_state(state["rng"])
-        self.learners.sync_weights(self.version)
-        self.engine_version = self.version
+        with self._engines_lock:
+            self.learners.sync_weights(self.version)
+            self.engine_version = self.version
         self.resumed_batch = load_batch(path)
         G, ranks = self.cfg.trainer.group_size, self.cfg.learner.num_ranks
         b = self.resumed_batch
@@ -439,4 +493,4 @@ class Trainer:
     def _teardown(self) -> None:
         if getattr(self, "actors", None) is not None:
             shutdown_actors(self.actors)
-            self.actors = None
+            self.actors = self.pool = None

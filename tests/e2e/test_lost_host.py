@@ -4,6 +4,8 @@ started as a user starts them, and a host "lost" by SIGKILLing every process of 
 - engines only on the lost host: the run goes on with the engine that survives (no restart, no step
   redone, the step's missing groups regenerated on the survivor), and the lost engine comes back,
   with verified weights, when a node with room joins;
+- a learner rank on the lost host: the learner ranks restart from the newest checkpoint once a node
+  with room joins (the run waits for it, saying so), the engine is kept, each step is logged once.
 
 Each node runs its own raylet (its own temp dir and session): its processes are found by session id
 and process tree, never by name. Where two network namespaces are available the multi-host fixture
@@ -95,6 +97,26 @@ def rows(run_dir: Path) -> list[dict]:
             if r.get("kind") == "train"]
 
 
+def train(gcs: str, model_dir, run_dir: Path, steps: int, extra: list[str], out) -> subprocess.Popen:
+    """`raygrpo train` joining the cluster: a learner rank takes 2 CPUs, an engine 1, no reference actor."""
+    return subprocess.Popen(
+        [str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", f"ray.address={gcs}", f"model.path={model_dir}",
+         f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.prompts_per_step=4", "trainer.group_size=2",
+         "trainer.dynamic_sampling=false", "trainer.eval_every=0", "data.num_eval=0", "data.task_digits=1",
+         "rollout.num_cpus=1", "learner.num_cpus=2", "rollout.max_model_len=48", "rollout.max_new_tokens=4",
+         "rollout.gpu_memory_utilization=0.03", "algo.beta=0", "metrics.tensorboard=false", "ray.strategy=PACK",
+         "ray.node_wait_s=600", *extra],
+        cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900) -> None:
+    deadline = time.time() + timeout_s
+    while len(rows(run_dir)) < n:
+        assert proc.poll() is None, console.read_text()[-5000:]
+        assert time.time() < deadline, f"no {n} steps in {timeout_s:.0f} s"
+        time.sleep(1)
+
+
 @pytest.fixture
 def cluster(tmp_path):
     """A head with room for the learner rank (2 CPUs) and one engine (1 CPU), and a host b with room
@@ -104,8 +126,8 @@ def cluster(tmp_path):
     nodes = [Node(["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}", "--include-dashboard=false",
                    "--num-cpus=3", f"--ray-client-server-port={free_port()}"], log)]
 
-    def add_node() -> Node:
-        nodes.append(Node([f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", "--num-cpus=1"], log))
+    def add_node(cpus: int = 1) -> Node:
+        nodes.append(Node([f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}"], log))
         return nodes[-1]
 
     try:
@@ -127,20 +149,10 @@ def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joi
     run_dir, steps = tmp_path / "run", 40
     console = tmp_path / "train.log"
     out = open(console, "w")
-    proc = subprocess.Popen(
-        [str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", f"ray.address={gcs}", f"model.path={tiny_model_dir}",
-         f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.prompts_per_step=4", "trainer.group_size=2",
-         "trainer.dynamic_sampling=false", "trainer.eval_every=0", "data.num_eval=0", "data.task_digits=1",
-         "rollout.num_workers=2", "rollout.min_workers=1", "rollout.num_cpus=1", "learner.num_cpus=2",
-         "rollout.max_model_len=48", "rollout.max_new_tokens=4", "rollout.gpu_memory_utilization=0.03",
-         "algo.beta=0", "metrics.tensorboard=false", "checkpoint.every=0", "ray.strategy=PACK"],
-        cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
+    proc = train(gcs, tiny_model_dir, run_dir, steps, ["rollout.num_workers=2", "rollout.min_workers=1",
+                                                       "checkpoint.every=0"], out)
     try:
-        deadline = time.time() + 900
-        while len(rows(run_dir)) < 2:
-            assert proc.poll() is None, console.read_text()[-5000:]
-            assert time.time() < deadline, "no 2 steps in 900 s"
-            time.sleep(1)
+        wait_rows(proc, run_dir, 2, console)
         placement = json.loads((run_dir / "placement.json").read_text())
         on_b = [p["role"] for p in placement if p["pid"] in host_b.pids()]
         assert len(on_b) == 1 and on_b[0].startswith("rollout-"), placement  # one engine on host b, nothing else
@@ -152,15 +164,56 @@ def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joi
         if proc.poll() is None:
             proc.kill()
         out.close()
-    text, train = console.read_text(), rows(run_dir)
+    text, train_rows = console.read_text(), rows(run_dir)
     print(text[-6000:])
-    assert [r["step"] for r in train] == list(range(1, steps + 1))  # each step once: none redone
+    assert [r["step"] for r in train_rows] == list(range(1, steps + 1))  # each step once: none redone
     lost_engine = on_b[0].replace("rollout-", "rollout worker ")
     assert "lost host 127.0.0.1 (" in text and f"it held {lost_engine}" in text, text[-5000:]
     assert "has been marked dead because" not in text  # Ray's raw raylet line stays in the run's logs
     assert "restarting every actor" not in text and "resumed from" not in text
-    live = [r["rollout/live_engines"] for r in train]
+    live = [r["rollout/live_engines"] for r in train_rows]
     assert live[:lost_at] == [2] * lost_at and 1 in live[lost_at:] and live[-1] == 2, live
     assert f"{lost_engine} rejoined on 127.0.0.1" in text and "fingerprint verified" in text
-    assert all(r["sync_verified"] for r in train)
-    assert all(r["trained_groups"] == 4 for r in train)  # the lost engine's groups were regenerated
+    assert all(r["sync_verified"] for r in train_rows)
+    assert all(r["trained_groups"] == 4 for r in train_rows)  # the lost engine's groups were regenerated
+
+
+@pytest.mark.timeout(1500)
+def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps_the_engine(cluster, tiny_model_dir,
+                                                                                             tmp_path):
+    gcs, add_node = cluster
+    host_b = add_node(cpus=2)  # room for one learner rank (2 CPUs); the head holds the other and the engine
+    wait_nodes(gcs, 2)
+    run_dir, steps = tmp_path / "run", 5
+    console = tmp_path / "train.log"
+    out = open(console, "w")
+    proc = train(gcs, tiny_model_dir, run_dir, steps, ["rollout.num_workers=1", "learner.num_ranks=2",
+                                                       "checkpoint.every=2"], out)
+    try:
+        wait_rows(proc, run_dir, 3, console)
+        before = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+        on_b = [role for role, p in before.items() if p["pid"] in host_b.pids()]
+        assert len(on_b) == 1 and on_b[0].startswith("learner-"), before
+        host_b.lose()
+        deadline = time.time() + 300
+        while "waiting for a node with room for learner rank" not in console.read_text():
+            assert proc.poll() is None and time.time() < deadline, console.read_text()[-5000:]
+            time.sleep(1)
+        add_node(cpus=2)  # the node with room the run said it waits for
+        assert proc.wait(timeout=1200) == 0, console.read_text()[-5000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out.close()
+    text, train_rows = console.read_text(), rows(run_dir)
+    print(text[-6000:])
+    lost_rank = on_b[0].replace("learner-", "learner rank ")
+    assert "lost host 127.0.0.1 (" in text and f"it held {lost_rank}" in text, text[-5000:]
+    assert "has been marked dead because" not in text
+    assert "restarting the learner ranks and resuming from the last checkpoint" in text
+    assert "restarting every actor" not in text and "resumed from" in text
+    assert [r["step"] for r in train_rows] == list(range(1, steps + 1))  # each step logged once
+    after = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+    assert after["rollout-0"]["pid"] == before["rollout-0"]["pid"]  # the engine was kept, not restarted
+    assert after[on_b[0]]["pid"] != before[on_b[0]]["pid"]
+    assert all(r["sync_verified"] for r in train_rows) and all(r["rollout/live_engines"] == 1 for r in train_rows)
