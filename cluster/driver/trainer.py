@@ -433,18 +433,16 @@ class Trainer:
         if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
             self.step = self.version = 0
             self.stream.load_state({"epoch": 0, "index": 0})
-            if resync_engines:
-                with self._engines_lock:
-                    self.learners.sync_weights(self.version)
-                    self.engine_version = self.version
+            if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
+                self.learners.sync_weights(self.version)
+                self.engine_version = self.version
             return
         self.learners.load(str(path), checkpoint.LEARNER_TAG)
         self.step, self.version = state["step"], state["weight_version"]
         self.stream.load_state(state["data"])
         checkpoint.set_rng_state(state["rng"])
-        with self._engines_lock:
-            self.learners.sync_weights(self.version)
-            self.engine_version = self.version
+        self.learners.sync_weights(self.version)
+        self.engine_version = self.version
         self.resumed_batch = load_batch(path)
         G, ranks = self.cfg.trainer.group_size, self.cfg.learner.num_ranks
         b = self.resumed_batch
