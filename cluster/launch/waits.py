@@ -13,8 +13,10 @@ import time
 from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error, no_answer, say_waiting, wait_for
 
 # After one actor of a group fails with an error, how long the others may take to show that one of
-# them died: a rank whose collective lost its peer raises too, and the dead peer is the cause.
-PEER_DEATH_GRACE_S = 10.0
+# them died: a rank whose collective lost its peer raises too, and the dead peer is the cause. A peer
+# whose whole host was lost shows as dead only once Ray marks the node dead (its raylet died with it),
+# after the missed heartbeats, ~15-30 s with Ray's defaults.
+PEER_DEATH_GRACE_S = 45.0
 
 
 def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list:
@@ -40,14 +42,16 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list
             raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=actor_error(e)) from e
         except Exception:
             # An error of its own, or its collective lost a peer: if a peer died, that is the cause.
-            done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S) if pending else ([], [])
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except RayActorError as e:
-                    raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=actor_error(e)) from e
-                except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
-                    pass
+            grace_end = time.monotonic() + PEER_DEATH_GRACE_S
+            while pending and time.monotonic() < grace_end:  # the first peer that shows it died is the cause
+                done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, grace_end - time.monotonic()))
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except RayActorError as e:
+                        raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=actor_error(e)) from e
+                    except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
+                        pass
             raise
     return [results[i] for i in range(len(refs))]
 

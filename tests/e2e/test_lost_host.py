@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,14 +38,31 @@ ENV["PATH"] = os.pathsep.join(p for p in ENV.get("PATH", "/usr/bin:/bin").split(
 NODE_ENV = {**ENV, **NODE_START_ENV, "RAY_AUTH_MODE": "token"}  # a node joining a token-authenticated head
 
 
-class Node:
-    """One `ray start --block` raylet with its own temp dir; `lose()` SIGKILLs every process of it."""
+STARTED = "block forever until terminated"  # what `ray start --block` says once its raylet has registered
 
-    def __init__(self, args: list[str], log):
-        self.temp_dir = tempfile.mkdtemp(prefix="rg-lost-")
-        self.proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", f"--temp-dir={self.temp_dir}",
-                                      "--disable-usage-stats", *args], env=NODE_ENV, cwd=self.temp_dir, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+class Node:
+    """One `ray start --block` raylet with its own temp dir and log; `lose()` SIGKILLs every process of it.
+    On a loaded machine Ray's fixed 30 s for a raylet to register can run out ("The current node timed out
+    during startup", docs/DESIGN.md); the start is then tried again, at most 3 times."""
+
+    def __init__(self, args: list[str], log_dir: Path, name: str):
+        self.args, self.log_path = args, log_dir / f"ray_{name}.log"
+        for _ in range(3):
+            self.temp_dir = tempfile.mkdtemp(prefix="rg-lost-")
+            with open(self.log_path, "a") as log:
+                self.proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", f"--temp-dir={self.temp_dir}",
+                                              "--disable-usage-stats", *args], env=NODE_ENV, cwd=self.temp_dir,
+                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.time() + 300
+            while STARTED not in self.log_path.read_text() and self.proc.poll() is None and time.time() < deadline:
+                time.sleep(1)
+            if STARTED in self.log_path.read_text() and self.proc.poll() is None:
+                return
+            self.lose()
+            self.proc.wait(timeout=30)
+            self.log_path.write_text(self.log_path.read_text().replace(STARTED, "(an attempt that failed)"))
+        raise RuntimeError(f"ray start {' '.join(args)} failed 3 times: {self.log_path.read_text()[-3000:]}")
 
     def pids(self) -> list[int]:
         """Its processes: the tree under `ray start`, and whatever shares its session (started with
@@ -74,21 +92,6 @@ class Node:
         return pids
 
 
-def alive_nodes(gcs: str) -> int:
-    probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR'); "
-             "print(sum(n['Alive'] for n in ray.nodes()))")
-    out = subprocess.run([sys.executable, "-c", probe, gcs], env={**ENV, "RAY_AUTH_MODE": "token"}, cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
-
-
-def wait_nodes(gcs: str, n: int, timeout_s: float = 240) -> None:
-    deadline = time.time() + timeout_s
-    while alive_nodes(gcs) < n:
-        assert time.time() < deadline, f"{n} Ray nodes not up at {gcs} within {timeout_s:.0f}s"
-        time.sleep(3)
-
-
 def rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -105,7 +108,7 @@ def train(gcs: str, model_dir, run_dir: Path, steps: int, extra: list[str], out)
          "trainer.dynamic_sampling=false", "trainer.eval_every=0", "data.num_eval=0", "data.task_digits=1",
          "rollout.num_cpus=1", "learner.num_cpus=2", "rollout.max_model_len=48", "rollout.max_new_tokens=4",
          "rollout.gpu_memory_utilization=0.03", "algo.beta=0", "metrics.tensorboard=false", "ray.strategy=PACK",
-         "ray.node_wait_s=600", *extra],
+         "ray.node_wait_s=600", "trainer.halt_after=0", *extra],
         cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -119,38 +122,36 @@ def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900
 
 @pytest.fixture
 def cluster(tmp_path):
-    """A head with room for the learner rank (2 CPUs) and one engine (1 CPU), and a host b with room
-    for one engine: PACK puts one engine on each. Every node is stopped at the end, by pid."""
-    log = open(tmp_path / "ray_nodes.log", "w")
-    gcs_port = free_port()
-    nodes = [Node(["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}", "--include-dashboard=false",
-                   "--num-cpus=3", f"--ray-client-server-port={free_port()}"], log)]
+    """A head with room for a learner rank (2 CPUs) and one engine (1 CPU); `add_node(cpus)` joins another
+    host. Every node is stopped at the end, by pid."""
+    gcs_port, nodes = free_port(), []
 
     def add_node(cpus: int = 1) -> Node:
-        nodes.append(Node([f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}"], log))
+        nodes.append(Node([f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}"],
+                          tmp_path, f"node{len(nodes)}"))
         return nodes[-1]
 
     try:
-        gcs = f"127.0.0.1:{gcs_port}"
-        wait_nodes(gcs, 1)
-        yield gcs, add_node
+        nodes.append(Node(["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}", "--include-dashboard=false",
+                           "--num-cpus=3", f"--ray-client-server-port={free_port()}"], tmp_path, "head"))
+        yield f"127.0.0.1:{gcs_port}", add_node
     finally:
         for node in reversed(nodes):
             node.lose()
             node.proc.wait(timeout=30)
-        log.close()
 
 
 @pytest.mark.timeout(1500)
 def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joins(cluster, tiny_model_dir, tmp_path):
     gcs, add_node = cluster
     host_b = add_node()
-    wait_nodes(gcs, 2)
-    run_dir, steps = tmp_path / "run", 40
+    run_dir = tmp_path / "run"
     console = tmp_path / "train.log"
     out = open(console, "w")
-    proc = train(gcs, tiny_model_dir, run_dir, steps, ["rollout.num_workers=2", "rollout.min_workers=1",
-                                                       "checkpoint.every=0"], out)
+    # Many steps of a fraction of a second each: the run is stopped (SIGTERM: checkpoint, exit 143) once the
+    # lost engine is back and has generated, however long its reload took.
+    proc = train(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
+                                                      "checkpoint.every=0"], out)
     try:
         wait_rows(proc, run_dir, 2, console)
         placement = json.loads((run_dir / "placement.json").read_text())
@@ -159,21 +160,26 @@ def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joi
         lost_at = len(rows(run_dir))
         host_b.lose()
         add_node()  # a node with room for one engine joins: the lost engine comes back there
-        assert proc.wait(timeout=1200) == 0, console.read_text()[-5000:]
+        deadline = time.time() + 900
+        while "rejoined on" not in console.read_text() or rows(run_dir)[-1]["rollout/live_engines"] != 2:
+            assert proc.poll() is None and time.time() < deadline, console.read_text()[-5000:]
+            time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
     finally:
         if proc.poll() is None:
             proc.kill()
         out.close()
     text, train_rows = console.read_text(), rows(run_dir)
     print(text[-6000:])
-    assert [r["step"] for r in train_rows] == list(range(1, steps + 1))  # each step once: none redone
+    assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once: none redone
     lost_engine = on_b[0].replace("rollout-", "rollout worker ")
-    assert "lost host 127.0.0.1 (" in text and f"it held {lost_engine}" in text, text[-5000:]
+    assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held {lost_engine}\n", text), text[-5000:]
     assert "has been marked dead because" not in text  # Ray's raw raylet line stays in the run's logs
     assert "restarting every actor" not in text and "resumed from" not in text
     live = [r["rollout/live_engines"] for r in train_rows]
     assert live[:lost_at] == [2] * lost_at and 1 in live[lost_at:] and live[-1] == 2, live
-    assert f"{lost_engine} rejoined on 127.0.0.1" in text and "fingerprint verified" in text
+    assert f"{lost_engine} rejoined on " in text and "fingerprint verified" in text
     assert all(r["sync_verified"] for r in train_rows)
     assert all(r["trained_groups"] == 4 for r in train_rows)  # the lost engine's groups were regenerated
 
@@ -183,7 +189,6 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
                                                                                              tmp_path):
     gcs, add_node = cluster
     host_b = add_node(cpus=2)  # room for one learner rank (2 CPUs); the head holds the other and the engine
-    wait_nodes(gcs, 2)
     run_dir, steps = tmp_path / "run", 5
     console = tmp_path / "train.log"
     out = open(console, "w")
@@ -208,7 +213,7 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
     text, train_rows = console.read_text(), rows(run_dir)
     print(text[-6000:])
     lost_rank = on_b[0].replace("learner-", "learner rank ")
-    assert "lost host 127.0.0.1 (" in text and f"it held {lost_rank}" in text, text[-5000:]
+    assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held .*{lost_rank}", text), text[-5000:]
     assert "has been marked dead because" not in text
     assert "restarting the learner ranks and resuming from the last checkpoint" in text
     assert "restarting every actor" not in text and "resumed from" in text
