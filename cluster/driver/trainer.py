@@ -285,7 +285,7 @@ class Trainer:
                                                self.cfg.rollout.tensor_parallel_size)
                 self.pool.fleet_changed = False
             try:
-                out = self.learners.sync_weights(self.version)
+                out = self.learners.sync_weights(self.version, watch=self._engine_host_lost)
             except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
                 raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
                                      f"checkpoints so far are in {self.run_dir}.") from None
@@ -297,6 +297,15 @@ class Trainer:
                 out = {"bytes": 0, "verified": True}  # _resync_engines sent (and verified) the weights
             self.engine_version = self.version
             return out
+
+    def _engine_host_lost(self) -> str | None:
+        """While the weights travel: an engine whose host was lost (a partition: no connection reset reaches
+        the sender) holds the transfer until its timeout; the learner ranks then restart from their
+        checkpoint (Trainer.run), the engine leaves the fleet there."""
+        lost = [a for a in self.hosts.check() if a.startswith("rollout worker ") and int(a.rsplit(" ", 1)[1]) in self.pool.live]
+        return (f"{', '.join(lost)} was lost with its host during the transfer, which would wait for it until its "
+                f"timeout (trainer.actor_timeout_s={self.cfg.trainer.actor_timeout_s:.0f}s); the learner ranks restart "
+                "from the last checkpoint") if lost else None
 
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
         """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner

@@ -21,9 +21,10 @@ class LearnerGroup:
         self.handles, self.timeout_s = handles, timeout_s
         self.train_calls = 0  # train_step calls made to these actors (lend_threads names one)
 
-    def _all(self, method: str, what: str, *args, timeout_s: float | None = None, **kwargs) -> list:
+    def _all(self, method: str, what: str, *args, timeout_s: float | None = None, watch=None, **kwargs) -> list:
         refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
-        return wait_all(refs, [f"learner rank {rank}" for rank in range(len(refs))], what, timeout_s or self.timeout_s)
+        return wait_all(refs, [f"learner rank {rank}" for rank in range(len(refs))], what, timeout_s or self.timeout_s,
+                        watch=watch)
 
     def train(self, batch: TrainBatch) -> dict:
         import ray
@@ -47,8 +48,9 @@ class LearnerGroup:
             world_size=1 + len(rollout_handles) * tensor_parallel, bucket_bytes=bucket_mb << 20, timeout_s=self.timeout_s)}
         self._all("init_weight_sync", "connecting to the rollout engines", rollout_handles, info)
 
-    def sync_weights(self, version: int) -> dict:
-        return self._all("sync_weights", f"sending weights version {version} to the engines", version)[0]
+    def sync_weights(self, version: int, watch=None) -> dict:
+        """`watch`: see wait_all (an engine lost with its host mid-transfer would hold it to its timeout)."""
+        return self._all("sync_weights", f"sending weights version {version} to the engines", version, watch=watch)[0]
 
     def save(self, path: str, tag: str) -> None:
         self._all("save_checkpoint", f"saving checkpoint {tag}", path, tag)

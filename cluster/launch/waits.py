@@ -19,22 +19,41 @@ from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error,
 PEER_DEATH_GRACE_S = 45.0
 
 
-def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list:
+class PeerLost(ActorFailed):
+    """The actors waited on cannot finish: a peer they exchange data with was lost with its host, and
+    their transfer would only end at its own timeout. Counted as their death (they are restarted)."""
+
+    def __init__(self, actor: str, what: str, detail: str):
+        super().__init__(actor, what, died=True, detail=detail)
+
+
+WATCH_EVERY_S = 5.0  # how often wait_all's `watch` looks for a lost peer
+
+
+def wait_all(refs: list, actors: list[str], what: str, timeout_s: float, watch=None) -> list:
     """The results of one call per actor (`actors` names them), failing on the first actor that
     dies or raises, not in list order: ranks that sit in a collective with a dead peer would
-    otherwise hold the wait until the timeout, and their timeout would hide the death."""
+    otherwise hold the wait until the timeout, and their timeout would hide the death.
+    `watch()`: called every WATCH_EVERY_S while waiting; a text it returns (a peer of theirs was lost
+    with its host) raises PeerLost naming the first actor, with that text."""
     import ray
     from ray.exceptions import RayActorError
 
     t0, pending, results = time.monotonic(), list(refs), {}
-    deadline = t0 + timeout_s
+    deadline, said = t0 + timeout_s, t0
     while pending:
         left = deadline - time.monotonic()
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
+        step = min(left, WAITING_LINE_EVERY_S, WATCH_EVERY_S if watch else WAITING_LINE_EVERY_S)
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, step))
         if not ready:
-            if left <= WAITING_LINE_EVERY_S:
+            if left <= step:
                 raise no_answer(actors[refs.index(pending[0])], what, timeout_s)
-            say_waiting(", ".join(actors[refs.index(r)] for r in pending), what, time.monotonic() - t0, timeout_s)
+            lost = watch() if watch else None
+            if lost:
+                raise PeerLost(actors[0] if len(actors) == 1 else f"{actors[0]} (and the other ranks)", what, lost)
+            if time.monotonic() - said >= WAITING_LINE_EVERY_S:
+                said = time.monotonic()
+                say_waiting(", ".join(actors[refs.index(r)] for r in pending), what, said - t0, timeout_s)
             continue
         try:
             results[refs.index(ready[0])] = ray.get(ready[0])

@@ -4,6 +4,7 @@ started as a user starts them, and a host "lost" by SIGKILLing every process of 
 - engines only on the lost host: the run goes on with the engine that survives (no restart, no step
   redone, the step's missing groups regenerated on the survivor), and the lost engine comes back,
   with verified weights, when a node with room joins;
+- then the host the engine came back on is unreachable for 30 s and back: the run never hangs;
 - a learner rank on the lost host: the learner ranks restart from the newest checkpoint once a node
   with room joins (the run waits for it, saying so), the engine is kept, each step is logged once.
 
@@ -46,23 +47,36 @@ class Node:
     On a loaded machine Ray's fixed 30 s for a raylet to register can run out ("The current node timed out
     during startup", docs/DESIGN.md); the start is then tried again, at most 3 times."""
 
-    def __init__(self, args: list[str], log_dir: Path, name: str):
-        self.args, self.log_path = args, log_dir / f"ray_{name}.log"
+    def __init__(self, make_args, log_dir: Path, name: str):
+        """`make_args()`: the `ray start` arguments, made anew for each try (fresh free ports: on a shared
+        machine another process may take one between free_port() and Ray's bind)."""
+        self.log_path = log_dir / f"ray_{name}.log"
         for _ in range(3):
+            args = make_args()
             self.temp_dir = tempfile.mkdtemp(prefix="rg-lost-")
             with open(self.log_path, "a") as log:
                 self.proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", f"--temp-dir={self.temp_dir}",
                                               "--disable-usage-stats", *args], env=NODE_ENV, cwd=self.temp_dir,
                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.time() + 300
-            while STARTED not in self.log_path.read_text() and self.proc.poll() is None and time.time() < deadline:
-                time.sleep(1)
-            if STARTED in self.log_path.read_text() and self.proc.poll() is None:
-                return
+            try:
+                if self._started():
+                    return
+            except BaseException:  # interrupted mid-start: leave nothing behind
+                self.lose()
+                raise
             self.lose()
             self.proc.wait(timeout=30)
             self.log_path.write_text(self.log_path.read_text().replace(STARTED, "(an attempt that failed)"))
-        raise RuntimeError(f"ray start {' '.join(args)} failed 3 times: {self.log_path.read_text()[-3000:]}")
+        raise RuntimeError(f"ray start {' '.join(make_args())} failed 3 times: {self.log_path.read_text()[-3000:]}")
+
+    def _started(self) -> bool:
+        deadline = time.time() + 300
+        while STARTED not in self.log_path.read_text() and self.proc.poll() is None and time.time() < deadline:
+            time.sleep(1)
+        if STARTED not in self.log_path.read_text():
+            return False
+        time.sleep(10)  # a subprocess that failed to bind a port ends the node a few seconds after
+        return self.proc.poll() is None
 
     def pids(self) -> list[int]:
         """Its processes: the tree under `ray start`, and whatever shares its session (started with
@@ -80,6 +94,13 @@ class Node:
             except (ProcessLookupError, PermissionError):
                 continue
         return sorted(out)
+
+    def signal_all(self, sig: int) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def lose(self) -> list[int]:
         """Every process of the host at once, SIGKILL (the host is gone, nothing says goodbye)."""
@@ -127,13 +148,14 @@ def cluster(tmp_path):
     gcs_port, nodes = free_port(), []
 
     def add_node(cpus: int = 1) -> Node:
-        nodes.append(Node([f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}"],
-                          tmp_path, f"node{len(nodes)}"))
+        nodes.append(Node(lambda: [f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1",
+                                   f"--num-cpus={cpus}"], tmp_path, f"node{len(nodes)}"))
         return nodes[-1]
 
     try:
-        nodes.append(Node(["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}", "--include-dashboard=false",
-                           "--num-cpus=3", f"--ray-client-server-port={free_port()}"], tmp_path, "head"))
+        nodes.append(Node(lambda: ["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+                                   "--include-dashboard=false", "--num-cpus=3", f"--ray-client-server-port={free_port()}"],
+                          tmp_path, "head"))
         yield f"127.0.0.1:{gcs_port}", add_node
     finally:
         for node in reversed(nodes):
@@ -142,7 +164,7 @@ def cluster(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joins(cluster, tiny_model_dir, tmp_path):
+def test_engines_lost_with_their_host_cost_no_step_come_back_when_a_node_joins_and_a_partition_heals(cluster, tiny_model_dir, tmp_path):
     gcs, add_node = cluster
     host_b = add_node()
     run_dir = tmp_path / "run"
@@ -151,7 +173,7 @@ def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joi
     # Many steps of a fraction of a second each: the run is stopped (SIGTERM: checkpoint, exit 143) once the
     # lost engine is back and has generated, however long its reload took.
     proc = train(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
-                                                      "checkpoint.every=0"], out)
+                                                      "checkpoint.every=20"], out)
     try:
         wait_rows(proc, run_dir, 2, console)
         placement = json.loads((run_dir / "placement.json").read_text())
@@ -159,9 +181,22 @@ def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joi
         assert len(on_b) == 1 and on_b[0].startswith("rollout-"), placement  # one engine on host b, nothing else
         lost_at = len(rows(run_dir))
         host_b.lose()
-        add_node()  # a node with room for one engine joins: the lost engine comes back there
+        host_c = add_node()  # a node with room for one engine joins: the lost engine comes back there
         deadline = time.time() + 900
         while "rejoined on" not in console.read_text() or rows(run_dir)[-1]["rollout/live_engines"] != 2:
+            assert proc.poll() is None and time.time() < deadline, console.read_text()[-5000:]
+            time.sleep(1)
+        rejoined_at = len(rows(run_dir))
+        # A partition: the host holding the engine that came back is unreachable for 30 s (frozen, SIGSTOP:
+        # its connections stay open and answer nothing, as with its link down), then back (SIGCONT). The run
+        # must not hang: it goes on (Ray marked the node dead: the engine leaves again, the raylet exits when
+        # it is back), or restarts the learner ranks from their checkpoint (the freeze caught a weight transfer).
+        partitioned_at = len(console.read_text())
+        host_c.signal_all(signal.SIGSTOP)
+        time.sleep(30)
+        host_c.signal_all(signal.SIGCONT)
+        healed, deadline = len(rows(run_dir)), time.time() + 600
+        while len(rows(run_dir)) < healed + 3:
             assert proc.poll() is None and time.time() < deadline, console.read_text()[-5000:]
             time.sleep(1)
         proc.send_signal(signal.SIGTERM)
@@ -172,6 +207,11 @@ def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joi
         out.close()
     text, train_rows = console.read_text(), rows(run_dir)
     print(text[-6000:])
+    after_partition, text = text[partitioned_at:], text[:partitioned_at]
+    assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once, after it too
+    assert ("restarting the learner ranks" in after_partition) == ("resumed from" in after_partition)
+    assert "restarting every actor" not in after_partition and "has been marked dead because" not in after_partition
+    train_rows = train_rows[:rejoined_at]
     assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once: none redone
     lost_engine = on_b[0].replace("rollout-", "rollout worker ")
     assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held {lost_engine}\n", text), text[-5000:]
