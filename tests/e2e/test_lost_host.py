@@ -128,7 +128,8 @@ def train(gcs: str, model_dir, run_dir: Path, steps: int, extra: list[str], out)
          f"trainer.run_dir={run_dir}", f"trainer.steps={steps}", "trainer.prompts_per_step=4", "trainer.group_size=2",
          "trainer.dynamic_sampling=false", "trainer.eval_every=0", "data.num_eval=0", "data.task_digits=1",
          "rollout.num_cpus=1", "learner.num_cpus=2", "rollout.max_model_len=48", "rollout.max_new_tokens=4",
-         "rollout.gpu_memory_utilization=0.03", "algo.beta=0", "metrics.tensorboard=false", "ray.strategy=PACK",
+         "rollout.gpu_memory_utilization=0.03", "rollout.cpu_kv_cache_mb=32", "algo.beta=0",
+         "metrics.tensorboard=false", "ray.strategy=PACK",
          "ray.node_wait_s=600", "trainer.halt_after=0", *extra],
         cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
 
