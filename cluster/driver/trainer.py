@@ -42,7 +42,7 @@ from cluster.launch.placement import (
     wait_ready,
 )
 from cluster.launch.ray_cluster import start_ray
-from cluster.launch.waits import ActorFailed, wait_for
+from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, wait_dead, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MFU_KEY, MetricsLogger, first_eval, perf_metrics, write_plots
@@ -146,7 +146,7 @@ class Trainer:
                         raise
                     self.learner_restarts += 1
                     budget = f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})"
-                    if self._engines_outlive_learners():
+                    if self._engines_outlive_learners(e.actor):
                         print(f"{e}; restarting the learner ranks and resuming from the last checkpoint {budget}; "
                               f"the {len(self.pool.live)} live rollout engine(s) and the other actors are kept", flush=True)
                     else:
@@ -330,13 +330,16 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------ actors, checkpoints
-    def _engines_outlive_learners(self) -> bool:
-        """After a learner rank died: whether the engines can be kept for the restart (they hold no learner
+    def _engines_outlive_learners(self, dead: str) -> bool:
+        """After learner rank `dead` died: whether the engines can be kept for the restart (they hold no learner
         state). The collection under way ends first (its engines answer, or fail, within their timeouts);
         engines whose host was lost leave the fleet (below rollout.min_workers this waits for room, or raises)."""
         if getattr(self, "actors", None) is None or getattr(self, "pool", None) is None:
             return False
         self._collecting.submit(lambda: None).result()  # the single collecting thread is idle after this
+        rank = dead.removeprefix("learner rank ")
+        if rank.isdigit():  # Ray may call it unavailable (its socket closed) before its host is known dead:
+            wait_dead(self.actors.learners[int(rank)], HOST_DEATH_WAIT_S)  # then the lost host is said and waited for
         for actor in self.hosts.check():
             if actor.startswith("rollout worker ") and int(actor.rsplit(" ", 1)[1]) in self.pool.live:
                 self.pool.leave(int(actor.rsplit(" ", 1)[1]))

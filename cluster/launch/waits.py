@@ -95,6 +95,22 @@ def wait_restarted(handle, name: str, timeout_s: float, budget_key: str = "rollo
                       detail=f"not back within {timeout_s:.0f}s (Ray restarts it at most rollout.max_restarts times)")
 
 
+# How long a dead actor may stay ALIVE in Ray's table: when its whole host was lost, until the node is marked
+# dead after its missed heartbeats (~15-30 s with Ray's defaults).
+HOST_DEATH_WAIT_S = 60.0
+
+
+def wait_dead(handle, timeout_s: float) -> str:
+    """Wait until Ray's actor table says the actor (max_restarts=0, whose call just failed) is DEAD; returns
+    its last state. Bounded: a process that is alive after all is left to whoever kills it next."""
+    deadline = time.monotonic() + timeout_s
+    state, _ = actor_state(handle)
+    while state not in ("DEAD", "") and time.monotonic() < deadline:
+        time.sleep(1.0)
+        state, _ = actor_state(handle)
+    return state
+
+
 def actor_state(handle) -> tuple[str, int]:
     """(Ray's state of the actor: ALIVE | RESTARTING | DEAD | ..., restarts so far), ("", 0) if unknown.
     Read from the GCS actor table (works without the dashboard)."""
