@@ -9,8 +9,8 @@ started as a user starts them, and a host "lost" by SIGKILLing every process of 
   with room joins (the run waits for it, saying so), the engine is kept, each step is logged once.
 
 Each node runs its own raylet (its own temp dir and session): its processes are found by session id
-and process tree, never by name. Where two network namespaces are available the multi-host fixture
-(tests/e2e: netns) gives each host its own address; here every node is on 127.0.0.1.
+and process tree, never by name. Every node is on this machine's address; hosts with their own addresses
+(tests/hosts.py, network namespaces) are not used here yet.
 """
 from __future__ import annotations
 
