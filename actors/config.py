@@ -13,6 +13,10 @@ class RolloutConfig:
     """vLLM rollout engines (one per RolloutWorker actor)."""
 
     num_workers: int = 1
+    # The fewest engines the run generates with after a host holding some of them was lost (the rest
+    # come back when a node with room joins; README, "When a host dies or joins"). None: num_workers,
+    # i.e. a lost engine is waited for (ray.node_wait_s), as before there was an elastic fleet.
+    min_workers: int | None = None
     tensor_parallel_size: int = 1  # GPU only: vLLM's own TP across the GPUs of one node
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     max_model_len: int = 256  # prompt + completion tokens the engine accepts
@@ -62,6 +66,10 @@ class RolloutConfig:
     # old-weight keys/values). Measured in docs/DESIGN.md (issue 40); recompute is the default.
     kv_after_update: str = "recompute"
 
+    def min_live_workers(self) -> int:
+        """The fewest engines the run generates with (rollout.min_workers; unset: num_workers)."""
+        return self.num_workers if self.min_workers is None else self.min_workers
+
     def model_token_cap(self) -> int:
         """The most tokens the model samples for one completion: max_new_tokens, or for a multi-turn
         trajectory every turn's (bounded by the whole budget). Dr. GRPO's normaliser, DAPO's overlong cap."""
@@ -84,6 +92,9 @@ class RolloutConfig:
             p.append("rollout.stop (stop strings) cannot be used with rollout.env: a multi-turn turn ends at the "
                      "chat template's end-of-turn token, so the sampled tokens stay exact; remove rollout.stop")
         at_least(p, "rollout.num_workers", self.num_workers, 1)
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.num_workers:
+            p.append(f"rollout.min_workers must be in [1, rollout.num_workers ({self.num_workers})], got "
+                     f"{self.min_workers} (leave it unset to mean rollout.num_workers)")
         at_least(p, "rollout.max_new_tokens", self.max_new_tokens, 1)
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             p.append(f"rollout.min_new_tokens must be in [0, rollout.max_new_tokens ({self.max_new_tokens})], "

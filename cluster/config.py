@@ -155,6 +155,10 @@ class RayConfig:
     # How long a learner rank waits for learner rank 0's host to answer at the address it advertises;
     # past it, an error naming both hosts and the address (an engine: the weight transfer's own timeout).
     connect_timeout_s: float = 60.0
+    # After a host was lost: how long the run waits for a node with room, when what is left holds fewer
+    # engines than rollout.min_workers or no room for a learner rank's bundle; past it, an error says what
+    # was missing. Each wait says what it waits for.
+    node_wait_s: float = 300.0
 
     def problems(self) -> list[str]:
         p = []
@@ -163,6 +167,8 @@ class RayConfig:
             p.append(f"ray.connect_timeout_s must be > 0, got {self.connect_timeout_s}")
         if self.network_interface != self.network_interface.strip() or " " in self.network_interface:
             p.append(f"ray.network_interface must be an interface name such as eth0, got {self.network_interface!r}")
+        if self.node_wait_s <= 0:
+            p.append(f"ray.node_wait_s must be > 0, got {self.node_wait_s}")
         if self.placement not in ("separate", "colocate"):
             p.append(f"ray.placement must be separate|colocate, got {self.placement!r}")
         if self.strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):

@@ -33,10 +33,19 @@ from cluster.driver.batch import (
 from cluster.driver.collector import Collector
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
+from cluster.launch.hosts import HostWatch, divert_node_death_lines
 from cluster.launch.network import add_network
-from cluster.launch.placement import actor_roles, apply_thread_budget, create_actors, shutdown_actors, wait_ready
+from cluster.launch.placement import (
+    Actors,
+    actor_roles,
+    apply_thread_budget,
+    create_actors,
+    restart_learners,
+    shutdown_actors,
+    wait_ready,
+)
 from cluster.launch.ray_cluster import pin_network_interface, start_ray
-from cluster.launch.waits import ActorFailed, wait_for
+from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, wait_dead, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MFU_KEY, MetricsLogger, first_eval, perf_metrics, write_plots
@@ -69,6 +78,14 @@ def version_metrics(batch: Batch, trained_from: int) -> dict:
     stale = [trained_from - x for v in versions for x in v]
     return {"staleness/token_mean": sum(stale) / len(stale), "staleness/token_max": max(stale),
             "versions_per_sequence_mean": sum(len(set(v)) for v in versions) / len(versions)}
+
+
+def actor_name(placement_row: dict) -> str:
+    """The name errors give the actor of a placement.json row ("rollout-1" -> "rollout worker 1")."""
+    role = placement_row.get("role") or f"learner-{placement_row['rank']}"
+    kind, _, index = role.partition("-")
+    return {"rollout": f"rollout worker {index}", "learner": f"learner rank {index}", "reference": "reference actor",
+            "reward": f"reward model {placement_row.get('model', index)}"}.get(kind, role)
 
 
 class Trainer:
@@ -145,9 +162,13 @@ class Trainer:
                         raise
                     self.learner_restarts += 1
                     self._stop_feeder()
-                    print(f"{e}; restarting every actor and resuming from the last checkpoint "
-                          f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})", flush=True)
-                    self._teardown()
+                    budget = f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})"
+                    if self._engines_outlive_learners(e.actor):
+                        print(f"{e}; restarting the learner ranks and resuming from the last checkpoint {budget}; "
+                              f"the {len(self.pool.live)} live rollout engine(s) and the other actors are kept", flush=True)
+                    else:
+                        print(f"{e}; restarting every actor and resuming from the last checkpoint {budget}", flush=True)
+                        self._teardown()
         except ActorFailed:
             logs.point_at_actor_logs(self.run_dir)  # their tracebacks went to the log files, not the console
             raise
@@ -224,11 +245,11 @@ class Trainer:
         after = self.evaluate() if self.heldout else None
         final = self.save_checkpoint(finished=True)
         self.learners.export_hf(str(self.run_dir / "hf_model"))
-        reward_model_restarts = self.scorer.restarts
+        reward_model_restarts, rollout_restarts = self.scorer.restarts, self.pool.restarts
         self._teardown()
         write_plots(self.run_dir)
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
-                "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": self.pool.restarts,
+                "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": rollout_restarts,
                 "reward_model_restarts": reward_model_restarts}
 
     def _stop_feeder(self) -> None:
@@ -295,17 +316,32 @@ class Trainer:
     def _sync_weights(self) -> dict:
         """Broadcast the learner's weights; an engine that died during it is revived and re-synced."""
         with self._engines_lock:
+            if self.pool.fleet_changed:  # an engine left with its host: the transfer group without it
+                self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
+                                               self.cfg.rollout.tensor_parallel_size)
+                self.pool.fleet_changed = False
             try:
-                out = self.learners.sync_weights(self.version)
+                out = self.learners.sync_weights(self.version, watch=self._engine_host_lost)
             except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
                 raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
                                      f"checkpoints so far are in {self.run_dir}.") from None
             except Exception:
-                if not self.pool.restarted_workers():  # not a rollout crash: a real error
+                if not self.pool.recover_all():  # no engine died or left: a real error
                     raise
-                out = {"bytes": 0, "verified": True}  # _resync_after_restart sent (and verified) the weights
+                if self.pool.fleet_changed:  # one left with its host: the update again, to those that are live
+                    self._resync_engines()
+                out = {"bytes": 0, "verified": True}  # _resync_engines sent (and verified) the weights
             self.engine_version = self.version
             return out
+
+    def _engine_host_lost(self) -> str | None:
+        """While the weights travel: an engine whose host was lost (a partition: no connection reset reaches
+        the sender) holds the transfer until its timeout; the learner ranks then restart from their
+        checkpoint (Trainer.run), the engine leaves the fleet there."""
+        lost = [a for a in self.hosts.check() if a.startswith("rollout worker ") and int(a.rsplit(" ", 1)[1]) in self.pool.live]
+        return (f"{', '.join(lost)} was lost with its host during the transfer, which would wait for it until its "
+                f"timeout (trainer.actor_timeout_s={self.cfg.trainer.actor_timeout_s:.0f}s); the learner ranks restart "
+                "from the last checkpoint") if lost else None
 
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
         """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner
@@ -320,7 +356,8 @@ class Trainer:
             "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
             "step_s": sw.t["step_s"], "weight_version": self.version, **version_metrics(batch, self.version - 1),
             "staleness": self.version - 1 - batch.weight_version, "trained_groups": 0 if m.get("skipped") else len(batch.examples),
-            "rollout_restarts": self.pool.restarts, "update_skipped": m.get("skipped", False),
+            "rollout_restarts": self.pool.restarts, "rollout/live_engines": len(self.pool.live),
+            "update_skipped": m.get("skipped", False),
             "sync_bytes": m.get("sync", {}).get("bytes", 0),
             # every engine's fingerprint matched this step's update (and the seconds that check took);
             # absent (null) when no update was sent
@@ -329,8 +366,54 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------ actors, checkpoints
+    def _engines_outlive_learners(self, dead: str) -> bool:
+        """After learner rank `dead` died: whether the engines can be kept for the restart (they hold no learner
+        state). The collection under way ends first (its engines answer, or fail, within their timeouts);
+        engines whose host was lost leave the fleet (below rollout.min_workers this waits for room, or raises)."""
+        if getattr(self, "actors", None) is None or getattr(self, "pool", None) is None:
+            return False
+        self._collecting.submit(lambda: None).result()  # the single collecting thread is idle after this
+        rank = dead.removeprefix("learner rank ")
+        if rank.isdigit():  # Ray may call it unavailable (its socket closed) before its host is known dead:
+            wait_dead(self.actors.learners[int(rank)], HOST_DEATH_WAIT_S)  # then the lost host is said and waited for
+        for actor in self.hosts.check():
+            if actor.startswith("rollout worker ") and int(actor.rsplit(" ", 1)[1]) in self.pool.live:
+                self.pool.leave(int(actor.rsplit(" ", 1)[1]))
+        return bool(self.pool.live)
+
+    def _restart_learners(self) -> None:
+        """New learner ranks in the run's placement group (waiting, at most ray.node_wait_s, for room when
+        their host was lost), the engines and the other actors kept; the weights reach the engines in
+        _resume, from the checkpoint (or the base model)."""
+        cfg = self.cfg
+        restart_learners(self.actors, cfg, self.hosts)
+        infos = wait_ready(Actors(learners=self.actors.learners), cfg.trainer.actor_timeout_s)
+        for info in infos:
+            self.hosts.place(actor_name(info), info.get("node_id"))
+            wait_for(self.actors.learners[info["rank"]].set_threads.remote(self.threads[info["role"]]), actor_name(info),
+                     "setting its threads", cfg.trainer.actor_timeout_s)
+            old = next(p for p in self.placement if p["role"] == info["role"])
+            old.update({**info, "threads": self.threads[info["role"]]})
+        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
+        self.collector.learners = self.learners
+        self.learners.init_weight_sync(self.pool.live_handles, self.backend, cfg.rollout.bucket_mb,
+                                       cfg.rollout.tensor_parallel_size)
+        self.pool.fleet_changed = False
+        self._make_feeder()  # pipeline: the kept engines' loops start again with _train
+        self._resume(resync_engines=True)
+
+    def _make_feeder(self) -> None:
+        """trainer.mode=pipeline: the feeder that keeps the engines generating (cluster/driver/pipeline.py)."""
+        if self.cfg.trainer.mode == "pipeline":
+            self.feeder = PipelineFeeder(self.cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference,
+                                         eos_id=self.tokenizer.eos_token_id, weight_version=lambda: self.version)
+
     def _setup(self) -> None:
         cfg = self.cfg
+        if getattr(self, "actors", None) is not None:  # a learner rank died and the engines were kept
+            self._restart_learners()
+            return
         # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
@@ -338,6 +421,7 @@ class Trainer:
         pin_network_interface(cfg.ray.network_interface)  # before start_ray: the workers' env is fixed there
         start_ray(cfg.ray.address, cfg.ray.num_cpus, logs.worker_env(self.run_dir))  # the workers' output: RUN_DIR/logs/
         self.stop.install()  # after ray.init, which installs its own SIGTERM handler
+        divert_node_death_lines()  # a lost host is said in raygrpo's words (cluster/launch/hosts.py)
         self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
         self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
             cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner(),
@@ -353,16 +437,21 @@ class Trainer:
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learner_params = next((p.get("total_params") for p in self.placement if p["role"] == "learner-0"), None)
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
+        self.hosts = HostWatch()
+        for p in self.placement:
+            self.hosts.place(actor_name(p), p.get("node_id"))
+        r = cfg.rollout
         self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
-                                [p["pid"] for p in self.placement if p["role"].startswith("rollout")])
+                                [p["pid"] for p in self.placement if p["role"].startswith("rollout")],
+                                on_rejoin=self._sync_rejoined, hosts=self.hosts, min_live=r.min_live_workers(),
+                                node_wait_s=cfg.ray.node_wait_s,
+                                bundle={"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})})
         self.collector = Collector(
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
             lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
             engine_version=lambda: self.engine_version, eos_id=self.tokenizer.eos_token_id,
             env_notes=self.env_notes, run_dir=self.run_dir)
-        if cfg.trainer.mode == "pipeline":
-            self.feeder = PipelineFeeder(cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference,
-                                         eos_id=self.tokenizer.eos_token_id, weight_version=lambda: self.version)
+        self._make_feeder()
         self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
                                        cfg.rollout.tensor_parallel_size)
@@ -375,19 +464,38 @@ class Trainer:
         it, so the engine may get weights one step newer than `version` says; the loss still uses
         the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
         print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
+        self._resync_engines(worker_index)
+
+    def _sync_rejoined(self, worker_index: int) -> None:
+        """An engine that left with its host is back (Ray placed it on a node with room): its threads, the
+        transfer group rebuilt with it, the current weights sent; the sync checks every engine's
+        fingerprint (a mismatch raises) before the engine is given prompts."""
+        print(f"rollout worker {worker_index} is back; sending it weights version {self.version}", flush=True)
+        self._resync_engines(worker_index)
+
+    def _resync_engines(self, worker_index: int | None = None) -> None:
+        """The transfer group rebuilt with the live engines and the current weights sent to them (verified);
+        `worker_index`: a new engine process, which gets its thread count first."""
         with self._engines_lock:
-            wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
-                            f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
-            self.learners.init_weight_sync(self.actors.rollouts, self.backend, self.cfg.rollout.bucket_mb,
+            if worker_index is not None:
+                wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
+                         f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
+            self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
                                            self.cfg.rollout.tensor_parallel_size)
+            self.pool.fleet_changed = False
             self.learners.sync_weights(self.version)
             self.engine_version = self.version
 
-    def _resume(self) -> None:
+    def _resume(self, resync_engines: bool = False) -> None:
+        """`resync_engines`: the engines were kept across a learner restart and hold newer weights than the
+        resume point: they get the resumed ones (verified) even when that is the base model."""
         path, state = self.resume_from.path, self.resume_from.state  # read by _open_log
         if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
             self.step = self.version = 0
             self.stream.load_state({"epoch": 0, "index": 0})
+            if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
+                self.learners.sync_weights(self.version)
+                self.engine_version = self.version
             return
         self.learners.load(str(path), checkpoint.LEARNER_TAG)
         self.step, self.version = state["step"], state["weight_version"]
@@ -448,4 +556,4 @@ class Trainer:
     def _teardown(self) -> None:
         if getattr(self, "actors", None) is not None:
             shutdown_actors(self.actors)
-            self.actors = None
+            self.actors = self.pool = None

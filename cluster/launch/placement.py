@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from actors.rewards.model_actor import RewardModelActor
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
+from cluster.launch.hosts import node_table
 from cluster.launch.network import bundle_node, bundle_nodes
 from cluster.launch.shared_storage import check_shared_storage
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
@@ -32,6 +33,7 @@ class Actors:
     learner_port: int = 0
     master_address: str = "127.0.0.1"  # where learner rank 0 listens (rendezvous, weight sender)
     master_hostname: str = ""
+    learner_bundles: list = field(default_factory=list)  # the placement-group bundle of each learner rank
 
 
 def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | None = None) -> Actors:
@@ -106,19 +108,8 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
             .remote(cfg.model.path, r, worker_index=i, max_lora_rank=lrn.vllm_max_lora_rank(),
                     chat_template_kwargs=dict(cfg.data.chat_template_kwargs))
         )
-    # A rank that may be lent cores gets the offer during train_step: it needs a concurrency group.
-    learner_cls = ray.remote(concurrency_groups={"lend": 1})(LearnerWorker) if lends_idle_cores(cfg) \
-        else ray.remote(LearnerWorker)
-    for rank in range(lrn.num_ranks):
-        out.learners.append(
-            learner_cls
-            .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0,
-                     scheduling_strategy=at(learner_bundle[rank]))
-            .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
-                    master_port=out.learner_port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
-                    reference_on_learner=cfg.reference_on_learner(), master_host=master_host,
-                    connect_timeout_s=cfg.ray.connect_timeout_s)
-        )
+    out.learner_bundles = learner_bundle
+    out.learners = start_learners(cfg, pg, learner_bundle, master, out.learner_port, master_host)
     if with_reference:
         out.reference = (
             ray.remote(ReferenceActor)
@@ -138,6 +129,78 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
         )
         out.reward_model_paths[spec] = path
     return out
+
+
+def start_learners(cfg, pg, bundles: list[int], master: str, port: int, master_host: str) -> list:
+    """A LearnerWorker per rank in its placement-group bundle; rank 0 listens on `master`:`port`."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    lrn = cfg.learner
+    # A rank that may be lent cores gets the offer during train_step: it needs a concurrency group.
+    learner_cls = ray.remote(concurrency_groups={"lend": 1})(LearnerWorker) if lends_idle_cores(cfg) \
+        else ray.remote(LearnerWorker)
+    return [learner_cls
+            .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0,
+                     scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
+                                                                          placement_group_bundle_index=bundles[rank]))
+            .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
+                    master_port=port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
+                    reference_on_learner=cfg.reference_on_learner(), master_host=master_host,
+                    connect_timeout_s=cfg.ray.connect_timeout_s)
+            for rank in range(lrn.num_ranks)]
+
+
+def restart_learners(actors: Actors, cfg, hosts) -> None:
+    """New learner ranks in the run's placement group, the engines and the other actors kept. Ray moves
+    the bundles of a lost node to nodes with room; until rank 0's bundle is placed again (its node's address
+    is where the ranks and the engines meet) this waits, at most ray.node_wait_s, saying what for."""
+    import ray
+
+    for h in actors.learners:
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    lrn = cfg.learner
+    need = {"CPU": lrn.num_cpus, **({"GPU": lrn.num_gpus} if lrn.num_gpus else {})}
+    for rank, b in enumerate(actors.learner_bundles):
+        wait_bundle_placed(actors.placement_group, b, f"learner rank {rank}", need, cfg.ray.node_wait_s, hosts)
+    if cfg.ray.address:  # rank 0's bundle may now be on another node: the ranks and the engines meet there
+        actors.master_address, actors.master_hostname = bundle_node(actors.placement_group, actors.learner_bundles[0])[:2]
+    actors.learner_port = free_port()
+    actors.learners = start_learners(cfg, actors.placement_group, actors.learner_bundles, actors.master_address,
+                                     actors.learner_port, actors.master_hostname)
+
+
+def wait_bundle_placed(pg, bundle: int, actor: str, resources: dict, wait_s: float, hosts) -> str:
+    """The IP of the live node that holds `bundle` of `pg`, waiting up to `wait_s` for Ray to place it."""
+    t0, said = time.monotonic(), -30.0
+    while True:
+        ip = bundle_node_ip(pg, bundle)
+        if ip:
+            return ip
+        waited = time.monotonic() - t0
+        if waited >= wait_s:
+            raise RuntimeError(f"no node with room for {actor} ({resources}) joined within ray.node_wait_s={wait_s:.0f}s "
+                               f"after its host was lost ({hosts.room_note()}); add a node with that room, or restart the "
+                               "run on what is left with fewer or smaller learner ranks (it resumes from its last checkpoint)")
+        if waited - said >= 30.0:
+            said = waited
+            live = [n for n in node_table().values() if n["alive"]]
+            print(f"waiting for a node with room for {actor} ({resources}): {waited:.0f}s so far, at most "
+                  f"ray.node_wait_s={wait_s:.0f}s ({len(live)} live node(s): {hosts.room_note()})", flush=True)
+        time.sleep(2.0)
+
+
+def bundle_node_ip(pg, bundle: int) -> str:
+    """The IP (as Ray knows the node) of the live node a placement group put `bundle` on; "" when the bundle
+    is not placed (yet, or again after its node died)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    node_id = placement_group_table(pg)["bundles_to_node_id"].get(bundle)
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"]), "")
 
 
 def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:

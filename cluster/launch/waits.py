@@ -13,26 +13,47 @@ import time
 from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error, no_answer, say_waiting, wait_for
 
 # After one actor of a group fails with an error, how long the others may take to show that one of
-# them died: a rank whose collective lost its peer raises too, and the dead peer is the cause.
-PEER_DEATH_GRACE_S = 10.0
+# them died: a rank whose collective lost its peer raises too, and the dead peer is the cause. A peer
+# whose whole host was lost shows as dead only once Ray marks the node dead (its raylet died with it),
+# after the missed heartbeats, ~15-30 s with Ray's defaults.
+PEER_DEATH_GRACE_S = 45.0
 
 
-def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list:
+class PeerLost(ActorFailed):
+    """The actors waited on cannot finish: a peer they exchange data with was lost with its host, and
+    their transfer would only end at its own timeout. Counted as their death (they are restarted)."""
+
+    def __init__(self, actor: str, what: str, detail: str):
+        super().__init__(actor, what, died=True, detail=detail)
+
+
+WATCH_EVERY_S = 5.0  # how often wait_all's `watch` looks for a lost peer
+
+
+def wait_all(refs: list, actors: list[str], what: str, timeout_s: float, watch=None) -> list:
     """The results of one call per actor (`actors` names them), failing on the first actor that
     dies or raises, not in list order: ranks that sit in a collective with a dead peer would
-    otherwise hold the wait until the timeout, and their timeout would hide the death."""
+    otherwise hold the wait until the timeout, and their timeout would hide the death.
+    `watch()`: called every WATCH_EVERY_S while waiting; a text it returns (a peer of theirs was lost
+    with its host) raises PeerLost naming the first actor, with that text."""
     import ray
     from ray.exceptions import RayActorError
 
     t0, pending, results = time.monotonic(), list(refs), {}
-    deadline = t0 + timeout_s
+    deadline, said = t0 + timeout_s, t0
     while pending:
         left = deadline - time.monotonic()
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
+        step = min(left, WAITING_LINE_EVERY_S, WATCH_EVERY_S if watch else WAITING_LINE_EVERY_S)
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, step))
         if not ready:
-            if left <= WAITING_LINE_EVERY_S:
+            if left <= step:
                 raise no_answer(actors[refs.index(pending[0])], what, timeout_s)
-            say_waiting(", ".join(actors[refs.index(r)] for r in pending), what, time.monotonic() - t0, timeout_s)
+            lost = watch() if watch else None
+            if lost:
+                raise PeerLost(actors[0] if len(actors) == 1 else f"{actors[0]} (and the other ranks)", what, lost)
+            if time.monotonic() - said >= WAITING_LINE_EVERY_S:
+                said = time.monotonic()
+                say_waiting(", ".join(actors[refs.index(r)] for r in pending), what, said - t0, timeout_s)
             continue
         try:
             results[refs.index(ready[0])] = ray.get(ready[0])
@@ -40,14 +61,16 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float) -> list
             raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=actor_error(e)) from e
         except Exception:
             # An error of its own, or its collective lost a peer: if a peer died, that is the cause.
-            done, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_GRACE_S) if pending else ([], [])
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except RayActorError as e:
-                    raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=actor_error(e)) from e
-                except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
-                    pass
+            grace_end = time.monotonic() + PEER_DEATH_GRACE_S
+            while pending and time.monotonic() < grace_end:  # the first peer that shows it died is the cause
+                done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, grace_end - time.monotonic()))
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except RayActorError as e:
+                        raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=actor_error(e)) from e
+                    except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
+                        pass
             raise
     return [results[i] for i in range(len(refs))]
 
@@ -70,6 +93,22 @@ def wait_restarted(handle, name: str, timeout_s: float, budget_key: str = "rollo
             time.sleep(2.0)  # still restarting (or its engine still loading)
     raise ActorFailed(name, "restarting after a crash", died=True,
                       detail=f"not back within {timeout_s:.0f}s (Ray restarts it at most rollout.max_restarts times)")
+
+
+# How long a dead actor may stay ALIVE in Ray's table: when its whole host was lost, until the node is marked
+# dead after its missed heartbeats (~15-30 s with Ray's defaults).
+HOST_DEATH_WAIT_S = 60.0
+
+
+def wait_dead(handle, timeout_s: float) -> str:
+    """Wait until Ray's actor table says the actor (max_restarts=0, whose call just failed) is DEAD; returns
+    its last state. Bounded: a process that is alive after all is left to whoever kills it next."""
+    deadline = time.monotonic() + timeout_s
+    state, _ = actor_state(handle)
+    while state not in ("DEAD", "") and time.monotonic() < deadline:
+        time.sleep(1.0)
+        state, _ = actor_state(handle)
+    return state
 
 
 def actor_state(handle) -> tuple[str, int]:

@@ -53,7 +53,9 @@ PIPELINE_KEYS = ("stale_groups", "pipeline/engine_busy_frac", "pipeline/engine_t
 STEP_KEYS = (
     "step", "reward", "reward_mean", "reward_std", "reward_errors", "reward_unscorable", *LEARNER_KEYS,
     "gen_tokens", "gen_s", "reward_s", "ref_s", "train_s", "sync_s", "step_s", "weight_version", "staleness",
-    "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts", "update_skipped",
+    "zero_var_groups", "skipped_prompts", "extra_prompts", "trained_groups", "rollout_restarts",
+    "rollout/live_engines",  # engines that generated this step (fewer than rollout.num_workers after a lost host)
+    "update_skipped",
     "sync_bytes", "sync_verified", "sync_verify_s", *COMPLETION_KEYS,
     *MULTITURN_KEYS, *PERF_KEYS, *VERSION_KEYS, *PIPELINE_KEYS,
 )

@@ -52,6 +52,7 @@ class FakeStream:
 
 class FakePool:
     restarts = 0
+    live = [0]
 
     def __init__(self, skip=()):
         self.skip, self.calls, self.activities = set(skip), [], []
@@ -428,7 +429,7 @@ def test_an_evaluation_is_named_in_the_waiting_lines_and_reports_its_cost(k, mon
         said.append(f"waiting on {actor} ({what})")
         return ref
 
-    monkeypatch.setattr("cluster.driver.worker_groups.wait_for", wait_for)
+    monkeypatch.setattr("cluster.driver.rollout_pool.wait_for", wait_for)
     pool = RolloutPool([Engine(), Engine()], 10.0, on_restart=None, pids=[1, 2])
     pool.generate([[1]] * 8, 1, list(range(8)), activity="evaluating: {} held-out prompts, greedy")
     pool.generate([[1]] * 2, 1, [0, 1])

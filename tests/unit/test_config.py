@@ -79,11 +79,22 @@ def test_every_problem_is_listed_in_one_error(tmp_path):
     ("trainer.halt_after=-1", "trainer.halt_after must be >= 0"),
     ("trainer.kl_ceiling=.nan", "trainer.kl_ceiling must be a finite number"),
     ("checkpoint.resume=/no/such/ckpt", "no such checkpoint directory"),
+    ("rollout.min_workers=0", "rollout.min_workers must be in [1, rollout.num_workers (1)], got 0"),
+    ("rollout.min_workers=2", "rollout.min_workers must be in [1, rollout.num_workers (1)], got 2"),
+    ("ray.node_wait_s=0", "ray.node_wait_s must be > 0"),
 ])
 def test_out_of_range_and_nonfinite_values_are_named(tmp_path, override, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, [f"model.path={model_dir(tmp_path)}", override])
     assert message in str(e.value)
+
+
+def test_min_workers_defaults_to_num_workers(tmp_path):
+    cfg = load_config(None, [f"model.path={model_dir(tmp_path)}", "rollout.num_workers=3"])
+    assert cfg.rollout.min_workers is None and cfg.rollout.min_live_workers() == 3
+    cfg = load_config(None, [f"model.path={model_dir(tmp_path)}", "rollout.num_workers=3", "rollout.min_workers=1",
+                             "trainer.prompts_per_step=4"])
+    assert cfg.rollout.min_live_workers() == 1
 
 
 def test_resume_path_is_verified_like_auto(tmp_path):

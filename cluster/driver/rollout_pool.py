@@ -1,0 +1,233 @@
+"""The rollout engines as the driver sees them: an elastic fleet, every wait bounded.
+
+`RolloutPool` splits prompts across the engines that are live and survives losing some mid-call:
+- an engine whose process died while its host lives is restarted by Ray in place; the pool brings it
+  to the current weights (`on_restart`) and sends it exactly the prompts it lost (as before);
+- an engine whose host was lost (Ray marked the node dead) leaves the fleet at once: its prompts go
+  to the engines that survive, in the same call, so the step is neither lost nor redone. The run goes
+  on while at least `rollout.min_workers` engines are live; below that it waits (ray.node_wait_s) for
+  a node with room, saying so, and then fails naming what was missing;
+- an engine that left comes back when Ray has placed it again (its placement-group bundle moves to a
+  node with room, e.g. one that joins): before it generates, `on_rejoin` sends it the current weights
+  and checks their fingerprint, then it takes its share again.
+Prompts carry their own seeds, so which engine serves a prompt does not change its completions.
+"""
+from __future__ import annotations
+
+import time
+
+from actors.completions import PromptRollout, split_evenly
+from cluster.launch.hosts import HostWatch
+from cluster.launch.waits import ActorFailed, actor_state, wait_for
+
+NODE_WAIT_LINE_EVERY_S = 30.0  # how often a wait for a node with room says so again
+REJOIN_ANSWER_S = 30.0  # an engine Ray reports ALIVE again must answer info() within this
+
+
+class RolloutPool:
+    def __init__(self, handles: list, timeout_s: float, on_restart, pids: list[int], *, on_rejoin=None,
+                 hosts: HostWatch | None = None, min_live: int | None = None, node_wait_s: float = 300.0,
+                 bundle: dict | None = None):
+        """`on_restart(worker_index)`: a worker came back as a new process on its host, before its prompts
+        are re-sent (the driver re-syncs weights there). `on_rejoin(worker_index)`: a worker that left
+        with its host is back; the driver sends it the current weights (fingerprint verified) before it
+        generates. `pids` identify the live processes, to notice a restart. `hosts`: where each engine
+        runs (the pool adds what it learns); `min_live`: rollout.min_workers; `bundle`: one engine's
+        resources, named in the waits for a node with room."""
+        self.handles, self.timeout_s, self.on_restart, self.pids = handles, timeout_s, on_restart, list(pids)
+        self.on_rejoin, self.hosts = on_rejoin, hosts or HostWatch()
+        self.min_live = len(handles) if min_live is None else min_live
+        self.node_wait_s, self.bundle = node_wait_s, bundle or {}
+        self.live: list[int] = list(range(len(handles)))  # the engines that generate
+        self.restarts = 0
+        self.fleet_changed = False  # an engine left since the transfer group was built: rebuild before a sync
+
+    @property
+    def live_handles(self) -> list:
+        return [self.handles[w] for w in self.live]
+
+    def generate(self, prompts: list, group_size: int, seeds: list[int], greedy: bool = False,
+                 expected_version: int | None = None, activity: str | None = None) -> list[PromptRollout]:
+        """Every prompt's rollouts, in the original order; an engine that dies loses nothing.
+
+        A worker that died mid-call, or that answers with an older weight version than
+        `expected_version` (Ray restarted it between calls: it holds the base weights), is
+        brought back to the current weights and its prompts are sent again; one that left with its
+        host has its prompts sent to the others. (A newer version is fine: a sync may land between the
+        call being sent and served.) `activity`: what the waiting lines say ("{}": the engine's number
+        of prompts), e.g. an evaluation's; None: generating.
+        """
+        return self._fan_out(
+            len(prompts), activity or "generating {} prompts",
+            lambda h, idx: h.generate.remote([prompts[i] for i in idx], group_size, [seeds[i] for i in idx], greedy),
+            expected_version)
+
+    def generate_multiturn(self, conversations: list[list[dict]], fields: list[dict], group_size: int,
+                           seeds: list[int], greedy: bool = False, expected_version: int | None = None,
+                           activity: str | None = None) -> list:
+        """Every conversation's multi-turn rollouts (RolloutWorker.generate_multiturn), in order, with the
+        same recovery as `generate`: a dead or restarted engine's share is sent again."""
+        return self._fan_out(
+            len(conversations), (activity or "running {} multi-turn conversations").replace("prompts", "conversations"),
+            lambda h, idx: h.generate_multiturn.remote([conversations[i] for i in idx], [fields[i] for i in idx],
+                                                       group_size, [seeds[i] for i in idx], greedy),
+            expected_version)
+
+    def _fan_out(self, n: int, what: str, call, expected_version: int | None) -> list:
+        """`call(handle, indices)` on every live engine with its share of n items; results in item order.
+        An engine that died mid-call, or answers with a weight version older than `expected_version`
+        (restarted between calls: base weights), is revived and its share sent again; the share of one
+        that left with its host is split among the others."""
+        self.rejoin()
+        pending = {w: idx for w, idx in zip(self.live, split_evenly(list(range(n)), len(self.live))) if idx}
+        results: dict = {}
+        while pending:
+            refs = {w: call(self.handles[w], idx) for w, idx in pending.items()}
+            again: dict[int, list] = {}
+            orphans: list = []
+            for w, ref in refs.items():
+                try:
+                    out = wait_for(ref, f"rollout worker {w}", what.format(len(pending[w])), self.timeout_s)
+                except ActorFailed as e:
+                    if not e.died:
+                        raise
+                    if self._recover(w):
+                        again[w] = pending[w]
+                    else:
+                        orphans += pending[w]
+                    continue
+                if expected_version is not None and any(r.weight_version < expected_version for r in out):
+                    self._revive(w)
+                    again[w] = pending[w]
+                    continue
+                results.update(zip(pending[w], out))
+            if orphans:  # the share of engines lost with their host: to the ones that are live
+                for w, idx in zip(self.live, split_evenly(sorted(orphans), len(self.live))):
+                    if idx:
+                        again[w] = again.get(w, []) + idx
+            pending = again
+        return [results[i] for i in range(n)]
+
+    def recover_all(self) -> bool:
+        """After a weight update failed: every live engine is checked; a dead one is revived or leaves the
+        fleet with its host. True when any engine changed (the update is then sent again by the caller)."""
+        changed = False
+        for w in list(self.live):
+            try:
+                info = wait_for(self.handles[w].info.remote(), f"rollout worker {w}", "answering after a failed "
+                                "weight update", self.timeout_s)
+            except ActorFailed as e:
+                if not e.died:
+                    raise
+                self._recover(w)
+                changed = True
+                continue
+            if info["pid"] != self.pids[w]:  # restarted between calls
+                self._revive(w, info)
+                changed = True
+        return changed
+
+    def restarted_workers(self) -> list[int]:
+        """Workers whose process changed since we last looked (each waited for), revived."""
+        out = []
+        for w in list(self.live):
+            info = wait_for(self.handles[w].info.remote(), f"rollout worker {w}", "restarting", self.timeout_s)
+            if info["pid"] != self.pids[w]:
+                self._revive(w, info)
+                out.append(w)
+        return out
+
+    # ------------------------------------------------------------------ a dead engine
+    def _recover(self, w: int) -> bool:
+        """Worker w died: True once Ray restarted it in place and it was revived; False when it left
+        the fleet with its host (then the fleet is at least min_live again, or this raised)."""
+        name, deadline = f"rollout worker {w}", time.monotonic() + self.timeout_s
+        while True:
+            if self.hosts.host_lost(name):
+                self.leave(w)
+                return False
+            state, restarts = actor_state(self.handles[w])
+            if state == "DEAD":
+                raise ActorFailed(name, "restarting after a crash", died=True,
+                                  detail=f"it died for good: Ray restarted it {restarts} time(s), its whole restart "
+                                  f"budget (rollout.max_restarts={restarts}); raise rollout.max_restarts (-1: unlimited) "
+                                  "if this worker is expected to die now and then") from None
+            if state in ("ALIVE", ""):  # "": Ray's actor table is not readable here; ask the actor
+                try:
+                    info = wait_for(self.handles[w].info.remote(), name, "restarting",
+                                    max(1.0, min(REJOIN_ANSWER_S, deadline - time.monotonic())))
+                except ActorFailed:
+                    info = None
+                if info is not None:
+                    self._revive(w, info)
+                    return True
+            if time.monotonic() > deadline:
+                raise ActorFailed(name, "restarting after a crash", died=True,
+                                  detail=f"not back within {self.timeout_s:.0f}s (Ray restarts it at most "
+                                  "rollout.max_restarts times)")
+            time.sleep(1.0)
+
+    def _revive(self, w: int, info: dict | None = None) -> None:
+        """Record worker w's new process (asking it unless `info` came from it), re-sync it."""
+        name = f"rollout worker {w}"
+        info = info or wait_for(self.handles[w].info.remote(), name, "restarting", self.timeout_s)
+        self.pids[w] = info["pid"]
+        self.hosts.place(name, info.get("node_id"))
+        self.restarts += 1
+        self.on_restart(w)
+
+    def leave(self, w: int) -> None:
+        """Worker w's host was lost: it leaves the fleet (below min_live this waits for room, or raises)."""
+        self.live.remove(w)
+        self.fleet_changed = True
+        print(f"rollout worker {w} left the fleet with its host: {len(self.live)} of {len(self.handles)} engine(s) "
+              f"generate (rollout.min_workers={self.min_live}); its prompts go to the others", flush=True)
+        if len(self.live) < self.min_live:
+            self._wait_for_room()
+
+    # ------------------------------------------------------------------ engines coming back
+    def rejoin(self) -> list[int]:
+        """Engines that left and that Ray has placed again (a node with room joined): each gets the current
+        weights, fingerprint verified (`on_rejoin`), before it generates. Returns those that came back."""
+        back = []
+        for w in [w for w in range(len(self.handles)) if w not in self.live]:
+            if actor_state(self.handles[w])[0] != "ALIVE":
+                continue
+            name = f"rollout worker {w}"
+            try:
+                info = wait_for(self.handles[w].info.remote(), name, "coming back", REJOIN_ANSWER_S)
+            except ActorFailed:
+                continue  # still loading, or gone again: looked at again next time
+            self.pids[w] = info["pid"]
+            self.hosts.place(name, info.get("node_id"))
+            self.live = sorted([*self.live, w])
+            self.fleet_changed = True
+            self.on_rejoin(w)
+            self.fleet_changed = False  # on_rejoin rebuilt the transfer group with it
+            print(f"rollout worker {w} rejoined on {self.hosts.describe(name)} with the current "
+                  f"weights, fingerprint verified: {len(self.live)} of {len(self.handles)} engine(s) generate", flush=True)
+            back.append(w)
+        return back
+
+    def _wait_for_room(self) -> None:
+        """Fewer than min_live engines: wait (ray.node_wait_s) for Ray to place the missing ones again."""
+        t0 = time.monotonic()
+        said = -NODE_WAIT_LINE_EVERY_S
+        while len(self.live) < self.min_live:
+            waited = time.monotonic() - t0
+            missing = [w for w in range(len(self.handles)) if w not in self.live]
+            if waited >= self.node_wait_s:
+                raise ActorFailed(
+                    ", ".join(f"rollout worker {w}" for w in missing), "waiting for a node with room", died=True,
+                    detail=f"{len(self.live)} of {len(self.handles)} engine(s) live, fewer than rollout.min_workers="
+                    f"{self.min_live}, and no node with room for {self.bundle or 'them'} joined within "
+                    f"ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note()}); add a node, or lower "
+                    "rollout.min_workers to go on with fewer engines")
+            if waited - said >= NODE_WAIT_LINE_EVERY_S:
+                said = waited
+                print(f"waiting for a node with room for rollout worker(s) {', '.join(map(str, missing))} "
+                      f"({self.bundle or 'their bundle'} each): {len(self.live)} of {len(self.handles)} engine(s) live, "
+                      f"rollout.min_workers={self.min_live}; {waited:.0f}s so far, at most ray.node_wait_s="
+                      f"{self.node_wait_s:.0f}s ({self.hosts.room_note()})", flush=True)
+            if not self.rejoin():
+                time.sleep(2.0)

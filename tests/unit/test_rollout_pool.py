@@ -1,0 +1,135 @@
+"""The elastic engine fleet (cluster/driver/rollout_pool.py) with fake engine handles: an engine lost
+with its host leaves the fleet and its prompts go to the others in the same call; below
+rollout.min_workers the pool waits for a node with room (bounded, said) and then fails naming it;
+an engine Ray placed again gets the weights (on_rejoin) before it is given prompts; a crash on a live
+host is still a restart in place."""
+from __future__ import annotations
+
+import pytest
+
+from actors.completions import PromptRollout
+from cluster.driver import rollout_pool
+from cluster.driver.rollout_pool import RolloutPool
+from cluster.launch.waits import ActorFailed
+
+
+class Engine:
+    """A fake engine handle: `.generate.remote(...)` and `.info.remote()` return their answers (the fake
+    wait_for below hands them back, or raises for an engine marked dead)."""
+
+    def __init__(self, index: int, pid: int):
+        self.index, self.pid, self.dead, self.served = index, pid, False, []
+        engine = self
+
+        class generate:  # noqa: N801 - a Ray handle's method
+            @staticmethod
+            def remote(prompts, group_size, seeds, greedy):
+                engine.served.append(list(seeds))
+                return engine, [PromptRollout(p, [1], [], weight_version=0) for p in prompts]
+
+        class info:  # noqa: N801
+            @staticmethod
+            def remote():
+                return engine, {"pid": engine.pid, "node_id": f"node-{engine.pid}"}
+
+        self.generate, self.info = generate, info
+
+
+class Hosts:
+    """A fake HostWatch: the actors named in `lost` are on a dead host."""
+
+    def __init__(self):
+        self.lost, self.placed = set(), {}
+
+    def host_lost(self, actor):
+        return actor in self.lost
+
+    def place(self, actor, node):
+        self.placed[actor] = node
+
+    def describe(self, actor):
+        return f"127.0.0.1 (host, Ray node {self.placed.get(actor)})"
+
+    def room_note(self):
+        return "live nodes: 127.0.0.1 (host-a, 3 CPU)"
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    states = {}
+
+    def wait_for(ref, actor, what, timeout_s):
+        engine, answer = ref
+        if engine.dead:
+            raise ActorFailed(actor, what, died=True, detail="killed")
+        return answer
+
+    monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+    monkeypatch.setattr(rollout_pool, "actor_state", lambda h: (states.get(h.index, "ALIVE"), 0))
+    monkeypatch.setattr(rollout_pool.time, "sleep", lambda s: None)
+    return states
+
+
+def pool_of(n, hosts, min_live, events, node_wait_s=300.0):
+    engines = [Engine(i, 100 + i) for i in range(n)]
+    return engines, RolloutPool(engines, 10.0, lambda w: events.append(("restart", w)), [e.pid for e in engines],
+                                on_rejoin=lambda w: events.append(("rejoin", w)), hosts=hosts, min_live=min_live,
+                                node_wait_s=node_wait_s, bundle={"CPU": 1})
+
+
+def test_an_engine_lost_with_its_host_leaves_and_its_prompts_go_to_the_survivors(fakes, capsys):
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events)
+    engines[1].dead, hosts.lost = True, {"rollout worker 1"}
+    fakes[1] = "RESTARTING"
+    out = pool.generate([[i] for i in range(4)], 1, [10, 11, 12, 13])
+    assert [r.prompt for r in out] == [[0], [1], [2], [3]]  # every prompt, in order
+    assert pool.live == [0] and pool.fleet_changed and events == []  # no restart, nothing waited for
+    assert engines[0].served == [[10, 11], [12, 13]]  # its own share, then the lost engine's (same seeds)
+    assert "rollout worker 1 left the fleet with its host: 1 of 2 engine(s) generate (rollout.min_workers=1)" \
+        in capsys.readouterr().out
+    pool.generate([[0], [1]], 1, [20, 21])
+    assert engines[0].served[-1] == [20, 21] and pool.live == [0]  # while it is away, the survivor takes all
+
+    # Ray placed it again on a node that joined: it gets the weights before it is given prompts
+    engines[1].dead, engines[1].pid, fakes[1] = False, 555, "ALIVE"
+    pool.generate([[0], [1]], 1, [30, 31])
+    assert events == [("rejoin", 1)] and pool.live == [0, 1] and pool.pids[1] == 555
+    assert engines[0].served[-1] == [30] and engines[1].served[-1] == [31]
+    assert "rollout worker 1 rejoined on 127.0.0.1" in capsys.readouterr().out
+
+
+def test_below_min_workers_the_pool_waits_for_room_then_fails_naming_what_is_missing(fakes, capsys, monkeypatch):
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 2, events, node_wait_s=60)
+    clock = iter(range(0, 10_000, 7))
+    monkeypatch.setattr(rollout_pool.time, "monotonic", lambda: float(next(clock)))
+    engines[1].dead, hosts.lost, fakes[1] = True, {"rollout worker 1"}, "RESTARTING"
+    with pytest.raises(ActorFailed) as e:
+        pool.generate([[i] for i in range(2)], 1, [0, 1])
+    msg = str(e.value)
+    assert "rollout worker 1" in msg and "rollout.min_workers=2" in msg and "ray.node_wait_s=60s" in msg
+    assert "{'CPU': 1}" in msg and "live nodes: 127.0.0.1" in msg
+    said = capsys.readouterr().out
+    assert "waiting for a node with room for rollout worker(s) 1 ({'CPU': 1} each): 1 of 2 engine(s) live" in said
+
+
+def test_a_crash_on_a_live_host_is_still_a_restart_in_place(fakes):
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events)
+    engines[0].dead, engines[0].pid = True, 777  # the call it is in fails; Ray restarts it as pid 777
+    original = rollout_pool.wait_for
+
+    def wait_for(ref, actor, what, timeout_s):
+        engine, _ = ref
+        if engine.dead and what == "restarting":
+            engine.dead = False
+        return original(ref, actor, what, timeout_s)
+
+    rollout_pool.wait_for = wait_for
+    try:
+        out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
+    finally:
+        rollout_pool.wait_for = original
+    assert len(out) == 4 and events == [("restart", 0)] and pool.live == [0, 1] and pool.pids[0] == 777
+    assert engines[0].served[-1] == [0, 1]  # its own share again, same seeds
