@@ -168,12 +168,13 @@ def _run_bench(args, res: dict) -> int:
         if parts & {"schedule", "trl"}:
             res["schedules"] = {}
             for mode in ("sync", "async") if "schedule" in parts else ("sync",):
+                if real and mode == "sync":  # the learner's memory (kept in a partial JSON too)
+                    res["memory"] = {}
                 summary, rows = bench_schedule(train_overrides, mode, out_path.parent / f"train-{mode}",
-                                               sample_memory=real and mode == "sync")
+                                               res["memory"] if real and mode == "sync" else None)
                 res["schedules"][mode] = {**summary, "rows": rows}
                 progress(f"schedule {mode}: {fmt_value(summary.get('step_s'))} s/step")
-                if "memory" in summary:
-                    res["memory"] = summary["memory"]
+                if real and mode == "sync":
                     progress(memory_line(res["memory"]))
 
         # 7. reward-model scoring throughput, a remote verifier's overhead per batch
