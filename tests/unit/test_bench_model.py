@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from actors.rewards.functions import exact_match
-from cluster.bench import model_bench, report, trl
+from cluster.bench import model_bench, report, schedule, trl
 from cluster.cli import build_parser, main
 from cluster.config import ConfigError, load_config
 from cluster.paths import SMOLLM2_FIXTURE
@@ -224,3 +224,23 @@ def test_report_lines_print_an_aligned_phase_table_the_verdict_and_the_memory():
     assert any(line.startswith("raygrpo-best / TRL-best") for line in lines)
     assert any("peak RSS 5,000 MB" in line for line in lines)
     assert model_bench.report_lines({}) == []
+
+
+def test_a_failing_sync_run_still_leaves_its_memory_samples(tmp_path, monkeypatch, tiny_chat_model_dir):
+    class Killed:  # the trainer of a run whose learner the node's memory monitor killed
+        def __init__(self, cfg):
+            pass
+
+        def run(self):
+            raise RuntimeError("learner rank 0 died")
+
+    monkeypatch.setattr(schedule, "Trainer", Killed)
+    monkeypatch.setattr(model_bench.MemorySampler, "sample", lambda self: self.peak_rss_kb.update(LearnerWorker=5 * 2**20)
+                        or self.hwm_kb.update(LearnerWorker=5 * 2**20))
+    memory = {}
+    with pytest.raises(RuntimeError, match="died"):
+        schedule.bench_schedule([*report.MODEL_SETTINGS, f"model.path={tiny_chat_model_dir}",
+                                 f"data.train={model_bench.write_prompts(tmp_path)}"], "sync",
+                                tmp_path / "run", memory)
+    assert memory["learner_peak_rss_mb"] == 5120 and memory["micro_batch_size"] == LearnerConfig().micro_batch_size
+    assert memory["reference_on_learner"] is True  # the sync schedule on CPU: the reference on the learner
