@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from cluster.launch.submit import SUBMIT_EXCLUDES
+from cluster.paths import SMOLLM2_FIXTURE
 from cluster.run.logs import DEFAULT_LEVEL, LEVEL_ENV, LEVELS, console_level, setup_driver
 
 
@@ -247,8 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--hidden-size", type=int, default=None,
                    help="tiny Qwen2 hidden size (head_dim 32); default 128 (~1M params), --setting long: 512")
     b.add_argument("--num-layers", type=int, default=None, help="tiny Qwen2 layers; default 4, --setting long: 8")
-    b.add_argument("--model", default="", help="an existing HF model directory instead of a tiny one (no warm start)")
-    b.add_argument("--steps", type=int, default=5, help="training steps of the sync/async/TRL runs (the first is warm-up)")
+    b.add_argument("--model", nargs="?", const=str(SMOLLM2_FIXTURE), default="", metavar="PATH",
+                   help="a real model (an HF directory; bare --model: SmolLM2-135M-Instruct, built into "
+                   ".cache/tests when missing): raygrpo's sync and async schedules against TRL's GRPOTrainer on "
+                   "chat word problems, 4 prompts x G=4 x exactly 32 new tokens on both sides, per-phase table, "
+                   "the ratio raygrpo-best / TRL-best with the phase that bounds it, the learner's memory; parts "
+                   "schedule,trl unless --parts names others. Put overrides before --model")
+    b.add_argument("--steps", type=int, default=None, help="training steps of the sync/async/TRL runs (the first is "
+                   "warm-up); default 5, with --model 3")
     b.add_argument("--out", default="runs/bench/bench.json", help="where the JSON goes (work files beside it)")
     b.add_argument("--skip-trl", action="store_true", help="leave out part 5 (no .venv-bench, no TRL install)")
     b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora,rewards (default: all; "
@@ -264,8 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--learner-ranks", type=int, default=2, help="DeepSpeed ranks for parts 2 and 4")
     b.add_argument("--learner-steps", type=int, default=3, help="timed train steps per ZeRO stage (after warm-up)")
     b.add_argument("--sync-repeats", type=int, default=5, help="timed full weight updates / raw broadcasts")
-    b.add_argument("--trl-threads", default="1,0", help="torch threads of the TRL process, a comma list runs it once per "
-                   "value (0: all CPUs; default 1,0: one thread, as each raygrpo actor has, then every CPU)")
+    b.add_argument("--trl-threads", default=None, help="torch threads of the TRL process, a comma list runs it once per "
+                   "value (0: all CPUs; default 1,0: one thread, as each raygrpo actor has, then every CPU; with "
+                   "--model 0)")
     b.add_argument("--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s, to report learner MFU")
     b.add_argument("--timeout", type=float, default=900, help="seconds any single wait may take")
     b.set_defaults(fn=cmd_bench)

@@ -6,6 +6,8 @@ from pathlib import Path
 from actors.runtime.user_code import is_file_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# SmolLM2-135M-Instruct as the tests' fixture builds it (tests/conftest.py), and `raygrpo bench --model` alone
+SMOLLM2_FIXTURE = PROJECT_ROOT / ".cache" / "tests" / "smollm2-135m-instruct"
 
 
 def absolute_paths(data: dict) -> dict:

@@ -15,7 +15,12 @@ from cluster.bench.learner_sync import (
     fixed_batch,
 )
 from cluster.bench.lora import bench_lora
+from cluster.bench.model_bench import memory_line, model_dir, phase_rows, report_lines, verdict, write_prompts
 from cluster.bench.report import (
+    DEFAULT_STEPS,
+    DEFAULT_TRL_THREADS,
+    MODEL_STEPS,
+    MODEL_TRL_THREADS,
     load_average,
     machine_info,
     model_spec,
@@ -50,9 +55,13 @@ def run_bench(args) -> int:
 
 
 def _run_bench(args, res: dict) -> int:
+    setting = resolve_setting(args.setting, args.hidden_size, args.num_layers, args.warm_start_steps, args.parts,
+                              args.model)  # before the heavy imports: a wrong flag fails fast
     import ray
 
-    setting = resolve_setting(args.setting, args.hidden_size, args.num_layers, args.warm_start_steps, args.parts)
+    real = setting.name == "model"
+    steps = args.steps if args.steps is not None else (MODEL_STEPS if real else DEFAULT_STEPS)
+    trl_threads = args.trl_threads if args.trl_threads is not None else (MODEL_TRL_THREADS if real else DEFAULT_TRL_THREADS)
     t_start = time.perf_counter()
     # Absolute before anything crosses into another process (TRL's runs from the project directory: a
     # relative warm-start path there was taken for a hub repo id when the bench ran from elsewhere)
@@ -65,8 +74,8 @@ def _run_bench(args, res: dict) -> int:
     progress(f"load average at start: {res['load_average_start']} on {res['machine']['cpu_count']} CPUs")
 
     cache = Path(args.cache_dir).resolve()
-    if args.model:
-        base = warm = Path(args.model).resolve()
+    if real:
+        base = warm = model_dir(args.model)
         n_params = num_parameters(base) if (base / "model.safetensors").exists() else None
         hf = json.loads((base / "config.json").read_text())
         res["model"] = {"path": str(base), "parameters": n_params, "hidden_size": hf.get("hidden_size"),
@@ -80,8 +89,10 @@ def _run_bench(args, res: dict) -> int:
     progress(f"model: {base} ({(n_params or 0) / 1e6:.2f}M parameters)")
 
     user = list(args.overrides or [])
+    if real:  # the prompts both sides train on, before the user's overrides (which may name others)
+        user = [f"data.train={write_prompts(cache)}", *user]
     cfg0 = load_config(None, [*setting.overrides, f"model.path={base}", *user])
-    if not args.model and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards", "crosshost"}:  # neither needs one
+    if not real and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards", "crosshost"}:  # neither needs one
         t = time.perf_counter()
         train_set, _ = load_splits(cfg0.data.train, cfg0.data.eval, cfg0.data.num_eval, cfg0.data.task_digits,
                                    cfg0.trainer.seed)
@@ -91,7 +102,7 @@ def _run_bench(args, res: dict) -> int:
         progress(f"warm start: {warm} ({time.perf_counter() - t:.0f}s; cached by spec)")
     # The training config of parts 3 and 5 (and the shapes of 1, 2, 4): BENCH_SETTINGS (+ LONG_SETTINGS
     # for --setting long) + the user's overrides.
-    train_overrides = [*setting.overrides, f"model.path={warm}", f"trainer.steps={args.steps}", *user]
+    train_overrides = [*setting.overrides, f"model.path={warm}", f"trainer.steps={steps}", *user]
     cfg = load_config(None, train_overrides)
     res["config"] = {"overrides": train_overrides, "resolved": cfg.to_dict()}
 
@@ -115,6 +126,12 @@ def _run_bench(args, res: dict) -> int:
             rcfg = dataclasses.replace(cfg.rollout, max_model_len=max(cfg.rollout.max_model_len, args.gen_tokens + 32))
             train_set, _ = load_splits(cfg.data.train, "", 0, cfg.data.task_digits, cfg.trainer.seed)
             prompts = [e.prompt for e in train_set[:args.gen_prompts]]
+            if any(not isinstance(p, str) for p in prompts):  # chat rows (--model): the text its template makes
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(str(base))
+                prompts = [p if isinstance(p, str) else tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+                           for p in prompts]
             res["rollout"], rollout_actor, rollouts = bench_rollout(
                 ray, str(base), rcfg, prompts, cfg.trainer.group_size, args.gen_tokens, args.gen_repeats, workdir,
                 timeout_s, res["ray_worker_niceness"])
@@ -158,9 +175,14 @@ def _run_bench(args, res: dict) -> int:
         if parts & {"schedule", "trl"}:
             res["schedules"] = {}
             for mode in ("sync", "async") if "schedule" in parts else ("sync",):
-                summary, rows = bench_schedule(train_overrides, mode, out_path.parent / f"train-{mode}")
+                if real and mode == "sync":  # the learner's memory (kept in a partial JSON too)
+                    res["memory"] = {}
+                summary, rows = bench_schedule(train_overrides, mode, out_path.parent / f"train-{mode}",
+                                               res["memory"] if real and mode == "sync" else None)
                 res["schedules"][mode] = {**summary, "rows": rows}
                 progress(f"schedule {mode}: {fmt_value(summary.get('step_s'))} s/step")
+                if real and mode == "sync":
+                    progress(memory_line(res["memory"]))
 
         # 7. reward-model scoring throughput, a remote verifier's overhead per batch
         if "rewards" in parts:
@@ -175,7 +197,7 @@ def _run_bench(args, res: dict) -> int:
     sync_run = res.get("schedules", {}).get("sync")
     if sync_run and sync_run.get("hf_model") and cfg.data.num_eval > 0:  # --setting long: none (random weights)
         data = dataclasses.asdict(cfg.data)
-        progress(f"held-out accuracy: the starting model and raygrpo's after {args.steps} steps (HF greedy)")
+        progress(f"held-out accuracy: the starting model and raygrpo's after {steps} steps (HF greedy)")
         res["heldout"] = {"prompts": len(heldout_examples(data, cfg.trainer.seed)),
                           "before": heldout_accuracy(str(warm), data, cfg.trainer.seed, cfg.rollout.max_new_tokens),
                           "raygrpo_after": heldout_accuracy(sync_run["hf_model"], data, cfg.trainer.seed,
@@ -183,7 +205,7 @@ def _run_bench(args, res: dict) -> int:
 
     # 5. TRL (its own environment, after Ray is down so nothing else runs beside it)
     if "trl" in parts:
-        for i, threads in enumerate(parse_threads(args.trl_threads)):
+        for i, threads in enumerate(parse_threads(trl_threads)):
             key = "trl" if i == 0 else f"trl_{threads}threads"
             res[key] = bench_trl(trl_settings(cfg, str(warm), threads), workdir, args.skip_trl, timeout_s,
                                  res.get("ray_worker_niceness"))
@@ -200,12 +222,17 @@ def _run_bench(args, res: dict) -> int:
     res["wall_seconds"] = time.perf_counter() - t_start
     rows = table_rows(res) + reward_part.table_rows(res) + cross_host.table_rows(res)
     res["table"] = [list(r) for r in rows]
+    phases = phase_rows(res)
+    if phases:
+        res["phases"], res["verdict"] = phases, verdict(phases)
     write_json(out_path, res)
     print()
     print(f"raygrpo bench: {res['model'].get('parameters') or 0:,} parameters, {res['machine']['cpu_count']} CPUs "
           f"({res['machine']['cpu_model']}), load average {res['load_average_start']} -> {res['load_average_end']}, "
           f"{res['wall_seconds'] / 60:.1f} min")
     print(format_table(rows))
+    for line in report_lines(res):
+        print(line)
     print(f"\nwritten: {out_path}")
     return 0
 

@@ -32,9 +32,9 @@ from actors.rollout import RolloutWorker
 from cluster.bench.report import load_average, machine_info
 from cluster.models.smollm2 import build_smollm2
 from cluster.models.wordproblems import conversational_rows
-from cluster.paths import PROJECT_ROOT
+from cluster.paths import SMOLLM2_FIXTURE
 
-DEFAULT_MODEL = PROJECT_ROOT / ".cache" / "tests" / "smollm2-135m-instruct"
+DEFAULT_MODEL = SMOLLM2_FIXTURE
 PROMPTS, GROUP, NEW_TOKENS, THREADS = 4, 4, 64, 2
 MICRO_BATCH = 8  # learner.micro_batch_size's default (learner/config.py)
 

@@ -19,6 +19,7 @@ import torch
 
 from cluster.config import ConfigError
 from cluster.models.tinymodel import TinyModelSpec
+from cluster.paths import SMOLLM2_FIXTURE
 
 # The bench's own training config (dotted overrides on the dataclass defaults), pinned here so
 # the figures in docs/benchmarks.md stay reproducible when examples/cpu_demo.yaml is retuned.
@@ -60,6 +61,24 @@ NAMED_ONLY_PARTS = ("crosshost",)
 # 31M parameters with 128-token completions they would take many minutes on 2 cores.
 LONG_PARTS = ("schedule", "trl")
 
+# `raygrpo bench --model [PATH]` (cluster/bench/model_bench.py): a real model, raygrpo's schedules against TRL
+# on chat word problems (the data file is written into --cache-dir), 4 prompts x G=4, every completion
+# exactly 32 tokens on both sides. The learner's and the reference's micro-batch stay at their defaults
+# (the memory figure is a default run's). Replaces BENCH_SETTINGS (not applied after them).
+_MICRO_BATCH_KEYS = ("learner.micro_batch_size=", "reference.micro_batch_size=")
+MODEL_SETTINGS = [
+    *(o for o in BENCH_SETTINGS if not o.startswith(_MICRO_BATCH_KEYS)),
+    "data.num_eval=0", "trainer.prompts_per_step=4", "trainer.group_size=4",
+    "rollout.max_new_tokens=32", "rollout.min_new_tokens=32", "rollout.max_model_len=192",
+    # a model that never writes the answer gives every sample 0: the step is still the full work
+    "trainer.halt_on_zero_variance=false",
+]
+MODEL_PARTS = ("schedule", "trl")
+MODEL_STEPS = 3  # one warm-up step, then two measured ones (a step of a 135M model is a minute on 2 cores)
+DEFAULT_STEPS = 5
+MODEL_TRL_THREADS = "0"  # TRL with every CPU, its fastest here; the tiny bench runs "1,0"
+DEFAULT_TRL_THREADS = "1,0"
+
 
 @dataclasses.dataclass(frozen=True)
 class BenchSetting:
@@ -79,8 +98,8 @@ class BenchSetting:
 
 
 def resolve_setting(name: str, hidden_size: int | None = None, num_layers: int | None = None,
-                    warm_start_steps: int | None = None, parts: str = "") -> BenchSetting:
-    """The bench's model, warm start, parts and pinned overrides for `--setting NAME`.
+                    warm_start_steps: int | None = None, parts: str = "", model: str = "") -> BenchSetting:
+    """The bench's model, warm start, parts and pinned overrides for `--setting NAME` (or `--model`).
 
     None / "" means the setting's own value. Raises ConfigError (a ValueError; the CLI exits 2 with
     the message) on what cannot be honoured."""
@@ -92,6 +111,8 @@ def resolve_setting(name: str, hidden_size: int | None = None, num_layers: int |
         raise ConfigError([f"--parts: unknown part(s) {', '.join(unknown)}; choose from "
                            f"{','.join(ALL_PARTS + NAMED_ONLY_PARTS)}"],
                           "raygrpo bench")
+    if model:
+        return _model_setting(name, hidden_size, num_layers, warm_start_steps, chosen, model)
     if name == "default":
         return BenchSetting("default", 128 if hidden_size is None else hidden_size,
                             4 if num_layers is None else num_layers, 900 if warm_start_steps is None else warm_start_steps,
@@ -103,6 +124,31 @@ def resolve_setting(name: str, hidden_size: int | None = None, num_layers: int |
     return BenchSetting("long", LONG_MODEL["hidden_size"] if hidden_size is None else hidden_size,
                         LONG_MODEL["num_layers"] if num_layers is None else num_layers, 0, chosen or LONG_PARTS,
                         (*BENCH_SETTINGS, *LONG_SETTINGS))
+
+
+def _model_setting(name, hidden_size, num_layers, warm_start_steps, parts, model: str) -> BenchSetting:
+    problems = []
+    if name != "default":
+        problems.append(f"--setting {name} builds its own random model: give --model or --setting {name}, not both")
+    tiny = [flag for flag, v in (("--hidden-size", hidden_size), ("--num-layers", num_layers),
+                                 ("--warm-start-steps", warm_start_steps)) if v is not None]
+    if tiny:
+        problems.append(f"{', '.join(tiny)} describe the tiny model the bench builds; with --model {model} leave "
+                        f"{'it' if len(tiny) == 1 else 'them'} out")
+    path = Path(model)
+    if not problems and path.exists() and not (path / "config.json").is_file():
+        problems.append(f"--model {model}: no config.json there; give a Hugging Face model directory")
+    elif not problems and not path.exists() and model_is_not_the_fixture(path):
+        hint = " (an override? overrides go before --model, or give --model its directory)" if "=" in model else ""
+        problems.append(f"--model {model}: no such directory{hint}")
+    if problems:
+        raise ConfigError(problems, "raygrpo bench")
+    return BenchSetting("model", 0, 0, 0, parts or MODEL_PARTS, tuple(MODEL_SETTINGS))
+
+
+def model_is_not_the_fixture(path: Path) -> bool:
+    """The SmolLM2 fixture (bare `--model`) is built when missing; any other missing path is an error."""
+    return path.resolve() != SMOLLM2_FIXTURE
 
 
 BENCH_VENV = ".venv-bench"

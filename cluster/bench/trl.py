@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,53 @@ def trl_settings(cfg, model: str, threads: int) -> dict:
                      "task_digits": cfg.data.task_digits}}
 
 
+class PhaseTimer:
+    """GRPOTrainer's phases per optimizer step, timed by wrapping its methods on the instance:
+    generation (`_generate`), rewards (`_calculate_rewards`), the reference's log-probs
+    (`_get_per_token_logps_and_entropies` called with `ref_model`) and the whole of
+    `_generate_and_score_completions`; training is the step's time outside that. Tokens: completion
+    tokens generated, prompt + completion tokens trained (real ones, padding left out), as raygrpo counts.
+    A TrainerCallback (its hooks are duck-typed here, so this module needs no TRL import)."""
+
+    KEYS = ("gen_s", "reward_s", "ref_s", "score_s", "gen_tokens", "train_tokens")
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.cur = dict.fromkeys(self.KEYS, 0.0)
+        self.steps: dict[str, list[float]] = {k: [] for k in (*self.KEYS, "train_s", "step_s")}
+
+    def attach(self, trainer) -> None:
+        def timed(name, key, when=None, count=False):
+            fn = getattr(trainer, name)
+
+            def wrapper(*a, **kw):
+                if when is not None and not when(*a, **kw):
+                    return fn(*a, **kw)
+                t = self.clock()
+                out = fn(*a, **kw)
+                self.cur[key] += self.clock() - t
+                if count:
+                    completion = float(out["completion_mask"].sum())
+                    self.cur["gen_tokens"] += completion
+                    self.cur["train_tokens"] += completion + float(out["prompt_mask"].sum())
+                return out
+            setattr(trainer, name, wrapper)
+
+        timed("_generate", "gen_s")
+        timed("_calculate_rewards", "reward_s")
+        timed("_get_per_token_logps_and_entropies", "ref_s",
+              when=lambda model, *a, **kw: model is getattr(trainer, "ref_model", None))
+        timed("_generate_and_score_completions", "score_s", count=True)
+
+    def end_step(self, step_s: float) -> None:
+        """The optimizer step that took `step_s` ended: its phases become one entry of each list."""
+        for k, v in self.cur.items():
+            self.steps[k].append(v)
+        self.steps["step_s"].append(step_s)
+        self.steps["train_s"].append(step_s - self.cur["score_s"])
+        self.cur = dict.fromkeys(self.KEYS, 0.0)
+
+
 def trl_main(spec_path: str, out_path: str) -> int:
     """Subprocess (.venv-bench's python): TRL's GRPOTrainer on the prompts our trainer takes."""
     s = json.loads(Path(spec_path).read_text())
@@ -150,7 +198,9 @@ def trl_main(spec_path: str, out_path: str) -> int:
     ds = Dataset.from_list([{"prompt": e.prompt, "answer": e.fields["answer"]} for e in examples])
 
     def exact_match_reward(prompts, completions, answer, **_):
-        return [exact_match(p, c, answer=a) for p, c, a in zip(prompts, completions, answer)]
+        # conversational prompts get completions as messages: the assistant's text is what raygrpo scores
+        return [exact_match(p, c if isinstance(c, str) else c[-1]["content"], answer=a)
+                for p, c, a in zip(prompts, completions, answer)]
 
     class Timer(TrainerCallback):
         def __init__(self):
@@ -161,6 +211,7 @@ def trl_main(spec_path: str, out_path: str) -> int:
 
         def on_step_end(self, args, state, control, **kw):
             self.marks.append(time.perf_counter())
+            phases.end_step(self.marks[-1] - self.marks[-2])
 
     tok = AutoTokenizer.from_pretrained(s["model"])
     model = AutoModelForCausalLM.from_pretrained(s["model"], dtype=torch.float32)
@@ -179,9 +230,11 @@ def trl_main(spec_path: str, out_path: str) -> int:
         logging_steps=1, save_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0, shuffle_dataset=False,  # in order: step k gets our step k's prompts
     )
+    phases = PhaseTimer()
     timer = Timer()
     trainer = GRPOTrainer(model=model, reward_funcs=exact_match_reward, args=args, train_dataset=ds,
                           processing_class=tok, callbacks=[timer])
+    phases.attach(trainer)
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
@@ -203,7 +256,8 @@ def trl_main(spec_path: str, out_path: str) -> int:
               "reward_last": rewards[-1] if rewards else None, "reward_mean": mean(rewards),
               "completion_length": [h.get("completions/mean_length") for h in logs],
               "heldout_accuracy_after": accuracy_after, "heldout_prompts": len(heldout),
-              "torch_threads": s["threads"], "settings": s}
+              "torch_threads": s["threads"], "phases": phases.steps,
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "settings": s}
     Path(out_path).write_text(json.dumps(jsonable(result), indent=1))
     return 0
 

@@ -161,7 +161,8 @@ def test_bench_cli_arguments():
     args = build_parser().parse_args(["bench", "--hidden-size", "256", "--num-layers", "8", "--skip-trl",
                                       "algo.beta=0"])
     assert (args.hidden_size, args.num_layers, args.skip_trl, args.overrides) == (256, 8, True, ["algo.beta=0"])
-    assert args.out == "runs/bench/bench.json" and args.steps == 5
+    assert args.out == "runs/bench/bench.json" and args.steps is None  # report.DEFAULT_STEPS, or MODEL_STEPS
+    assert (report.DEFAULT_STEPS, report.DEFAULT_TRL_THREADS) == (5, "1,0")
 
 
 def test_subprocess_entry_point_usage(capsys):
