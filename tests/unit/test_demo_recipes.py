@@ -127,7 +127,7 @@ def test_the_smollm2_recipe_trains_the_pretrained_model_on_word_problems_it_half
     cfg = load_config(recipe.config, ["model.path=/nonexistent", *recipe.write_data(tmp_path)], validate_paths=False)
     assert cfg.reward.functions == ["gsm8k"] and cfg.algo.beta == 0.0  # no reference model: a step costs less
     assert cfg.learner.lora_rank == 0  # full fine-tuning
-    assert cfg.trainer.eval_pass_k == 0 and cfg.data.num_eval == 200
+    assert cfg.trainer.eval_pass_k == 0 and cfg.data.num_eval == 100
     assert cfg.rollout.max_new_tokens <= 48  # short completions: a step of the real model fits 2 cores
 
 
