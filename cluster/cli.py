@@ -105,7 +105,7 @@ def _seed(text: str) -> int:
 
 
 # cluster/demo/recipes.py RECIPES (the CLI imports nothing heavy)
-DEMO_RECIPES = ("addition", "lora", "async", "chat", "tools", "reward_model")
+DEMO_RECIPES = ("addition", "lora", "async", "chat", "tools", "reward_model", "smollm2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the training mode shown: addition (default: full fine-tuning, sync schedule), lora (only the "
                    "adapter travels to vLLM), async (trainer.mode=async), chat (BPE chat model, conversational word "
                    "problems, gsm8k reward), tools (multi-turn with the calculator environment), reward_model (scored by a "
-                   "reward model alone, built from the warm start on its own samples)")
+                   "reward model alone, built from the warm start on its own samples), smollm2 (a real pretrained model, "
+                   "SmolLM2-135M-Instruct converted from PyPI, no warm start)")
     d.add_argument("--run-dir", default=None, help="default: runs/demo, or runs/demo-RECIPE")
     d.add_argument("--steps", type=_positive_int, default=None, metavar="N",
                    help="GRPO steps, at least 1 (default: the demo config's)")

