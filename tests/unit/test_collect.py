@@ -53,6 +53,7 @@ class FakeStream:
 class FakePool:
     restarts = 0
     live = [0]
+    fleet_changed = False
 
     def __init__(self, skip=()):
         self.skip, self.calls, self.activities = set(skip), [], []

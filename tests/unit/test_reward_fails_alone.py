@@ -98,7 +98,7 @@ def loop(tmp_path, rewards_per_prompt, steps=3, halt_after=2):
     t.log = MetricsLogger(tmp_path, steps, tensorboard=False, extra_keys=tuple(f"rewards/f/{s}" for s in REWARD_STATS))
     t.trained = []
     t.learners = SimpleNamespace(train=lambda batch: t.trained.append(batch) or {"tokens": 1},
-                                 sync_weights=lambda version: {"bytes": 1, "verified": True}, train_calls=0)
+                                 sync_weights=lambda version, watch=None: {"bytes": 1, "verified": True}, train_calls=0)
     t._engines_lock = threading.RLock()
     t.save_checkpoint = lambda pending=None, finished=False: tmp_path / f"step-{t.step:08d}"
     return t
