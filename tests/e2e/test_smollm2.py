@@ -22,23 +22,25 @@ from cluster.models.smollm2 import check_against_gguf, fetch_gguf
 from cluster.models.tinymodel import num_parameters
 from cluster.models.wordproblems import conversational_rows, write_jsonl
 from cluster.run.metrics import read_metrics
+from learner.grpo import token_logprobs
 from tests.conftest import CACHE
 
 BIN = Path(sys.executable).parent
 LENGTH_REWARD = "def reward(prompt, completion, **kw):\n    return len(completion) / 10\n"  # varies within a group
 
 
-def project(root: Path, model_dir: Path, *extra: str) -> Path:
+def project(root: Path, model_dir: Path, *extra: str, rollout: str = "max_new_tokens: 16, max_model_len: 160",
+            rows: list[dict] | None = None) -> Path:
     """A user's project directory: chat rows (a system prompt of their own), a reward, run.yaml."""
     proj = root / "proj"
     proj.mkdir()
-    write_jsonl(proj / "train.jsonl", conversational_rows(4, seed=5))
+    write_jsonl(proj / "train.jsonl", rows or conversational_rows(4, seed=5))
     (proj / "length.py").write_text(LENGTH_REWARD)
     (proj / "run.yaml").write_text("\n".join([
         f"model: {{path: {model_dir}}}",
         "data: {train: train.jsonl, num_eval: 0}",
         "trainer: {steps: 2, prompts_per_step: 2, group_size: 2, run_dir: runs/smollm2, actor_timeout_s: 600}",
-        "rollout: {max_new_tokens: 16, max_model_len: 160}",
+        f"rollout: {{{rollout}}}",
         "reward: {functions: ['length.py:reward']}",
         "metrics: {tensorboard: false}",
         *extra, ""]))
@@ -81,25 +83,130 @@ def train_rows(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if r.get("kind") == "train"]
 
 
-@pytest.mark.timeout(1800)
-def test_full_fine_tuning_through_the_cli_keeps_the_engine_equal_to_the_learner(smollm2_dir, tmp_path):
-    """`raygrpo train`, all 134.5M weights, with a KL term (the reference on the learner).
-
-    What the weight sync sends for a tied model: the shared embedding once, under
-    `model.embed_tokens.weight` (no `lm_head.weight`), 538,060,032 bytes = 134,515,008 float32
-    parameters; vLLM's Llama ties its LM head to that embedding, so both move with it. Shown here:
-    after step 1's update the policy has moved far from the reference (kl), yet the learner's
-    log-probs of the tokens the engine sampled at step 2 equal the engine's own to 1e-4, which they
-    could not if the engine's output layer (or any layer) still held the old weights."""
-    proj = project(tmp_path, smollm2_dir, "learner: {lr: 5.0e-5}", "algo: {beta: 0.05}")
+@pytest.fixture(scope="module")
+def zero2_run(smollm2_dir, tmp_path_factory):
+    """One `raygrpo train` run that several tests read: all 134.5M weights on 2 learner ranks under
+    ZeRO-2 (so the learner shares each prompt's forward pass among its completions), a KL term with
+    the reference on the learner, 2 steps of 2 prompts x G=2, 8 new tokens."""
+    proj = project(tmp_path_factory.mktemp("zero2"), smollm2_dir, "learner: {lr: 5.0e-5, num_ranks: 2, zero_stage: 2}",
+                   "algo: {beta: 0.05}", "reference: {placement: learner}",
+                   rollout="max_new_tokens: 8, max_model_len: 160")
     out = raygrpo("train", "run.yaml", cwd=proj)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = train_rows(proj / "runs" / "smollm2")
+    return proj / "runs" / "smollm2", out.stdout + out.stderr
+
+
+@pytest.mark.timeout(1800)
+def test_full_fine_tuning_on_two_zero2_ranks_keeps_the_engine_equal_to_the_learner(smollm2_dir, zero2_run):
+    """What the weight sync sends for a tied model: the shared embedding once, under
+    `model.embed_tokens.weight` (no `lm_head.weight`), 538,060,032 bytes = 134,515,008 float32
+    parameters; vLLM's Llama ties its LM head to that embedding, so both move with it (shown
+    directly in test_smollm2_logprobs.py). Here: the sync verified at every step; at step 1 the
+    reference (a frozen copy on each rank) equals the policy (KL 0 to float rounding); after step
+    1's update the policy has moved from it, yet the learner's log-probs (prompt sharing on) of the
+    tokens the engine sampled at step 2 equal the engine's own to 1e-4."""
+    run_dir, console = zero2_run
+    rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["sync_verified"] for r in rows), rows
     assert all(r["sync_bytes"] == 4 * num_parameters(smollm2_dir) for r in rows)  # the tied embedding sent once
-    assert rows[0]["grad_norm"] > 0 and rows[1]["kl"] > 1e-3, rows  # step 1 trained; step 2's policy moved
+    assert rows[0]["kl"] < 1e-6 and rows[0]["grad_norm"] > 0 and rows[1]["kl"] > 1e-3, rows
     assert all(r["logprob_diff_max"] < 1e-4 for r in rows), [(r["logprob_diff_mean"], r["logprob_diff_max"]) for r in rows]
+    assert "the completions of a prompt share its forward pass" in console, console[-3000:]
+    assert "prompt sharing is off" not in console
+
+
+# `vllm.LLM` on the export, as a user serves it: prompt log-probs of a chat transcript, and a greedy chat answer.
+VLLM_ON_THE_EXPORT = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+export, ids = sys.argv[1], json.loads(sys.argv[2])
+llm = LLM(model=export, dtype="float32", max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=64 << 20)
+scored = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
+                      use_tqdm=False)[0]
+chat = llm.chat([{"role": "user", "content": "What is 2 + 3?"}], SamplingParams(max_tokens=8, temperature=0.0),
+                use_tqdm=False)[0]
+print("RESULT " + json.dumps({"logprobs": [step[t].logprob for t, step in zip(ids[1:], scored.prompt_logprobs[1:])],
+                              "chat_prompt_ids": list(chat.prompt_token_ids), "chat_ids": list(chat.outputs[0].token_ids)}))
+"""
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.mark.timeout(1800)
+def test_the_export_loads_in_transformers_and_vllm_with_the_chat_template(smollm2_dir, zero2_run):
+    """The full-weight export (`hf_model/`, after 2 updates) loads in transformers, embeddings still
+    tied, chat template and EOS kept, and holds the trained weights; vLLM serves it: its log-probs
+    of a chat transcript equal transformers' within 1e-4 (float32), its chat prompt is the
+    template's and its greedy answer is transformers' greedy answer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = zero2_run[0] / "hf_model"
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    assert tokenizer.chat_template == AutoTokenizer.from_pretrained(smollm2_dir).chat_template
+    assert tokenizer.eos_token == "<|im_end|>"
+    model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    assert model.config.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    ids = list(tokenizer.apply_chat_template(QUESTION + [{"role": "assistant", "content": "2 + 3 = 5\n#### 5"}],
+                                             return_dict=True)["input_ids"])
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)["input_ids"]
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        hf = token_logprobs(model(input_ids=x).logits[:, :-1], x[:, 1:])[0]
+        before = token_logprobs(base(input_ids=x).logits[:, :-1], x[:, 1:])[0]
+        greedy = model.generate(prompt, max_new_tokens=8, do_sample=False)[0, prompt.shape[1]:].tolist()
+    assert (hf - before).abs().max() > 1e-3  # the export holds the trained weights, not the original ones
+
+    out = subprocess.run([sys.executable, "-c", VLLM_ON_THE_EXPORT, str(export), json.dumps(ids)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    served = json.loads(out.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert (torch.tensor(served["logprobs"]) - hf).abs().max() < 1e-4
+    assert served["chat_prompt_ids"] == prompt[0].tolist()
+    assert served["chat_ids"] == greedy, (tokenizer.decode(served["chat_ids"]), tokenizer.decode(greedy))
+
+
+# Rows whose conversation shows the calculator once (a 135M model writes calc() by itself only
+# after an example), then asks a product.
+CALC_SYSTEM = "You have a calculator: write calc(EXPRESSION) and the tool answers."
+CALC_ROWS = [{"prompt": [{"role": "system", "content": CALC_SYSTEM}, {"role": "user", "content": "What is 12 * 5?"},
+                         {"role": "assistant", "content": "calc(12 * 5)"}, {"role": "tool", "content": "60"},
+                         {"role": "assistant", "content": "#### 60"}, {"role": "user", "content": f"What is {a} * {b}?"}],
+              "answer": str(a * b)} for a, b in ((17, 23), (14, 31), (26, 19), (38, 12))]
+
+
+@pytest.fixture(scope="module")
+def zero3_calculator_run(smollm2_dir, tmp_path_factory):
+    """One `raygrpo train` run on 2 ZeRO-3 learner ranks, with a KL term whose reference runs as its
+    own actor (sharing each prompt's forward pass among its completions), and multi-turn rollouts
+    with the built-in calculator: 2 steps of 2 prompts x G=2, up to 2 turns of 12 tokens."""
+    proj = project(tmp_path_factory.mktemp("zero3"), smollm2_dir, "learner: {lr: 5.0e-5, num_ranks: 2, zero_stage: 3}",
+                   "algo: {beta: 0.05}", "reference: {placement: actor}",
+                   rollout="env: calculator, max_turns: 2, max_new_tokens: 12, max_model_len: 256", rows=CALC_ROWS)
+    out = raygrpo("train", "run.yaml", cwd=proj)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return proj / "runs" / "smollm2", out.stdout + out.stderr
+
+
+@pytest.mark.timeout(1800)
+def test_zero3_with_the_reference_actor_and_the_calculator(smollm2_dir, zero3_calculator_run):
+    """Under ZeRO-3 on 2 ranks (each holding half of every parameter, gathered a layer group at a
+    time to send) the whole tied model is sent and verified at every step; the reference actor's
+    log-probs (prompt sharing) equal the policy's at step 1 (KL 0 to float rounding), the policy
+    moves by step 2, and the learner agrees with the engine on the sampled tokens of multi-turn
+    trajectories whose calculator calls were answered (environment tokens out of the loss)."""
+    run_dir, console = zero3_calculator_run
+    rows = train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["sync_verified"] and r["sync_bytes"] == 4 * num_parameters(smollm2_dir) for r in rows), rows
+    assert all(r["ref_s"] > 0 for r in rows), rows  # the reference actor scored each batch
+    assert rows[0]["kl"] < 1e-6 and rows[0]["grad_norm"] > 0 and rows[1]["kl"] > 1e-3, rows
+    assert all(r["logprob_diff_max"] < 1e-4 for r in rows), [(r["logprob_diff_mean"], r["logprob_diff_max"]) for r in rows]
+    assert all(r["env_errors"] == 0 and r["env_overflows"] == 0 for r in rows), rows
+    assert max(r["tool_calls_mean"] for r in rows) > 0 and max(r["turns_mean"] for r in rows) > 1, rows
+    assert all(r["env_tokens_mean"] > 0 for r in rows if r["tool_calls_mean"] > 0), rows
 
 
 @pytest.mark.timeout(1800)
