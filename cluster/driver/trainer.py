@@ -495,7 +495,10 @@ class Trainer:
             self.stream.load_state({"epoch": 0, "index": 0})
             if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
                 self.learners.sync_weights(self.version)
-                self.engine_version = self.version
+            # New engines hold the base weights, kept ones were just sent them. Left at the version the run
+            # reached before the restart, every engine's answer would look stale ("restarted: base weights")
+            # and be revived and re-sent for ever.
+            self.engine_version = self.version
             return
         self.learners.load(str(path), checkpoint.LEARNER_TAG)
         self.step, self.version = state["step"], state["weight_version"]

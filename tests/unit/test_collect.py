@@ -437,3 +437,16 @@ def test_an_evaluation_is_named_in_the_waiting_lines_and_reports_its_cost(k, mon
     assert said == ["waiting on rollout worker 0 (evaluating: 4 held-out prompts, greedy)",
                     "waiting on rollout worker 1 (evaluating: 4 held-out prompts, greedy)",
                     "waiting on rollout worker 0 (generating 1 prompts)", "waiting on rollout worker 1 (generating 1 prompts)"]
+
+
+def test_a_restart_before_the_first_checkpoint_expects_the_base_weights_of_the_engines(tmp_path):
+    """A learner rank died before any checkpoint: every actor restarts and the run goes on from step 0. The new
+    engines hold the base weights (version 0), so the driver must expect version 0 of them, not the version the
+    run had reached: else every answer looks stale, is revived and re-sent for ever (seen on SmolLM2, ZeRO-3)."""
+    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
+    r.stream.load_state = lambda state: None
+    r.resume_from = resume_point(r.cfg, restarting=True)
+    assert r.resume_from.path is None  # no checkpoint yet
+    r.step, r.version, r.engine_version = 3, 3, 3  # where the run was when the rank died
+    r._resume()
+    assert (r.step, r.version, r.engine_version) == (0, 0, 0)
