@@ -18,8 +18,11 @@ from cluster.launch.shared_storage import look
 
 @pytest.fixture
 def clean_ifname_env(monkeypatch):
+    """The interface variables unset for the test and restored after it, including those that
+    pin_network_interface sets (delenv of an unset variable records nothing to restore: setenv first)."""
     for k in SOCKET_IFNAME_VARS:
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "")
+        monkeypatch.delenv(k)
     return monkeypatch
 
 
@@ -33,6 +36,11 @@ def test_the_drivers_interface_variables_reach_every_actor_and_the_config_key_se
     pin_network_interface("eth7")
     env = worker_runtime_env()["env_vars"]
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth7"
+
+
+def test_the_interface_variables_do_not_outlive_the_test_above():
+    """A leaked GLOO_SOCKET_IFNAME=eth7 made every later gloo test of the same session fail."""
+    assert os.environ.get("GLOO_SOCKET_IFNAME") != "eth7" and os.environ.get("NCCL_SOCKET_IFNAME") != "eth7"
 
 
 def test_network_interface_and_connect_timeout_are_checked():
