@@ -7,13 +7,19 @@ from __future__ import annotations
 from cluster.launch.waits import wait_for
 
 
-def bundle_node(pg, bundle: int) -> tuple[str, str, str]:
-    """(node IP as Ray knows it, hostname, node id) of the node a ready placement group put `bundle` on."""
+def bundle_node(pg, bundle: int, live_only: bool = False) -> tuple[str, str, str]:
+    """(node IP as Ray knows it, hostname, node id) of the node a ready placement group put `bundle` on.
+    `live_only`: ("", "", "") when the bundle is not on a live node (not placed yet, or not again since its
+    node died)."""
     import ray
     from ray.util.placement_group import placement_group_table
 
-    node_id = placement_group_table(pg)["bundles_to_node_id"][bundle]
-    node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
+    node_ids = placement_group_table(pg)["bundles_to_node_id"]
+    node_id = node_ids.get(bundle) if live_only else node_ids[bundle]
+    nodes = (n for n in ray.nodes() if n["NodeID"] == node_id and (n["Alive"] or not live_only))
+    node = next(nodes, None) if live_only else next(nodes)
+    if node is None:
+        return "", "", ""
     return node["NodeManagerAddress"], node.get("NodeManagerHostname") or node["NodeManagerAddress"], node_id
 
 

@@ -177,7 +177,7 @@ def wait_bundle_placed(pg, bundle: int, actor: str, resources: dict, wait_s: flo
     """The IP of the live node that holds `bundle` of `pg`, waiting up to `wait_s` for Ray to place it."""
     t0, said = time.monotonic(), -30.0
     while True:
-        ip = bundle_node_ip(pg, bundle)
+        ip = bundle_node(pg, bundle, live_only=True)[0]
         if ip:
             return ip
         waited = time.monotonic() - t0
@@ -191,16 +191,6 @@ def wait_bundle_placed(pg, bundle: int, actor: str, resources: dict, wait_s: flo
             print(f"waiting for a node with room for {actor} ({resources}): {waited:.0f}s so far, at most "
                   f"ray.node_wait_s={wait_s:.0f}s ({len(live)} live node(s): {hosts.room_note()})", flush=True)
         time.sleep(2.0)
-
-
-def bundle_node_ip(pg, bundle: int) -> str:
-    """The IP (as Ray knows the node) of the live node a placement group put `bundle` on; "" when the bundle
-    is not placed (yet, or again after its node died)."""
-    import ray
-    from ray.util.placement_group import placement_group_table
-
-    node_id = placement_group_table(pg)["bundles_to_node_id"].get(bundle)
-    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id and n["Alive"]), "")
 
 
 def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -134,12 +135,36 @@ def train(gcs: str, model_dir, run_dir: Path, steps: int, extra: list[str], out)
         cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
 
 
-def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900) -> None:
+@contextmanager
+def training(gcs: str, model_dir, run_dir: Path, steps: int, extra: list[str], console: Path):
+    """The `train` run, its output in `console`; killed at the end if it still runs."""
+    with open(console, "w") as out:
+        proc = train(gcs, model_dir, run_dir, steps, extra, out)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def wait_until(done, proc, console: Path, timeout_s: float, timeout_note: str | None = None) -> None:
+    """Poll `done()` every second while the run lives, at most `timeout_s`; a failure shows the console's tail."""
     deadline = time.time() + timeout_s
-    while len(rows(run_dir)) < n:
+    while not done():
         assert proc.poll() is None, console.read_text()[-5000:]
-        assert time.time() < deadline, f"no {n} steps in {timeout_s:.0f} s"
+        assert time.time() < deadline, timeout_note or console.read_text()[-5000:]
         time.sleep(1)
+
+
+def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900) -> None:
+    wait_until(lambda: len(rows(run_dir)) >= n, proc, console, timeout_s, f"no {n} steps in {timeout_s:.0f} s")
+
+
+def finished(console: Path, run_dir: Path) -> tuple[str, list[dict]]:
+    """The run's console (its tail printed for the test's log) and its training rows."""
+    text = console.read_text()
+    print(text[-6000:])
+    return text, rows(run_dir)
 
 
 @pytest.fixture
@@ -170,12 +195,10 @@ def test_engines_lost_with_their_host_cost_no_step_come_back_when_a_node_joins_a
     host_b = add_node()
     run_dir = tmp_path / "run"
     console = tmp_path / "train.log"
-    out = open(console, "w")
     # Many steps of a fraction of a second each: the run is stopped (SIGTERM: checkpoint, exit 143) once the
     # lost engine is back and has generated, however long its reload took.
-    proc = train(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
-                                                      "checkpoint.every=20"], out)
-    try:
+    with training(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
+                                                       "checkpoint.every=20"], console) as proc:
         wait_rows(proc, run_dir, 2, console)
         placement = json.loads((run_dir / "placement.json").read_text())
         on_b = [p["role"] for p in placement if p["pid"] in host_b.pids()]
@@ -183,10 +206,8 @@ def test_engines_lost_with_their_host_cost_no_step_come_back_when_a_node_joins_a
         lost_at = len(rows(run_dir))
         host_b.lose()
         host_c = add_node()  # a node with room for one engine joins: the lost engine comes back there
-        deadline = time.time() + 900
-        while "rejoined on" not in console.read_text() or rows(run_dir)[-1]["rollout/live_engines"] != 2:
-            assert proc.poll() is None and time.time() < deadline, console.read_text()[-5000:]
-            time.sleep(1)
+        wait_until(lambda: "rejoined on" in console.read_text() and rows(run_dir)[-1]["rollout/live_engines"] == 2,
+                   proc, console, 900)
         rejoined_at = len(rows(run_dir))
         # A partition: the host holding the engine that came back is unreachable for 30 s (frozen, SIGSTOP:
         # its connections stay open and answer nothing, as with its link down), then back (SIGCONT). The run
@@ -196,18 +217,11 @@ def test_engines_lost_with_their_host_cost_no_step_come_back_when_a_node_joins_a
         host_c.signal_all(signal.SIGSTOP)
         time.sleep(30)
         host_c.signal_all(signal.SIGCONT)
-        healed, deadline = len(rows(run_dir)), time.time() + 600
-        while len(rows(run_dir)) < healed + 3:
-            assert proc.poll() is None and time.time() < deadline, console.read_text()[-5000:]
-            time.sleep(1)
+        healed = len(rows(run_dir))
+        wait_until(lambda: len(rows(run_dir)) >= healed + 3, proc, console, 600)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        out.close()
-    text, train_rows = console.read_text(), rows(run_dir)
-    print(text[-6000:])
+    text, train_rows = finished(console, run_dir)
     after_partition, text = text[partitioned_at:], text[:partitioned_at]
     assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once, after it too
     assert ("restarting the learner ranks" in after_partition) == ("resumed from" in after_partition)
@@ -232,27 +246,17 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
     host_b = add_node(cpus=2)  # room for one learner rank (2 CPUs); the head holds the other and the engine
     run_dir, steps = tmp_path / "run", 5
     console = tmp_path / "train.log"
-    out = open(console, "w")
-    proc = train(gcs, tiny_model_dir, run_dir, steps, ["rollout.num_workers=1", "learner.num_ranks=2",
-                                                       "checkpoint.every=2"], out)
-    try:
+    with training(gcs, tiny_model_dir, run_dir, steps, ["rollout.num_workers=1", "learner.num_ranks=2",
+                                                        "checkpoint.every=2"], console) as proc:
         wait_rows(proc, run_dir, 3, console)
         before = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
         on_b = [role for role, p in before.items() if p["pid"] in host_b.pids()]
         assert len(on_b) == 1 and on_b[0].startswith("learner-"), before
         host_b.lose()
-        deadline = time.time() + 300
-        while "waiting for a node with room for learner rank" not in console.read_text():
-            assert proc.poll() is None and time.time() < deadline, console.read_text()[-5000:]
-            time.sleep(1)
+        wait_until(lambda: "waiting for a node with room for learner rank" in console.read_text(), proc, console, 300)
         add_node(cpus=2)  # the node with room the run said it waits for
         assert proc.wait(timeout=1200) == 0, console.read_text()[-5000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        out.close()
-    text, train_rows = console.read_text(), rows(run_dir)
-    print(text[-6000:])
+    text, train_rows = finished(console, run_dir)
     lost_rank = on_b[0].replace("learner-", "learner rank ")
     assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held .*{lost_rank}", text), text[-5000:]
     assert "has been marked dead because" not in text
