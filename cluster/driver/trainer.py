@@ -91,6 +91,8 @@ def actor_name(placement_row: dict) -> str:
 class Trainer:
     learner_params: int | None = None  # the model's parameter count, as learner rank 0 reports it (perf/mfu)
     feeder: PipelineFeeder | None = None  # trainer.mode=pipeline (cluster/driver/pipeline.py), made in _setup
+    actors: Actors | None = None  # made in _setup; None again after _teardown
+    pool: RolloutPool | None = None
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
@@ -370,7 +372,7 @@ class Trainer:
         """After learner rank `dead` died: whether the engines can be kept for the restart (they hold no learner
         state). The collection under way ends first (its engines answer, or fail, within their timeouts);
         engines whose host was lost leave the fleet (below rollout.min_workers this waits for room, or raises)."""
-        if getattr(self, "actors", None) is None or getattr(self, "pool", None) is None:
+        if self.actors is None or self.pool is None:
             return False
         self._collecting.submit(lambda: None).result()  # the single collecting thread is idle after this
         rank = dead.removeprefix("learner rank ")
@@ -411,7 +413,7 @@ class Trainer:
 
     def _setup(self) -> None:
         cfg = self.cfg
-        if getattr(self, "actors", None) is not None:  # a learner rank died and the engines were kept
+        if self.actors is not None:  # a learner rank died and the engines were kept
             self._restart_learners()
             return
         # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
