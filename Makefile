@@ -31,8 +31,13 @@ demo: install
 
 # Lint first: CI runs `make test`, so a lint error fails CI like a failing test. tests/docker is
 # skipped, with the reason, where no Docker daemon answers (CI); `make docker-test` runs it alone.
+# Two test files at a time (pytest-xdist; TEST_WORKERS=1 for one): the e2e tests spend most of their
+# time waiting on Ray, vLLM and DeepSpeed start-up, and a quiet 2-core machine sat at a load of 1.2-2.9
+# running them one at a time. Files, not tests, are shared out (--dist loadfile): a module's fixtures
+# are built once. The long e2e files go first so the short unit files fill the end.
+TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest tests/unit tests/e2e tests/docker
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/e2e tests/docker tests/unit
 
 test-unit: install
 	$(PY) -m pytest tests/unit

