@@ -56,6 +56,13 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
 
     if ray.is_initialized():
         return
+    if not address and os.environ.get("RAY_ADDRESS"):
+        # Ray sets RAY_ADDRESS in the driver of a `ray job submit` job (and users export it): that is the
+        # cluster meant. Starting an embedded one there would fail in Ray ("When connecting to an existing
+        # cluster, num_cpus and num_gpus must not be provided").
+        address = os.environ["RAY_ADDRESS"]
+        print(f"ray.address is empty and RAY_ADDRESS={address} is set (as in a `ray job submit` job): joining that "
+              "cluster (set ray.address to say so in the config)", flush=True)
     if address:
         join_cluster(address, runtime_env)
         return
@@ -73,7 +80,9 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
         # that attempt started: stop them (this process's new children), or each retry leaves two more.
         stop_processes(child_pids() - before)
 
-    start_with_retries(lambda: ray.init(num_cpus=cpus, include_dashboard=False,
+    # address="local": a new cluster even where `ray start` left one behind on this machine, which
+    # ray.init() with no address would join (and then refuse num_cpus).
+    start_with_retries(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                                         runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True),
                        cleanup)
 

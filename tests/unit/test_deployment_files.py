@@ -116,6 +116,7 @@ def test_every_ray_node_raygrpo_starts_gets_the_agent_registration_timeout(monke
                                  init=lambda **kw: seen.update(env=dict(__import__("os").environ)))
     monkeypatch.setitem(sys.modules, "ray", fake)
     monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # set, start_ray joins that cluster instead
     ray_cluster.start_ray("", num_cpus=8)  # the embedded cluster: its raylet reads the driver's environment
     assert seen["env"][key] == value
     monkeypatch.setenv(key, "900000")  # the user's own setting wins

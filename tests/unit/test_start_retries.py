@@ -96,3 +96,28 @@ def test_the_processes_a_failed_start_left_are_stopped():
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_the_embedded_cluster_is_always_new_and_a_jobs_ray_address_is_joined(monkeypatch, capsys):
+    """ray.address empty: ray.init(address="local"), never the cluster a `ray start` left on this machine
+    (ray.init() with no address joins it, then refuses num_cpus); with RAY_ADDRESS set, as Ray sets it in
+    a `ray job submit` driver, that cluster is joined and the console says so (Ray faked)."""
+    import sys
+    import types
+
+    from cluster.launch import ray_cluster
+
+    inits, joined = [], []
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False,
+                                                                  init=lambda **kw: inits.append(kw)))
+    monkeypatch.setattr(ray_cluster, "join_cluster", lambda address, runtime_env=None: joined.append(address))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray_cluster.start_ray("", num_cpus=8)
+    assert [kw["address"] for kw in inits] == ["local"] and inits[0]["num_cpus"] == 8 and joined == []
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    ray_cluster.start_ray("", num_cpus=8)
+    assert joined == ["10.0.0.5:6379"] and len(inits) == 1
+    assert "RAY_ADDRESS=10.0.0.5:6379 is set" in capsys.readouterr().out
+    ray_cluster.start_ray("auto", num_cpus=8)  # an explicit ray.address wins over the environment
+    assert joined == ["10.0.0.5:6379", "auto"]
