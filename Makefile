@@ -34,10 +34,12 @@ demo: install
 # Two test files at a time (pytest-xdist; TEST_WORKERS=1 for one): the e2e tests spend most of their
 # time waiting on Ray, vLLM and DeepSpeed start-up, and a quiet 2-core machine sat at a load of 1.2-2.9
 # running them one at a time. Files, not tests, are shared out (--dist loadfile): a module's fixtures
-# are built once. The long e2e files go first so the short unit files fill the end.
+# are built once. Files go out in collection order (--no-loadscope-reorder; xdist would otherwise send
+# the files with the most tests first): the slowest e2e files first (tests/conftest.py), the short unit
+# files last, to fill the end.
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/e2e tests/docker tests/unit
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/e2e tests/docker tests/unit
 
 test-unit: install
 	$(PY) -m pytest tests/unit

@@ -24,6 +24,22 @@ from cluster.models.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E4
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
 
 
+# The slowest e2e files (quiet-machine --durations, docs/STATUS.md), longest first: `make test` hands
+# whole files to its two workers in collection order (--dist loadfile --no-loadscope-reorder), and a
+# long file started last would keep one worker busy after the other has run out of work.
+SLOWEST_FIRST = ("test_lost_host.py", "test_slurm.py", "test_smollm2.py", "test_pipeline_train.py",
+                 "test_progress_and_throughput.py", "test_safety.py", "test_train.py", "test_reliability_round3_runs.py",
+                 "test_recipes_end_to_end.py", "test_multinode.py", "test_console_and_completions.py",
+                 "test_pipeline_engine.py", "test_reliability_env.py", "test_external_cluster.py",
+                 "test_lora_end_to_end.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The slowest e2e files first (SLOWEST_FIRST), then every other file in the order collected."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent.name == "e2e" else len(rank))
+
+
 @contextmanager
 def building(name: str):
     """One builder per model at a time across processes: `make test` runs two pytest workers

@@ -2,10 +2,13 @@
 (the start faked), and DeepSpeed's shared-memory op build announced, its stale lock named."""
 import os
 import subprocess
+import sys
 import time
+import types
 
 import pytest
 
+from cluster.launch import ray_cluster
 from cluster.launch.ray_cluster import RayStartFailed, child_pids, start_with_retries, stop_processes
 from learner.op_build import SHM_OP, StaleBuildLock, check_shm_op_build, processes_working_in
 
@@ -102,11 +105,6 @@ def test_the_embedded_cluster_is_always_new_and_a_jobs_ray_address_is_joined(mon
     """ray.address empty: ray.init(address="local"), never the cluster a `ray start` left on this machine
     (ray.init() with no address joins it, then refuses num_cpus); with RAY_ADDRESS set, as Ray sets it in
     a `ray job submit` driver, that cluster is joined and the console says so (Ray faked)."""
-    import sys
-    import types
-
-    from cluster.launch import ray_cluster
-
     inits, joined = [], []
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False,
                                                                   init=lambda **kw: inits.append(kw)))
