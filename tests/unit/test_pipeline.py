@@ -111,3 +111,21 @@ def test_decoupled_objective_leaves_out_tokens_above_the_cap_where_tis_truncates
     assert "unknown behavior_correction" in str(pytest.raises(ValueError, policy_loss, inputs,
                                                               AlgoConfig(behavior_correction="x")).value)
     assert any("algo.behavior_correction must be tis|decoupled" in p for p in AlgoConfig(behavior_correction="x").problems())
+
+
+def test_an_engine_replaced_mid_run_counts_from_zero_in_the_busy_fraction():
+    """The engine's counters are running totals; a process that replaced a dead one starts them from zero.
+    Subtracting the dead one's totals gave a negative wall time and a NaN busy fraction (seen in an e2e run)."""
+    f = feeder(version=1)
+    f.pool.pids = [11]
+
+    def poll(pid, busy, wall, tokens):
+        f._account(0, {"pid": pid, "stats": {"busy_s": busy, "wall_s": wall, "tokens": tokens, "pause_s": 0.0}})
+
+    poll(11, 8.0, 10.0, 100)
+    assert f._engine_since_last()["pipeline/engine_busy_frac"] == pytest.approx(0.8)
+    poll(12, 1.5, 2.0, 20)  # Ray started a new process: its totals count from zero
+    m = f._engine_since_last()
+    assert m["pipeline/engine_busy_frac"] == pytest.approx(0.75) and m["pipeline/engine_tokens_per_s"] == pytest.approx(10)
+    poll(12, 3.5, 4.0, 40)  # the same process again: only what it did since
+    assert f._engine_since_last()["pipeline/engine_busy_frac"] == pytest.approx(1.0)
