@@ -35,11 +35,16 @@ demo: install
 # time waiting on Ray, vLLM and DeepSpeed start-up, and a quiet 2-core machine sat at a load of 1.2-2.9
 # running them one at a time. Files, not tests, are shared out (--dist loadfile): a module's fixtures
 # are built once. Files go out in collection order (--no-loadscope-reorder; xdist would otherwise send
-# the files with the most tests first): the slowest e2e files first (tests/conftest.py), the short unit
-# files last, to fill the end.
+# the files with the most tests first): the slowest e2e files first (tests/conftest.py).
+# The unit tier runs in pytest processes of its own, first: e2e tests run training in the test
+# process, and a worker that had run them broke the unit tests' output capture (capsys) after them.
+# Both tiers run, whatever the first gives; the target fails if either failed.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/e2e tests/docker tests/unit
+	$(PY) -m pytest $(XDIST) tests/unit; unit=$$?; \
+	$(PY) -m pytest $(XDIST) tests/e2e tests/docker; e2e=$$?; \
+	echo "make test: unit tier exit $$unit, e2e tier exit $$e2e"; test $$unit = 0 -a $$e2e = 0
 
 test-unit: install
 	$(PY) -m pytest tests/unit
