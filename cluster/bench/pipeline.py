@@ -50,7 +50,6 @@ def run_part(cache: Path, hidden_size: int, num_layers: int, steps: int, user: l
     cfg = load_config(None, overrides)
     t, r = cfg.trainer, cfg.rollout
     overrides.append(f"metrics.completions_per_step={t.prompts_per_step * t.group_size}")  # every completion's length
-    ref_actor = cfg.algo.beta > 0 and not cfg.reference_on_learner()
     progress(f"pipeline: long-tailed model {model} (<eos> logit {EOS_LOGIT}); {steps} steps x {t.prompts_per_step} "
              f"prompts x G={t.group_size} x <= {r.max_new_tokens} tokens in each of {', '.join(MODES)}")
     modes = {}
@@ -58,7 +57,10 @@ def run_part(cache: Path, hidden_size: int, num_layers: int, steps: int, user: l
         load_before = load_average()
         run_dir = out_dir / f"pipeline-{mode}"
         summary, rows = bench_schedule(overrides, mode, run_dir)
+        # where the reference ran (reference.placement auto: the learner in sync, the actor otherwise)
+        ref_actor = cfg.algo.beta > 0 and not summary["reference_on_learner"]
         s = mode_summary(mode, rows, ref_actor=ref_actor, threads=summary.get("threads"))
+        s["reference"] = "actor" if ref_actor else ("learner" if cfg.algo.beta > 0 else "none")
         s["lengths"] = length_quantiles(completion_lengths(run_dir), r.max_new_tokens)
         s["load_average"] = {"before": load_before, "after": load_average()}
         s["run_wall_s"] = summary.get("run_wall_s")
@@ -69,8 +71,7 @@ def run_part(cache: Path, hidden_size: int, num_layers: int, steps: int, user: l
                  f"{fmt_value(s.get('engine_idle_frac'))}, {fmt_value(s.get('step_s_median'))} s/step; lengths p50 "
                  f"{q.get('p50')} p90 {q.get('p90')} max {q.get('max')}; load {s['load_average']['after']}")
     return {"workload": {"steps": steps, "prompts_per_step": t.prompts_per_step, "group_size": t.group_size,
-                         "max_new_tokens": r.max_new_tokens, "eos_logit": EOS_LOGIT, "model": str(model),
-                         "reference": "actor" if ref_actor else ("learner" if cfg.algo.beta > 0 else "none")},
+                         "max_new_tokens": r.max_new_tokens, "eos_logit": EOS_LOGIT, "model": str(model)},
             "overrides": overrides, "modes": modes, "verdict": verdict(modes)}
 
 
