@@ -59,9 +59,13 @@ def run_part(cache: Path, hidden_size: int, num_layers: int, steps: int, user: l
         summary, rows = bench_schedule(overrides, mode, run_dir)
         # where the reference ran (reference.placement auto: the learner in sync, the actor otherwise)
         ref_actor = cfg.algo.beta > 0 and not summary["reference_on_learner"]
-        s = mode_summary(mode, rows, ref_actor=ref_actor, threads=summary.get("threads"))
+        logged = completion_lengths(run_dir)
+        trained: dict[int, int] = {}
+        for step, n in logged:
+            trained[step] = trained.get(step, 0) + n
+        s = mode_summary(mode, rows, ref_actor=ref_actor, threads=summary.get("threads"), trained_tokens=trained)
         s["reference"] = "actor" if ref_actor else ("learner" if cfg.algo.beta > 0 else "none")
-        s["lengths"] = length_quantiles(completion_lengths(run_dir), r.max_new_tokens)
+        s["lengths"] = length_quantiles([n for _, n in logged], r.max_new_tokens)
         s["load_average"] = {"before": load_before, "after": load_average()}
         s["run_wall_s"] = summary.get("run_wall_s")
         s["rows"] = rows
@@ -75,8 +79,8 @@ def run_part(cache: Path, hidden_size: int, num_layers: int, steps: int, user: l
             "overrides": overrides, "modes": modes, "verdict": verdict(modes)}
 
 
-def completion_lengths(run_dir: Path) -> list[int]:
-    """Every logged completion's token count (completions.jsonl), all steps."""
+def completion_lengths(run_dir: Path) -> list[tuple[int, int]]:
+    """(step, token count) of every logged completion (completions.jsonl: every one trained on)."""
     path = run_dir / "completions.jsonl"
     if not path.exists():
         return []
@@ -85,5 +89,5 @@ def completion_lengths(run_dir: Path) -> list[int]:
         if line.strip():
             row = json.loads(line)
             if isinstance(row.get("num_tokens"), int):
-                out.append(row["num_tokens"])
+                out.append((row.get("step"), row["num_tokens"]))
     return out

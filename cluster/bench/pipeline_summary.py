@@ -10,21 +10,30 @@ One definition for all three modes, over the measured steps (the first, warm-up,
                         seconds the engine spent inside its engine steps since the last batch
                         (cluster/driver/pipeline.py). One engine (rollout.num_workers=1), so both are
                         one engine's seconds.
-  engine idle fraction  1 - sum(engine busy seconds) / sum(step_s).
-  generated tokens/s    sum(gen_tokens) / sum(step_s): the completion tokens of the batches trained
-                        on (pipeline: and of the groups dropped as stale) per second of the run.
+  window                the wall seconds those busy seconds were counted in: sync and async, the
+                        step (`step_s`); pipeline, the engine's own interval between two batches,
+                        `gen_s / pipeline/engine_busy_frac` (it runs from one `next_batch` to the
+                        next, so it is offset from the step by the learner's train + sync: a pipeline
+                        row's `gen_s` can exceed its `step_s`).
+  engine idle fraction  1 - sum(engine busy seconds) / sum(window).
+  generated tokens/s    sum(gen_tokens) / sum(window): every completion token the engine handed back,
+                        in pipeline mode with those of groups then dropped as too stale.
+  trained tokens/s      the completion tokens of the groups trained on (from completions.jsonl, which
+                        logs every one) / sum(step_s): what the run learns from per second.
   step time             the median step_s.
 
 The sync/async busy seconds include what the pipeline's leave out (the Ray call, detokenizing),
 so if anything they flatter sync and async, not pipeline.
 
-Prediction for engines on their own devices (one sentence, `predict`): each side keeps the seconds
-per step it took here, and the schedule decides what overlaps, so a sync step is the sum of its
-phases and an async or pipeline step is max(engine side, learner side), the engine side being
-generation + the time the engine is held for the weight update (sync_s; pipeline: its pause)
-+ what the collector waits for before the next batch (rewards, a reference actor; async only: the
-pipeline scores in another thread), the learner side train + sync (+ the reference on the learner).
-Seconds measured while both sides shared the cores, so for async and pipeline it errs slow.
+Prediction for engines on their own devices (`PREDICTION_MODEL`): each side keeps the seconds it
+took here, and the schedule decides what overlaps: a sync step is the sum of its phases, an async
+step max(engine side, learner side) step by step (one batch ahead), and the pipeline run
+max(engine side, learner side) summed over the measured steps (its groups in flight even the steps
+out). The engine side is generation + the time the engine is held for the weight update (sync_s;
+pipeline: its pause) + what the collector waits for before the next batch (rewards, a reference
+actor; async only: the pipeline scores in another thread); the learner side is train + sync (+ the
+reference on the learner). Seconds measured while both sides shared the cores, so for async and
+pipeline it errs slow.
 """
 from __future__ import annotations
 
@@ -54,35 +63,49 @@ def learner_side(r: dict, ref_actor: bool) -> float:
     return _num(r, "train_s") + _num(r, "sync_s") + (0.0 if ref_actor else _num(r, "ref_s"))
 
 
-def predicted_step(mode: str, r: dict, ref_actor: bool) -> float:
-    """A step's seconds with the engine on its own device (the module docstring's model)."""
+def predicted_seconds(mode: str, rs: list[dict], ref_actor: bool) -> float:
+    """The measured steps' seconds with the engine on its own device (PREDICTION_MODEL)."""
     if mode == "sync":
-        return sum(_num(r, k) for k in ("gen_s", "reward_s", "ref_s", "train_s", "sync_s"))
-    return max(engine_side(mode, r, ref_actor), learner_side(r, ref_actor))
+        return sum(_num(r, k) for r in rs for k in ("gen_s", "reward_s", "ref_s", "train_s", "sync_s"))
+    if mode == "async":
+        return sum(max(engine_side(mode, r, ref_actor), learner_side(r, ref_actor)) for r in rs)
+    return max(sum(engine_side(mode, r, ref_actor) for r in rs), sum(learner_side(r, ref_actor) for r in rs))
 
 
-def mode_summary(mode: str, rows: list[dict], *, ref_actor: bool, threads: dict | None = None, skip: int = 1) -> dict:
-    """The part's figures for one mode's run (its metrics.jsonl training rows)."""
+def window_s(mode: str, r: dict) -> float:
+    """The wall seconds a row's `gen_s` was counted in (the module docstring)."""
+    frac = _num(r, "pipeline/engine_busy_frac")
+    if mode == "pipeline" and frac > 0 and _num(r, "gen_s") > 0:
+        return _num(r, "gen_s") / frac
+    return _num(r, "step_s")
+
+
+def mode_summary(mode: str, rows: list[dict], *, ref_actor: bool, threads: dict | None = None, skip: int = 1,
+                 trained_tokens: dict[int, int] | None = None) -> dict:
+    """The part's figures for one mode's run (its metrics.jsonl training rows; `trained_tokens`: step ->
+    completion tokens trained on, from completions.jsonl)."""
     rs = steady(rows, skip)
     if not rs:
         return {"mode": mode, "steps_measured": 0}
-    wall, busy = sum(_num(r, "step_s") for r in rs), sum(_num(r, "gen_s") for r in rs)
+    steps_s, busy = sum(_num(r, "step_s") for r in rs), sum(_num(r, "gen_s") for r in rs)
+    wall = sum(window_s(mode, r) for r in rs)
     tokens = sum(_num(r, "gen_tokens") for r in rs)
+    trained = sum(trained_tokens.get(r.get("step"), 0) for r in rs) if trained_tokens is not None else None
     learner = sum(learner_side(r, ref_actor) for r in rs)
-    pred = sum(predicted_step(mode, r, ref_actor) for r in rs)
+    pred = predicted_seconds(mode, rs, ref_actor)
     busy_frac = min(1.0, busy / wall) if wall > 0 else None
-    learner_frac = min(1.0, learner / wall) if wall > 0 else None
+    learner_frac = min(1.0, learner / steps_s) if steps_s > 0 else None
     threads = threads or {}
     engine_threads = sum(v or 0 for k, v in threads.items() if k.startswith("rollout"))
     learner_threads = sum(v or 0 for k, v in threads.items() if k.startswith("learner"))
     verified = [r.get("sync_verified") for r in rs]
     return {
-        "mode": mode, "steps_measured": len(rs), "wall_s": wall, "gen_tokens": tokens,
-        "tokens_per_s": ratio(tokens, wall),
+        "mode": mode, "steps_measured": len(rs), "window_s": wall, "steps_s": steps_s, "gen_tokens": tokens,
+        "tokens_per_s": ratio(tokens, wall), "trained_tokens": trained, "trained_tokens_per_s": ratio(trained, steps_s),
         "engine_busy_frac": busy_frac, "engine_idle_frac": None if busy_frac is None else 1.0 - busy_frac,
         "engine_tokens_per_busy_s": ratio(tokens, busy),  # the engine's rate while it generates
         "step_s_median": statistics.median(_num(r, "step_s") for r in rs),
-        "step_s_mean": wall / len(rs),
+        "step_s_mean": steps_s / len(rs),
         "gen_s_mean": busy / len(rs), "learner_side_s_mean": learner / len(rs),
         "engine_side_s_mean": mean(engine_side(mode, r, ref_actor) for r in rs),
         "train_s_mean": mean(_num(r, "train_s") for r in rs), "sync_s_mean": mean(_num(r, "sync_s") for r in rs),
@@ -94,10 +117,12 @@ def mode_summary(mode: str, rows: list[dict], *, ref_actor: bool, threads: dict 
         "threads": threads,
         "sync_verified_every_step": bool(verified) and all(v is True for v in verified),
         "weight_versions": [r.get("weight_version") for r in rows],
+        "stale_groups": sum(_num(r, "stale_groups") for r in rs),
         "staleness_token_max": max((_num(r, "staleness/token_max") for r in rs), default=None),
         "versions_per_sequence_mean": mean(_num(r, "versions_per_sequence_mean") for r in rs if "versions_per_sequence_mean" in r),
         "predicted_step_s": pred / len(rs),
         "predicted_tokens_per_s": ratio(tokens, pred),
+        "predicted_trained_tokens_per_s": ratio(trained, pred),
         "predicted_engine_idle_frac": None if not pred else max(0.0, 1.0 - busy / pred),
     }
 
@@ -119,7 +144,8 @@ def verdict(modes: dict) -> dict:
     """The goals on this workload: pipeline's engine idle fraction < 5%, its tokens/s >= 1.3x async's."""
     p, a = modes.get("pipeline") or {}, modes.get("async") or {}
     idle, speedup = p.get("engine_idle_frac"), ratio(p.get("tokens_per_s"), a.get("tokens_per_s"))
-    out = {"pipeline_idle_frac": idle, "pipeline_vs_async_tokens": speedup,
+    trained = ratio(p.get("trained_tokens_per_s"), a.get("trained_tokens_per_s"))
+    out = {"pipeline_idle_frac": idle, "pipeline_vs_async_tokens": speedup, "pipeline_vs_async_trained_tokens": trained,
            "idle_met": idle is not None and idle < GOAL_IDLE,
            "speedup_met": speedup is not None and speedup >= GOAL_RATIO}
     parts = []
@@ -131,15 +157,18 @@ def verdict(modes: dict) -> dict:
     if speedup is None:
         parts.append("pipeline / async tokens/s: n/a")
     else:
-        parts.append(f"pipeline tokens/s {speedup:.2f}x async's (goal >= {GOAL_RATIO}x: "
+        parts.append(f"pipeline generated tokens/s {speedup:.2f}x async's (goal >= {GOAL_RATIO}x: "
                      + ("met)" if out["speedup_met"] else f"missed by {GOAL_RATIO - speedup:.2f}x)"))
+    if trained is not None:
+        parts.append(f"trained tokens/s {trained:.2f}x async's (stale groups dropped: {p.get('stale_groups', 0):.0f})")
     out["line"] = "verdict: " + "; ".join(parts)
     return out
 
 
-PREDICTION_MODEL = ("engines on their own devices: each side keeps the seconds per step it took here and the schedule "
-                    "decides what overlaps: sync = the sum of its phases, async and pipeline = max(engine side, learner "
-                    "side) (cluster/bench/pipeline_summary.py); measured on shared cores, so it errs slow for async and pipeline")
+PREDICTION_MODEL = ("engines on their own devices: each side keeps the seconds it took here and the schedule decides "
+                    "what overlaps: sync = the sum of its phases, async = max(engine side, learner side) per step, "
+                    "pipeline = max(engine side, learner side) over the measured steps (cluster/bench/pipeline_summary.py); "
+                    "measured on shared cores, so it errs slow for async and pipeline")
 
 
 def report_lines(part: dict) -> list[str]:
@@ -157,9 +186,10 @@ def report_lines(part: dict) -> list[str]:
     p, a = modes.get("pipeline") or {}, modes.get("async") or {}
     pred = ratio(p.get("predicted_tokens_per_s"), a.get("predicted_tokens_per_s"))
     if p.get("predicted_tokens_per_s") is not None and pred is not None:
-        lines.append(f"prediction ({PREDICTION_MODEL}): pipeline {p['predicted_tokens_per_s']:.0f} tokens/s, engine idle "
+        lines.append(f"prediction ({PREDICTION_MODEL}): pipeline {p['predicted_tokens_per_s']:.0f} generated tokens/s "
+                     f"({p.get('predicted_trained_tokens_per_s') or 0:.0f} trained), engine idle "
                      f"{100 * (p.get('predicted_engine_idle_frac') or 0):.1f}%; async {a['predicted_tokens_per_s']:.0f} "
-                     f"tokens/s; pipeline / async {pred:.2f}x")
+                     f"({a.get('predicted_trained_tokens_per_s') or 0:.0f} trained); pipeline / async {pred:.2f}x")
     for mode in MODES:
         s = modes.get(mode) or {}
         if s.get("core_demand") is not None:
@@ -185,18 +215,23 @@ def table_rows(res: dict) -> list[tuple]:
             continue
         rows += [
             ("8 pipeline", f"{mode}: generated tokens/s", s.get("tokens_per_s"),
-             f"completion tokens / wall s of {s['steps_measured']} steps after warm-up"),
+             f"completion tokens / wall s, {s['steps_measured']} steps after warm-up"
+             + (f" ({s.get('stale_groups', 0):.0f} groups dropped stale)" if mode == "pipeline" else "")),
+            ("8 pipeline", f"{mode}: trained tokens/s", s.get("trained_tokens_per_s"),
+             "completion tokens trained on / s of those steps"),
             ("8 pipeline", f"{mode}: engine idle fraction", s.get("engine_idle_frac"),
-             f"1 - engine busy s / step s; engine {s.get('engine_tokens_per_busy_s') or 0:.0f} tokens per busy s"),
+             f"1 - engine busy s / its window's s; engine {s.get('engine_tokens_per_busy_s') or 0:.0f} tokens per busy s"),
             ("8 pipeline", f"{mode}: step time (median)", s.get("step_s_median"),
              f"s; mean engine side {s.get('engine_side_s_mean') or 0:.2f}, learner side {s.get('learner_side_s_mean') or 0:.2f}"),
             ("8 pipeline", f"{mode}: own devices, predicted tokens/s", s.get("predicted_tokens_per_s"),
-             f"engine idle {100 * (s.get('predicted_engine_idle_frac') or 0):.1f}%; step {s.get('predicted_step_s') or 0:.2f} s"),
+             f"generated; trained {s.get('predicted_trained_tokens_per_s') or 0:.0f}; engine idle "
+             f"{100 * (s.get('predicted_engine_idle_frac') or 0):.1f}%; step {s.get('predicted_step_s') or 0:.2f} s"),
         ]
     v = part.get("verdict") or {}
     if v:
-        rows += [("8 pipeline", "pipeline / async tokens/s", v.get("pipeline_vs_async_tokens"),
+        rows += [("8 pipeline", "pipeline / async generated tokens/s", v.get("pipeline_vs_async_tokens"),
                   f"goal >= {GOAL_RATIO}: {'met' if v.get('speedup_met') else 'missed'}"),
+                 ("8 pipeline", "pipeline / async trained tokens/s", v.get("pipeline_vs_async_trained_tokens"), ""),
                  ("8 pipeline", "pipeline engine idle fraction", v.get("pipeline_idle_frac"),
                   f"goal < {GOAL_IDLE}: {'met' if v.get('idle_met') else 'missed'}")]
     return rows

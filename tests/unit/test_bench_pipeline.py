@@ -9,11 +9,11 @@ from cluster.config import ConfigError
 from cluster.models.longtail import PROBE_PROMPTS, build_longtail_model
 
 
-def _row(step, gen_s, step_s, tokens, train_s=1.0, sync_s=0.5, reward_s=0.1, ref_s=0.2, pause_s=None):
+def _row(step, gen_s, step_s, tokens, train_s=1.0, sync_s=0.5, reward_s=0.1, ref_s=0.2, pause_s=None, busy=None):
     r = {"kind": "train", "step": step, "gen_s": gen_s, "step_s": step_s, "gen_tokens": tokens, "train_s": train_s,
          "sync_s": sync_s, "reward_s": reward_s, "ref_s": ref_s, "sync_verified": True, "weight_version": step}
-    if pause_s is not None:
-        r["pipeline/pause_s"] = pause_s
+    if pause_s is not None:  # a pipeline row: the engine's busy share of its own interval between two batches
+        r["pipeline/pause_s"], r["pipeline/engine_busy_frac"] = pause_s, busy if busy is not None else gen_s / step_s
     return r
 
 
@@ -30,8 +30,11 @@ RUNS = {
 THREADS = {"rollout-0": 1, "learner-0": 1, "reference": 2}
 
 
+TRAINED = {1: 5, 2: 900, 3: 900}  # step -> completion tokens trained on (completions.jsonl)
+
+
 def _modes(runs=RUNS):
-    return {m: ps.mode_summary(m, rows, ref_actor=True, threads=THREADS) for m, rows in runs.items()}
+    return {m: ps.mode_summary(m, rows, ref_actor=True, threads=THREADS, trained_tokens=TRAINED) for m, rows in runs.items()}
 
 
 def test_mode_summary_one_definition_for_every_mode():
@@ -47,6 +50,20 @@ def test_mode_summary_one_definition_for_every_mode():
     assert s["sync"]["sync_verified_every_step"] is True
     # 1 engine thread busy 97.5% + 1 learner thread busy (train 1 + sync 0.5) / 2 s = 75%
     assert s["pipeline"]["core_demand"] == pytest.approx(0.975 + 0.75)
+    assert s["async"]["trained_tokens_per_s"] == pytest.approx(1800 / 6)
+
+
+def test_pipeline_engine_window_is_its_own_interval_not_the_step():
+    # the engine's interval runs from one batch to the next, so it holds the learner's previous step: a row's
+    # gen_s can exceed its step_s; busy 6 s of an 8 s interval (75%), the step itself 4 s
+    rows = [WARMUP, _row(2, 6.0, 4.0, 1200, pause_s=0.1, busy=0.75), _row(3, 3.0, 4.0, 600, pause_s=0.1, busy=0.5)]
+    s = ps.mode_summary("pipeline", rows, ref_actor=True, trained_tokens={2: 1000, 3: 500})
+    assert s["window_s"] == pytest.approx(8.0 + 6.0)
+    assert s["engine_idle_frac"] == pytest.approx(1 - 9.0 / 14.0)
+    assert s["tokens_per_s"] == pytest.approx(1800 / 14.0)
+    assert s["trained_tokens_per_s"] == pytest.approx(1500 / 8.0)  # trained: per second of the steps
+    # own devices: max(engine 6.1 + 3.1, learner 2 x 1.5) over the run
+    assert s["predicted_step_s"] == pytest.approx(9.2 / 2)
 
 
 def test_prediction_sums_sync_and_overlaps_async_and_pipeline():
@@ -75,6 +92,7 @@ def test_verdict_met_and_missed_by_how_much():
     assert not v["idle_met"] and not v["speedup_met"]
     assert "missed by 15.0 points" in v["line"]
     assert "1.09x" in v["line"] and "missed by 0.21x" in v["line"]
+    assert v["pipeline_vs_async_trained_tokens"] == pytest.approx((900 / 2.75) / (1800 / 6))
     assert ps.verdict({})["line"].count("n/a") == 2
 
 
@@ -94,7 +112,7 @@ def test_table_rows_and_lines():
     measures = [r[1] for r in rows]
     for mode in ps.MODES:
         assert f"{mode}: generated tokens/s" in measures and f"{mode}: engine idle fraction" in measures
-    assert dict((r[1], r[2]) for r in rows)["pipeline / async tokens/s"] == pytest.approx(1.5)
+    assert dict((r[1], r[2]) for r in rows)["pipeline / async generated tokens/s"] == pytest.approx(1.5)
     lines = ps.report_lines(part)
     assert any(line.startswith("lengths (pipeline, 3 completions)") for line in lines)
     assert any(line.startswith("verdict: ") for line in lines)
