@@ -261,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--skip-trl", action="store_true", help="leave out part 5 (no .venv-bench, no TRL install)")
     b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora,rewards (default: all; "
                    "crosshost, only when named: the update across two nodes of a joined cluster vs a raw gloo broadcast; "
+                   "pipeline, only when named: trainer.mode sync vs async vs pipeline on long-tailed completions, tokens/s, "
+                   "engine idle fraction and step time, against issue 40's goals; "
                    "--setting long: schedule,trl)")
     b.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of part 6 (adapter vs merged vs full sync)")
     b.add_argument("--cache-dir", default=".cache/bench", help="where the tiny models and warm starts are cached")

@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.bench import cross_host
+from cluster.bench import cross_host, pipeline_summary
+from cluster.bench import pipeline as pipeline_part
 from cluster.bench import rewards as reward_part
 from cluster.bench.learner_sync import (
     bench_learner_and_sync,
@@ -92,7 +93,7 @@ def _run_bench(args, res: dict) -> int:
     if real:  # the prompts both sides train on, before the user's overrides (which may name others)
         user = [f"data.train={write_prompts(cache)}", *user]
     cfg0 = load_config(None, [*setting.overrides, f"model.path={base}", *user])
-    if not real and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards", "crosshost"}:  # neither needs one
+    if not real and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards", "crosshost", "pipeline"}:  # none needs one
         t = time.perf_counter()
         train_set, _ = load_splits(cfg0.data.train, cfg0.data.eval, cfg0.data.num_eval, cfg0.data.task_digits,
                                    cfg0.trainer.seed)
@@ -188,6 +189,11 @@ def _run_bench(args, res: dict) -> int:
         if "rewards" in parts:
             train_set, _ = load_splits(cfg.data.train, "", 0, cfg.data.task_digits, cfg.trainer.seed)
             reward_part.run_part(ray, res, setting, cfg, train_set, max(3, args.gen_repeats), workdir, timeout_s, progress)
+
+        # 8. sync vs async vs pipeline on long-tailed completions (its own random model and settings)
+        if "pipeline" in parts:
+            res["pipeline"] = pipeline_part.run_part(cache, setting.hidden_size, setting.num_layers, steps, user,
+                                                     out_path.parent)
     finally:
         if rollout_actor is not None:
             ray.kill(rollout_actor)
@@ -220,8 +226,10 @@ def _run_bench(args, res: dict) -> int:
 
     res["load_average_end"] = load_average()
     res["wall_seconds"] = time.perf_counter() - t_start
-    rows = table_rows(res) + reward_part.table_rows(res) + cross_host.table_rows(res)
+    rows = table_rows(res) + reward_part.table_rows(res) + cross_host.table_rows(res) + pipeline_summary.table_rows(res)
     res["table"] = [list(r) for r in rows]
+    if "pipeline" in res:
+        res["pipeline"]["lines"] = pipeline_summary.report_lines(res["pipeline"])
     phases = phase_rows(res)
     if phases:
         res["phases"], res["verdict"] = phases, verdict(phases)
@@ -232,6 +240,8 @@ def _run_bench(args, res: dict) -> int:
           f"{res['wall_seconds'] / 60:.1f} min")
     print(format_table(rows))
     for line in report_lines(res):
+        print(line)
+    for line in res.get("pipeline", {}).get("lines", []):
         print(line)
     print(f"\nwritten: {out_path}")
     return 0

@@ -54,8 +54,9 @@ LONG_SETTINGS = [
 ]
 LONG_MODEL = {"hidden_size": 512, "num_layers": 8}  # tiny Qwen2, ~31.5M parameters
 ALL_PARTS = ("rollout", "learner", "sync", "schedule", "trl", "lora", "rewards")
-# Parts that run only when --parts names them: crosshost needs a joined cluster of two nodes or more.
-NAMED_ONLY_PARTS = ("crosshost",)
+# Parts that run only when --parts names them: crosshost needs a joined cluster of two nodes or more;
+# pipeline (sync vs async vs pipeline on long-tailed completions, pipeline.py) is three training runs of its own.
+NAMED_ONLY_PARTS = ("crosshost", "pipeline")
 # What `--setting long` runs unless --parts says otherwise: the step-time comparison. Parts 1, 2,
 # 4 and 6 measure engine, sync and learner costs that --setting default already covers, and at
 # 31M parameters with 128-token completions they would take many minutes on 2 cores.
@@ -132,6 +133,8 @@ def _model_setting(name, hidden_size, num_layers, warm_start_steps, parts, model
         problems.append(f"--setting {name} builds its own random model: give --model or --setting {name}, not both")
     tiny = [flag for flag, v in (("--hidden-size", hidden_size), ("--num-layers", num_layers),
                                  ("--warm-start-steps", warm_start_steps)) if v is not None]
+    if "pipeline" in parts:
+        problems.append("--parts pipeline builds its own tiny model (long-tailed completions): leave --model out for it")
     if tiny:
         problems.append(f"{', '.join(tiny)} describe the tiny model the bench builds; with --model {model} leave "
                         f"{'it' if len(tiny) == 1 else 'them'} out")
