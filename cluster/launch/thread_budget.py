@@ -11,6 +11,8 @@ each actor applies it at the start of every coarse call (`use_threads`):
                   that node (two learner ranks on a 2-core node: one thread each).
   async schedule  generation overlaps the learner side (reference, then train), so a node that
                   holds both splits its cores between them in proportion to their actor counts.
+  pipeline        the same split: the engines never stop while the learner trains (without it, each
+                  of engine, rank and reference took both cores of a 2-core node: 2.7 threads a core).
 
 In async, a batch is often collected before the learner's step ends: from then until the step
 ends the collecting side's cores are idle, and the learner ranks on that node take them
@@ -32,7 +34,7 @@ def thread_budget(mode: str, placement: list[dict], overrides: dict[str, int] | 
     """Threads for every actor, by its placement role ("rollout-0", "learner-1", "reference").
 
     `placement`: one dict per actor with "role", "node_id" and "cores" (its node's `node_cores()`).
-    `mode`: "sync" or "async" (trainer.mode). `overrides`: {"rollout": n, ...}, n > 0 wins.
+    `mode`: "sync", "async" or "pipeline" (trainer.mode). `overrides`: {"rollout": n, ...}, n > 0 wins.
     """
     overrides = overrides or {}
     per_node: dict = {}
@@ -66,10 +68,10 @@ def role_of(placement_role: str) -> str:
 def _share(mode: str, role: str, count: Counter, cores: int) -> int:
     """One actor's threads on a node with `cores` cores holding `count` actors per role."""
     engines, ranks = count["rollout"], count["learner"]
-    # In async, collecting and training run at once. The reference and reward-model actors run right
+    # In async and pipeline, collecting and training run at once. The reference and reward-model actors run right
     # after generation, on the collecting side (cluster/driver/collector.py Collector.collect), so they share its cores.
     collecting = engines or count["reference"] or count["reward"]
-    if mode == "async" and collecting and ranks:
+    if mode in ("async", "pipeline") and collecting and ranks:
         gen = min(cores - 1, max(1, round(cores * collecting / (collecting + ranks)))) if cores > 1 else 1
         cores = max(1, cores - gen) if role == "learner" else gen
     if role == "rollout":

@@ -28,6 +28,15 @@ def test_sync_schedule_gives_each_phase_the_whole_node():
     assert thread_budget("sync", actors(2, ranks=4))["learner-3"] == 1  # never 0
 
 
+def test_pipeline_mode_splits_cores_as_async_does_and_lends_none():
+    """The engines generate while the learner trains: each side gets its share, not every core (the bench's
+    pipeline run had engine, rank and reference at 2 threads each on 2 cores)."""
+    for placement in (actors(2, reference=True), actors(16), actors(12, engines=2, ranks=1)):
+        assert thread_budget("pipeline", placement) == thread_budget("async", placement)
+    assert thread_budget("pipeline", actors(2, reference=True)) != thread_budget("sync", actors(2, reference=True))
+    assert idle_collect_threads("pipeline", actors(2, reference=True)) == {}  # its engines are never idle
+
+
 def test_async_schedule_splits_cores_between_generation_and_learning():
     assert thread_budget("async", actors(2, reference=True)) == {"rollout-0": 1, "learner-0": 1, "reference": 1}
     assert thread_budget("async", actors(16)) == {"rollout-0": 8, "learner-0": 8}
