@@ -103,8 +103,10 @@ def divert_node_death_lines() -> None:
     (HostWatch), so those lines go to the driver's log instead: the GCS's "marked dead" line, and a
     partitioned host's raylet exiting when its link is back (its lines, stack trace included, and
     "Raylet is terminated", which quotes them); for the latter raygrpo says once which host came back
-    and that Ray does not take it back. Ray calls `ray._private.worker.print_to_stdstream` (its
-    error-message and log threads) by its module name, so wrapping it there is enough."""
+    and that Ray does not take it back. Two ways in (Ray 2.60's private names): its error-message thread
+    calls `ray._private.worker.print_to_stdstream` by its module name (wrapped there), and the nodes' log
+    lines go through `global_worker_stdstream_dispatcher`'s "ray_print_logs" handler, which ray.init bound
+    to the original function (replaced there)."""
     from ray._private import worker
 
     original = worker.print_to_stdstream
@@ -112,15 +114,31 @@ def divert_node_death_lines() -> None:
         return
     came_back: set[str] = set()  # addresses of raylets that exited after their node was marked dead
 
+    def keep_off(data) -> bool:
+        if data.get("pid") != "raylet" or not diverted(data, came_back):
+            return False
+        for line in data.get("lines", []):
+            logging.getLogger("ray").info("(raylet) %s", line)  # RUN_DIR/logs/driver.log when quiet
+        return True
+
     def print_to_stdstream(data, ignore_prefix: bool):
-        if data.get("pid") == "raylet" and diverted(data, came_back):
-            for line in data.get("lines", []):
-                logging.getLogger("ray").info("(raylet) %s", line)  # RUN_DIR/logs/driver.log when quiet
-            return
-        original(data, ignore_prefix)
+        if not keep_off(data):
+            original(data, ignore_prefix)
 
     print_to_stdstream.raygrpo_diverts = True
     worker.print_to_stdstream = print_to_stdstream
+    dispatcher = worker.global_worker_stdstream_dispatcher
+    with dispatcher._lock:
+        dispatcher.handlers = [(name, _diverting(handler, keep_off) if name == "ray_print_logs" else handler)
+                               for name, handler in dispatcher.handlers]
+
+
+def _diverting(handler, keep_off):
+    def handle(data):
+        if not keep_off(data):
+            handler(data)
+
+    return handle
 
 
 def diverted(data: dict, came_back: set[str]) -> bool:

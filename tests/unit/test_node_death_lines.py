@@ -3,6 +3,10 @@
 its own words. The lines are those Ray 2.60 printed in tests/e2e/test_multinode.py's partition."""
 from __future__ import annotations
 
+import sys
+import threading
+import types
+
 from cluster.launch import hosts
 
 EXIT = ("[2026-11-26 08:39:32,825 C 15445 15445] (raylet) node_manager.cc:971: [Timeout] Exiting because this node "
@@ -33,3 +37,28 @@ def test_the_marked_dead_line_is_diverted_and_other_raylet_lines_are_not(capsys)
     assert not hosts.diverted({"pid": "raylet", "ip": "10.77.1.1", "lines": ["Task killed due to the node running "
                                                                              "low on memory."]}, said)
     assert capsys.readouterr().out == ""
+
+
+def test_both_of_rays_ways_to_the_console_are_diverted(monkeypatch, capsys):
+    """The error-message thread calls worker.print_to_stdstream by name; the nodes' log lines go through the
+    dispatcher's "ray_print_logs" handler, bound by ray.init to the original function (Ray faked here)."""
+    printed = []
+    worker = types.ModuleType("ray._private.worker")
+    worker.print_to_stdstream = lambda data, ignore_prefix: printed.append(("error thread", data["lines"][0]))
+    worker.global_worker_stdstream_dispatcher = types.SimpleNamespace(
+        _lock=threading.Lock(), handlers=[("ray_print_logs", lambda data: printed.append(("logs", data["lines"][0])))])
+    private = types.ModuleType("ray._private")
+    private.worker = worker
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))
+    monkeypatch.setitem(sys.modules, "ray._private", private)
+    monkeypatch.setitem(sys.modules, "ray._private.worker", worker)
+    hosts.divert_node_death_lines()
+    hosts.divert_node_death_lines()  # once is enough: a second call wraps nothing again
+    emit = worker.global_worker_stdstream_dispatcher.handlers[0][1]
+    emit({"pid": "raylet", "ip": "10.77.1.2", "lines": [EXIT]})
+    emit({"pid": "raylet", "ip": "10.77.1.2", "lines": [TRACE]})
+    emit({"pid": 123, "ip": "10.77.1.1", "lines": ["an engine's own line"]})
+    worker.print_to_stdstream({"pid": "raylet", "lines": [f"Raylet is terminated. ... {EXIT}"]}, False)
+    worker.print_to_stdstream({"pid": "raylet", "lines": ["another raylet message"]}, False)
+    assert printed == [("logs", "an engine's own line"), ("error thread", "another raylet message")]
+    assert capsys.readouterr().out.count("is reachable again") == 1
