@@ -93,9 +93,16 @@ class HostWatch:
 
 
 def describe_address(address: str) -> str:
-    """A host by its address, with its hostname and Ray node id when the last node table read knows it."""
-    node = next((i for i, n in _known_nodes.items() if n["address"] == address), None)
-    return describe_node(node, _known_nodes) if node else address
+    """A host by its address, with its hostname and Ray node id (from the last node table read, else read now)."""
+    for _ in range(2):
+        node = next((i for i, n in _known_nodes.items() if n["address"] == address), None)
+        if node:
+            return describe_node(node, _known_nodes)
+        try:
+            node_table()
+        except Exception:  # noqa: BLE001 - only to name the host better; its address names it anyway
+            break
+    return address
 
 
 def divert_node_death_lines() -> None:
