@@ -220,7 +220,9 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
                                                                                              tmp_path):
     gcs, add_node = cluster
     host_b = add_node(cpus=2)  # room for one learner rank (2 CPUs); the head holds the other and the engine
-    run_dir, steps = tmp_path / "run", 5
+    # Steps take ~0.2 s on a quiet machine: with 5, the run had finished (and its actors were gone, so none
+    # was found on host b) by the time the test looked after step 3. 40 leave the loss well inside the run.
+    run_dir, steps = tmp_path / "run", 40
     console = tmp_path / "train.log"
     with training(gcs, tiny_model_dir, run_dir, steps, ["rollout.num_workers=1", "learner.num_ranks=2",
                                                         "checkpoint.every=2"], console) as proc:
