@@ -9,7 +9,7 @@ started as a user starts them, and a host "lost" by SIGKILLing every process of 
 
 Each node runs its own raylet (its own temp dir and session): its processes are found by session id
 and process tree, never by name. Every node is on this machine's address; a partition (a host's link
-pulled for 30 s, then put back) needs hosts with their own addresses: tests/e2e/test_multinode.py.
+pulled for 30 s, then put back) needs hosts with their own addresses: tests/e2e/test_partition.py.
 """
 from __future__ import annotations
 
