@@ -4,13 +4,12 @@ started as a user starts them, and a host "lost" by SIGKILLing every process of 
 - engines only on the lost host: the run goes on with the engine that survives (no restart, no step
   redone, the step's missing groups regenerated on the survivor), and the lost engine comes back,
   with verified weights, when a node with room joins;
-- then the host the engine came back on is unreachable for 30 s and back: the run never hangs;
 - a learner rank on the lost host: the learner ranks restart from the newest checkpoint once a node
   with room joins (the run waits for it, saying so), the engine is kept, each step is logged once.
 
 Each node runs its own raylet (its own temp dir and session): its processes are found by session id
-and process tree, never by name. Every node is on this machine's address; hosts with their own addresses
-(tests/hosts.py, network namespaces) are not used here yet.
+and process tree, never by name. Every node is on this machine's address; a partition (a host's link
+pulled for 30 s, then put back) needs hosts with their own addresses: tests/e2e/test_partition.py.
 """
 from __future__ import annotations
 
@@ -95,13 +94,6 @@ class Node:
             except (ProcessLookupError, PermissionError):
                 continue
         return sorted(out)
-
-    def signal_all(self, sig: int) -> None:
-        for pid in self.pids():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
     def lose(self) -> list[int]:
         """Every process of the host at once, SIGKILL (the host is gone, nothing says goodbye)."""
@@ -190,7 +182,7 @@ def cluster(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_engines_lost_with_their_host_cost_no_step_come_back_when_a_node_joins_and_a_partition_heals(cluster, tiny_model_dir, tmp_path):
+def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joins(cluster, tiny_model_dir, tmp_path):
     gcs, add_node = cluster
     host_b = add_node()
     run_dir = tmp_path / "run"
@@ -205,28 +197,12 @@ def test_engines_lost_with_their_host_cost_no_step_come_back_when_a_node_joins_a
         assert len(on_b) == 1 and on_b[0].startswith("rollout-"), placement  # one engine on host b, nothing else
         lost_at = len(rows(run_dir))
         host_b.lose()
-        host_c = add_node()  # a node with room for one engine joins: the lost engine comes back there
+        add_node()  # a node with room for one engine joins: the lost engine comes back there
         wait_until(lambda: "rejoined on" in console.read_text() and rows(run_dir)[-1]["rollout/live_engines"] == 2,
                    proc, console, 900)
-        rejoined_at = len(rows(run_dir))
-        # A partition: the host holding the engine that came back is unreachable for 30 s (frozen, SIGSTOP:
-        # its connections stay open and answer nothing, as with its link down), then back (SIGCONT). The run
-        # must not hang: it goes on (Ray marked the node dead: the engine leaves again, the raylet exits when
-        # it is back), or restarts the learner ranks from their checkpoint (the freeze caught a weight transfer).
-        partitioned_at = len(console.read_text())
-        host_c.signal_all(signal.SIGSTOP)
-        time.sleep(30)
-        host_c.signal_all(signal.SIGCONT)
-        healed = len(rows(run_dir))
-        wait_until(lambda: len(rows(run_dir)) >= healed + 3, proc, console, 600)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
     text, train_rows = finished(console, run_dir)
-    after_partition, text = text[partitioned_at:], text[:partitioned_at]
-    assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once, after it too
-    assert ("restarting the learner ranks" in after_partition) == ("resumed from" in after_partition)
-    assert "restarting every actor" not in after_partition and "has been marked dead because" not in after_partition
-    train_rows = train_rows[:rejoined_at]
     assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once: none redone
     lost_engine = on_b[0].replace("rollout-", "rollout worker ")
     assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held {lost_engine}\n", text), text[-5000:]
@@ -247,7 +223,9 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
                                                                                              tmp_path):
     gcs, add_node = cluster
     host_b = add_node(cpus=2)  # room for one learner rank (2 CPUs); the head holds the other and the engine
-    run_dir, steps = tmp_path / "run", 5
+    # Steps take ~0.2 s on a quiet machine: with 5, the run had finished (and its actors were gone, so none
+    # was found on host b) by the time the test looked after step 3. 40 leave the loss well inside the run.
+    run_dir, steps = tmp_path / "run", 40
     console = tmp_path / "train.log"
     # A step of this tiny run takes ~0.2 s on a quiet machine: steps 4 and 5 were done before the host was
     # lost. A reward that takes 3 s a batch (TRL-style: one call per step) leaves ~6 s after step 3.

@@ -7,6 +7,7 @@ private bridge), a Ray head on host a and a worker node on host b started as a u
 - a run whose trainer.run_dir host b sees as another directory (its own mount there) fails with the
   shared-storage error naming host b and the path, before any model loads;
 - a peer that cannot reach the address it was given fails within its bound, naming both hosts.
+(A partition, host b's link pulled for 30 s during a run: tests/e2e/test_partition.py, on its own cluster.)
 
 Skipped with the reason where root or `ip netns` is missing. Every process is stopped by pid
 (`ip netns pids`) and the namespaces deleted, even on failure.
