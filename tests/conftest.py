@@ -24,14 +24,14 @@ from cluster.models.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E4
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
 
 
-# The slowest e2e files (quiet-machine --durations, docs/STATUS.md), longest first: `make test` hands
+# The slowest e2e files (their --durations in a two-at-a-time run, docs/STATUS.md), longest first: `make test` hands
 # whole files to its two workers in collection order (--dist loadfile --no-loadscope-reorder), and a
 # long file started last would keep one worker busy after the other has run out of work.
-SLOWEST_FIRST = ("test_lost_host.py", "test_slurm.py", "test_smollm2.py", "test_pipeline_train.py",
-                 "test_progress_and_throughput.py", "test_safety.py", "test_train.py", "test_reliability_round3_runs.py",
-                 "test_recipes_end_to_end.py", "test_multinode.py", "test_console_and_completions.py",
-                 "test_pipeline_engine.py", "test_reliability_env.py", "test_external_cluster.py",
-                 "test_lora_end_to_end.py")
+SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_partition.py", "test_train.py",
+                 "test_recipes_end_to_end.py", "test_external_cluster.py", "test_reliability_round3_runs.py",
+                 "test_slurm.py", "test_safety.py", "test_lora_end_to_end.py", "test_multinode.py",
+                 "test_progress_and_throughput.py", "test_reward_faults.py", "test_rollout.py",
+                 "test_reliability_env.py", "test_reliability_runs.py", "test_pipeline_train.py")
 
 
 def pytest_collection_modifyitems(items):
