@@ -235,7 +235,6 @@ class PipelineFeeder:
         lost = [key for key, (_, p) in self._held[w].items() if p != pid]
         if lost:
             self._again.extend(self._held[w].pop(key)[0] for key in lost)
-            self._last_engine[w] = {}
             self.requeued += len(lost)
             print(f"rollout worker {w} was replaced; its {len(lost)} group(s) in flight are generated again", flush=True)
 
@@ -261,11 +260,14 @@ class PipelineFeeder:
         return bool(arrived)
 
     def _account(self, w: int, out: dict) -> None:
-        """The engine's counters since the last poll (they are running totals on the engine)."""
+        """The engine's counters since the last poll (they are running totals of its process: a replaced
+        engine's new process counts from 0, whether or not the old one held groups when it died)."""
         s, last = out["stats"], self._last_engine[w]
+        if last.get("pid") != out["pid"]:
+            last = {}
         for key in ("busy_s", "wall_s", "tokens", "pause_s"):
             self.engine[key] += s[key] - last.get(key, 0)
-        self._last_engine[w] = s
+        self._last_engine[w] = {**s, "pid": out["pid"]}
         self.engine["in_flight"] = sum(len(h) for h in self._held)
 
     def _scoring(self) -> None:

@@ -86,6 +86,20 @@ def test_a_checkpoint_records_the_prompts_in_flight_in_the_order_taken():
     assert resumed.take(3) == [taken[0], taken[3], PromptStream(examples, seed=0).take(5)[4]]
 
 
+def test_a_replaced_engines_counters_start_from_zero_even_when_it_held_no_group():
+    """The engine's busy/wall/token/pause seconds are running totals of its process. The e2e run's step
+    after a replaced engine logged gen_s -21.8 and a NaN busy share: the new process's totals were taken
+    from the old one's whenever no group was lost with it."""
+    f = feeder(version=0)
+    f.pool.pids = [1]
+    f._account(0, {"pid": 1, "stats": {"busy_s": 8.0, "wall_s": 10.0, "tokens": 300, "pause_s": 0.5}})
+    f._account(0, {"pid": 1, "stats": {"busy_s": 9.0, "wall_s": 12.0, "tokens": 340, "pause_s": 0.5}})
+    f._account(0, {"pid": 2, "stats": {"busy_s": 1.0, "wall_s": 2.0, "tokens": 40, "pause_s": 0.0}})
+    assert (f.engine["busy_s"], f.engine["wall_s"], f.engine["tokens"], f.engine["pause_s"]) == (10.0, 14.0, 380, 0.5)
+    m = f._engine_since_last()
+    assert m["pipeline/engine_busy_frac"] == pytest.approx(10 / 14) and m["pipeline/engine_tokens_per_s"] == 380 / 14
+
+
 def test_merged_stats_add_every_count():
     a = CollectStats(rewards=[1.0], gen_tokens=3, reward_functions={"f": {"values": [1.0], "errors": 0, "unscorable": 0,
                      "calls": 1, "timeouts": 0, "seconds": 0.5, "truncated": None}})
