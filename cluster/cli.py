@@ -105,7 +105,7 @@ def _seed(text: str) -> int:
 
 
 # cluster/demo/recipes.py RECIPES (the CLI imports nothing heavy)
-DEMO_RECIPES = ("addition", "lora", "async", "chat", "tools", "reward_model", "smollm2")
+DEMO_RECIPES = ("addition", "lora", "async", "pipeline", "chat", "tools", "reward_model", "smollm2")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
             "a verified weight sync every step) and prints held-out accuracy before and after.")
     d.add_argument("--recipe", default="addition", choices=DEMO_RECIPES,
                    help="the training mode shown: addition (default: full fine-tuning, sync schedule), lora (only the "
-                   "adapter travels to vLLM), async (trainer.mode=async), chat (BPE chat model, conversational word "
+                   "adapter travels to vLLM), async (trainer.mode=async), pipeline (trainer.mode=pipeline: the engine never "
+                   "stops, updates land mid-request), chat (BPE chat model, conversational word "
                    "problems, gsm8k reward), tools (multi-turn with the calculator environment), reward_model (scored by a "
                    "reward model alone, built from the warm start on its own samples), smollm2 (a real pretrained model, "
                    "SmolLM2-135M-Instruct converted from PyPI, no warm start)")

@@ -12,7 +12,9 @@ to continue exactly where the run stopped.
 from __future__ import annotations
 
 import ast
+import collections
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,7 +245,11 @@ def load_run_data(cfg, tokenizer) -> RunData:
 
 
 class PromptStream:
-    """Examples in a per-epoch permutation of (seed, epoch); `state()` is the resume position."""
+    """Examples in a per-epoch permutation of (seed, epoch); `state()` is the resume position.
+
+    trainer.mode=pipeline takes prompts ahead of training: a checkpoint records the ones taken and not yet
+    trained on ("in_flight", indices into the examples, in the order they were taken), and a stream loaded
+    from it hands those out first, then goes on from its position."""
 
     def __init__(self, examples: list[Example], seed: int):
         if not examples:
@@ -251,6 +257,8 @@ class PromptStream:
         self.examples, self.seed = examples, seed
         self.epoch, self.index = 0, 0
         self._order = self._permutation(0)
+        self._first: collections.deque[int] = collections.deque()  # a checkpoint's in_flight, not yet taken again
+        self._index_of = {id(e): i for i, e in enumerate(examples)}
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(len(self.examples)))
@@ -259,6 +267,8 @@ class PromptStream:
 
     def take(self, n: int) -> list[Example]:
         out = []
+        while len(out) < n and self._first:
+            out.append(self.examples[self._first.popleft()])
         while len(out) < n:
             if self.index == len(self._order):
                 self.epoch, self.index = self.epoch + 1, 0
@@ -267,9 +277,18 @@ class PromptStream:
             self.index += 1
         return out
 
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
+    def state(self, in_flight: Sequence[Example] = ()) -> dict:
+        """The position; `in_flight`: examples taken from this stream and not trained on (handed out first
+        after a resume, before what a loaded checkpoint's in_flight still holds; the key only when any)."""
+        first = [self._index_of[id(e)] for e in in_flight] + list(self._first)
+        return {"epoch": self.epoch, "index": self.index, **({"in_flight": first} if first else {})}
 
     def load_state(self, state: dict) -> None:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._permutation(self.epoch)
+        first = [int(i) for i in state.get("in_flight", [])]
+        bad = [i for i in first if not 0 <= i < len(self.examples)]
+        if bad:
+            raise DataError(f"the checkpoint's data position names prompts {bad[:5]} in flight, but the training set "
+                            f"has {len(self.examples)}: resume with the data the run was started with")
+        self._first = collections.deque(first)

@@ -9,6 +9,9 @@ from, what data it writes, and how its warm start trains and checks itself. `run
   lora      the same task with a LoRA adapter; only the adapter travels to vLLM
             (learner.lora_sync=adapter); the reference is the base model with adapters off
   async     the same task with trainer.mode=async, the default thread budget, reference.placement=auto
+  pipeline  the same task with trainer.mode=pipeline: the engine never stops, weight updates land
+            mid-request; no evaluation during training (pipeline mode refuses trainer.eval_every), and
+            one thread per actor as cpu_demo.yaml sets (the seeds in docs/STATUS.md were measured so)
   chat      a byte-level BPE chat model (ChatML, EOS <|im_end|>) on conversational word problems,
             rendered with the chat template and scored by the gsm8k reward
   tools     multi-turn with the built-in calculator on 3-digit products: the warm start can use the
@@ -103,6 +106,7 @@ RECIPES = {r.name: r for r in (
                                                 "learner.lora_sync=adapter", "reference.placement=learner")),
     Recipe("async", EXAMPLES / "cpu_demo.yaml", ("trainer.mode=async", "reference.placement=auto", "rollout.threads=0",
                                                  "learner.threads=0", "reference.threads=0")),
+    Recipe("pipeline", EXAMPLES / "cpu_demo.yaml", ("trainer.mode=pipeline", "trainer.eval_every=0")),
     Recipe("chat", EXAMPLES / "recipe_chat.yaml", base="chat", rows=chat_data, check=gsm8k_accuracy,
            warm_start=WarmStartSpec(steps=1000, batch_size=64, lr=1e-3, target_accuracy=0.25, check_every=10,
                                     num_check=200)),

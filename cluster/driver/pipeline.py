@@ -13,8 +13,10 @@ learner is dropped at `next_batch` and its prompt generated again (counted: stal
 
 An engine that died is revived by the pool (weights re-synced), always from the training loop's
 thread (`next_batch`, or the weight sync that failed on it), and the groups submitted to its old
-process are sent again. Checkpoints record the data position past every prompt taken so far: groups in flight at a
-checkpoint are not saved, and a resume does not generate them again (said and counted then).
+process are sent again. A checkpoint records the data position past every prompt taken so far and the prompts
+taken and not trained on, in the order taken (`checkpoint_state`); not their partial generations, whose
+tokens came from weights a resume no longer has: a resumed run generates those prompts again first (said
+and counted then, `pipeline/regenerated_on_resume`), so it asks for the prompts the stopped run had in flight.
 """
 from __future__ import annotations
 
@@ -49,6 +51,9 @@ class PipelineFeeder:
         self._arrived: list = []  # (example, rollout) taken from the engines, not yet scored
         self._ready: collections.deque = collections.deque()  # (ScoredGroup, ref rows or None, its stats)
         self._again: collections.deque = collections.deque()  # examples to generate again (stale, lost)
+        # every example taken from the stream and not yet trained on (nor dropped by dynamic sampling),
+        # in the order taken: what a checkpoint records as in flight
+        self._untrained: list[Example] = []
         # per engine: key -> (example, pid of the engine process it was submitted to)
         self._held: list[dict[int, tuple[Example, int]]] = [{} for _ in pool.handles]
         self._next_key = 0
@@ -105,6 +110,8 @@ class PipelineFeeder:
             for item in reversed(taken[len(groups):]):
                 self._ready.appendleft(item)  # trimmed: the first of the next batch
             taken = taken[:len(groups)]
+            for g, _, _ in taken:
+                self._forget(g.example)
             stats, self._unclaimed = self._unclaimed, CollectStats()
             for i, (_, _, st) in enumerate(taken):
                 for row in st.samples:
@@ -120,31 +127,39 @@ class PipelineFeeder:
             batch.ref_logp = [row for _, ref, _ in taken for row in ref]
         return batch, {"stale_groups": stale, **engine}
 
-    def checkpoint_state(self) -> tuple[dict, int]:
-        """The data position past every prompt taken so far, and the groups in flight or ready that a
-        checkpoint now does not save (a resume moves on past them)."""
+    def checkpoint_state(self) -> dict:
+        """The data position past every prompt taken so far, with the prompts taken and not trained on (in an
+        engine, back and not yet trained on, or waiting to be generated again) as its in_flight, in the order
+        taken: a stream loaded from it hands them out first."""
         with self._cv:
-            return self.stream.state(), self._pending()
+            return self.stream.state(in_flight=self._untrained)
+
+    def _forget(self, example: Example) -> None:
+        """`example` was trained on or dropped (called with the condition held). The same example may be in
+        flight twice (a small data set's next epoch): either is the same prompt."""
+        for i, e in enumerate(self._untrained):
+            if e is example:
+                del self._untrained[i]
+                return
 
     def _pending(self) -> int:
         return sum(len(h) for h in self._held) + len(self._arrived) + len(self._ready) + len(self._again)
 
-    def stop(self) -> int:
-        """Stop feeding and every engine's loop (aborting what runs); returns the groups not trained on."""
+    def stop(self) -> None:
+        """Stop feeding and every engine's loop (aborting what runs); `checkpoint_state` still says what was
+        in flight."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         for th in self._threads:
             if th.is_alive():
                 th.join(timeout=60)
-        lost = self._pending()
         for w, h in enumerate(self.pool.handles):
             try:
                 wait_for(h.pipeline_stop.remote(), f"rollout worker {w}", "stopping its engine loop",
                          self.cfg.trainer.actor_timeout_s)
             except ActorFailed:
                 pass  # a dead engine runs nothing
-        return lost
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -184,7 +199,9 @@ class PipelineFeeder:
                 if n <= 0:
                     continue
                 examples = [self._again.popleft() for _ in range(min(n, len(self._again)))]
-                examples += self.stream.take(n - len(examples))
+                fresh = self.stream.take(n - len(examples))
+                self._untrained += fresh
+                examples += fresh
                 groups = []
                 for ex in examples:
                     groups.append((self._next_key, ex.prompt_ids, G))
@@ -243,9 +260,8 @@ class PipelineFeeder:
         return bool(arrived)
 
     def _account(self, w: int, out: dict) -> None:
-        """The engine's counters since the last poll (they are running totals on the engine, from zero in a
-        process that replaced a dead one: subtracting the dead one's totals made the step's wall time negative
-        and its busy fraction NaN)."""
+        """The engine's counters since the last poll (they are running totals of its process: a replaced
+        engine's new process counts from 0, whether or not the old one held groups when it died)."""
         s, last = out["stats"], self._last_engine[w]
         if last.get("pid") != out["pid"]:
             last = {}
@@ -277,6 +293,7 @@ class PipelineFeeder:
                 else:  # no learning signal (dynamic sampling): counted in the next step, not trained on
                     with self._cv:
                         self._unclaimed.merge(dataclasses.replace(stats, samples=[]))
+                        self._forget(ex)
             refs: list = [None] * len(kept)
             if self.reference is not None and kept:
                 t0 = time.perf_counter()

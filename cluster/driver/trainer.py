@@ -128,6 +128,10 @@ class Trainer:
         self.engine_version = 0  # the version every engine is known to hold (set after each sync)
         self.resumed_batch: Batch | None = None  # the next step's batch, from an async run's checkpoint
         self.position_before_pending: dict = {}  # the data position before the batch being collected
+        # pipeline: the data position when the feeder stopped (with the prompts it had in flight), what the
+        # final checkpoint records; and the groups in flight at the checkpoint resumed from (generated again)
+        self.position_after_feeder: dict | None = None
+        self.regenerated_on_resume = 0
         self.lend: dict[int, int] = {}  # {learner rank: threads} while collecting idles (async, CPU; _setup)
         self.learner_restarts = 0
         # An engine must not serve a generate between the calls of a weight update (vLLM holds mixed
@@ -221,6 +225,7 @@ class Trainer:
             with sw("wait_gen"):
                 if self.feeder is not None:
                     batch, engines = self.feeder.next_batch(t.actor_timeout_s)
+                    engines["pipeline/regenerated_on_resume"], self.regenerated_on_resume = self.regenerated_on_resume, 0
                 else:
                     batch = (pending or self._collect_async(self.step)).result()
             pending = None
@@ -255,12 +260,16 @@ class Trainer:
                 "reward_model_restarts": reward_model_restarts}
 
     def _stop_feeder(self) -> None:
-        """trainer.mode=pipeline: stop the engines' loops; the groups still in flight are said and dropped."""
+        """trainer.mode=pipeline: stop the engines' loops; the groups still in flight are said, and the data
+        position with their prompts kept for the final checkpoint."""
         if self.feeder is not None:
             feeder, self.feeder = self.feeder, None
-            lost = feeder.stop()
+            feeder.stop()
+            self.position_after_feeder = feeder.checkpoint_state()
+            lost = len(self.position_after_feeder.get("in_flight", []))
             if lost:
-                print(f"pipeline: {lost} group(s) in flight at the end of training were not trained on", flush=True)
+                print(f"pipeline: {lost} group(s) in flight when the engines stopped were not trained on (a checkpoint "
+                      "records their prompts: a run resumed from it generates them again first)", flush=True)
 
     def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
         """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""
@@ -493,8 +502,9 @@ class Trainer:
         resume point: they get the resumed ones (verified) even when that is the base model."""
         path, state = self.resume_from.path, self.resume_from.state  # read by _open_log
         if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
-            self.step = self.version = 0
+            self.step = self.version = self.regenerated_on_resume = 0
             self.stream.load_state({"epoch": 0, "index": 0})
+            self.position_after_feeder = None
             if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
                 self.learners.sync_weights(self.version)
             # New engines hold the base weights, kept ones were just sent them. Left at the version the run
@@ -505,6 +515,8 @@ class Trainer:
         self.learners.load(str(path), checkpoint.LEARNER_TAG)
         self.step, self.version = state["step"], state["weight_version"]
         self.stream.load_state(state["data"])
+        self.position_after_feeder = None
+        self.regenerated_on_resume = len(state["data"].get("in_flight", []))
         checkpoint.set_rng_state(state["rng"])
         self.learners.sync_weights(self.version)
         self.engine_version = self.version
@@ -519,7 +531,10 @@ class Trainer:
         elif b is not None and b.advantages is None:  # saved before batches carried them
             b.advantages = batch_advantages(b.rewards, G, self.cfg.algo.advantage_estimator)
         carried = " and the next step's batch saved with it" if self.resumed_batch is not None else ""
-        print(f"resumed from {path} at step {self.step}{carried}", flush=True)
+        again = (f"; the {self.regenerated_on_resume} group(s) in flight at that checkpoint are generated again first "
+                 "(pipeline mode records their prompts, not their partial generations, whose weights are gone)"
+                 if self.regenerated_on_resume else "")
+        print(f"resumed from {path} at step {self.step}{carried}{again}", flush=True)
 
     def save_checkpoint(self, pending: Future | None = None, finished: bool = False) -> Path:
         """Learner state + everything the driver needs to continue exactly (data position, RNG, versions)
@@ -537,11 +552,13 @@ class Trainer:
 
     def _save_checkpoint(self, tmp: str, pending: Future | None, finished: bool) -> Path:
         data_state = self.stream.state()
-        if self.feeder is not None:  # pipeline: the stream moves in the feeder's thread
-            data_state, unsaved = self.feeder.checkpoint_state()
-            if unsaved:
-                self.log.note(f"pipeline: the checkpoint of step {self.step} does not save the {unsaved} group(s) in "
-                              "flight; a resume from it generates from the next prompts instead")
+        if self.cfg.trainer.mode == "pipeline":  # the stream moves in the feeder's thread, ahead of training
+            data_state = self.feeder.checkpoint_state() if self.feeder is not None else \
+                self.position_after_feeder or data_state
+            in_flight = len(data_state.get("in_flight", []))
+            if in_flight:
+                self.log.note(f"pipeline: the checkpoint of step {self.step} records the prompts of the {in_flight} "
+                              "group(s) in flight (not their partial generations): a resume generates them again first")
         if pending is not None:
             try:
                 save_batch(pending.result(), tmp)

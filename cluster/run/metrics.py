@@ -42,10 +42,11 @@ MFU_KEY = "perf/mfu"
 # sampler was, over the batch's tokens; how many versions one sequence's tokens span (pipeline: an update can
 # land mid-request). trainer.mode=pipeline only (NaN otherwise): groups dropped for trainer.max_staleness
 # (their prompts generated again); each engine's share of wall time stepping requests, its tokens per second
-# of wall time, the groups in flight over all engines, an engine's seconds paused for weight updates.
+# of wall time, the groups in flight over all engines, an engine's seconds paused for weight updates; on the
+# first step after a resume, the groups in flight at that checkpoint, generated again (0 on the others).
 VERSION_KEYS = ("staleness/token_mean", "staleness/token_max", "versions_per_sequence_mean")
 PIPELINE_KEYS = ("stale_groups", "pipeline/engine_busy_frac", "pipeline/engine_tokens_per_s", "pipeline/queue_depth",
-                 "pipeline/pause_s")
+                 "pipeline/pause_s", "pipeline/regenerated_on_resume")
 # Every step's line carries exactly these keys (NaN when a value does not apply, e.g. kl at beta=0),
 # and the run's per-reward-function keys rewards/<name>/<stat> (actors/rewards/scorer.py metric_keys).
 # reward_unscorable: completions no reward function could score (a null), out of their group and the loss.

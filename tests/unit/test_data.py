@@ -54,6 +54,28 @@ def test_stream_resumes_exactly_across_epochs():
     assert len({e.prompt for e in first + rest[:30]}) == 100  # one epoch = each example once
 
 
+def test_prompts_in_flight_at_a_checkpoint_are_handed_out_first_after_a_resume():
+    """trainer.mode=pipeline: a checkpoint records the prompts taken and not trained on; a stream loaded
+    from it hands those out first, in that order, then goes on from its position (as a run that never
+    stopped would have); a checkpoint taken before they are all out again records the rest."""
+    examples = arithmetic_examples("addition", 1)
+    a = PromptStream(examples, seed=1)
+    taken = a.take(6)
+    assert a.state() == {"epoch": 0, "index": 6}  # no key when nothing is in flight: sync and async unchanged
+    state = a.state(in_flight=[taken[4], taken[1]])
+    assert state == {"epoch": 0, "index": 6, "in_flight": [examples.index(taken[4]), examples.index(taken[1])]}
+    b = PromptStream(examples, seed=1)
+    b.load_state(state)
+    assert b.take(1) == [taken[4]]
+    assert b.state() == {"epoch": 0, "index": 6, "in_flight": [examples.index(taken[1])]}
+    assert b.take(3) == [taken[1], *a.take(2)]
+    assert b.state() == a.state()
+    b.load_state({"epoch": 0, "index": 0})
+    assert b.take(1) == PromptStream(examples, seed=1).take(1)  # a plain position clears what was in flight
+    with pytest.raises(DataError, match=r"names prompts \[100\] in flight, but the training set has 100"):
+        b.load_state({"epoch": 0, "index": 6, "in_flight": [3, 100]})
+
+
 def test_an_unknown_message_role_is_warned_about_with_where_it_is():
     """Issue 30 case 11: a message role "wizard" was accepted without a word."""
     rows = [Example([{"role": "user", "content": "hi"}], where="d.jsonl:1"),

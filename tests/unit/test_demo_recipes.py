@@ -62,8 +62,20 @@ def test_cli_recipe_and_warm_start_steps():
 def test_the_addition_recipes_share_the_demo_warm_start_and_the_others_do_not():
     spec = WarmStartSpec(target_accuracy=0.25, seed=2)
     names = {name: r.warm_start_name(spec) for name, r in RECIPES.items()}
-    assert names["addition"] == names["lora"] == names["async"] == "warm-to0.25-seed2-threads1"
+    assert names["addition"] == names["lora"] == names["async"] == names["pipeline"] == "warm-to0.25-seed2-threads1"
     assert len({names["addition"], names["chat"], names["tools"]}) == 3
+
+
+def test_the_pipeline_recipe_is_the_async_task_in_pipeline_mode_with_no_evaluation_during_training():
+    """Pipeline mode refuses trainer.eval_every (its engines never stop): the recipe turns it off, and its
+    config is valid as the demo loads it; the rest is cpu_demo.yaml's, as for async."""
+    pipe, asy = (load_config(RECIPES[n].config, ["model.path=/nonexistent", *RECIPES[n].overrides], validate_paths=False)
+                 for n in ("pipeline", "async"))
+    assert pipe.trainer.mode == "pipeline" and pipe.trainer.eval_every == 0
+    assert [p for p in pipe.problems() if not p.startswith("model.path")] == []  # load_config validated the rest
+    assert (pipe.data, pipe.algo, pipe.trainer.steps, pipe.trainer.prompts_per_step) == \
+        (asy.data, asy.algo, asy.trainer.steps, asy.trainer.prompts_per_step)
+    assert RECIPES["pipeline"].base == RECIPES["async"].base == "addition"
 
 
 def test_recipe_data_files(tmp_path):

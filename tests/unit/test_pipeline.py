@@ -1,5 +1,5 @@
-"""trainer.mode=pipeline, the parts without engines: the feeder's staleness rule and batch, the config's
-refusals, per-token version metrics, AReaL's decoupled objective."""
+"""trainer.mode=pipeline, the parts without engines: the feeder's staleness rule and batch, the prompts in
+flight a checkpoint records, the config's refusals, per-token version metrics, AReaL's decoupled objective."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +10,14 @@ import torch
 
 from actors.completions import Completion, PromptRollout
 from cluster.config import RunConfig
-from cluster.data.dataset import Example
+from cluster.data.dataset import Example, PromptStream
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.trainer import version_metrics
+from cluster.run.resume import resume_point
 from learner.config import AlgoConfig
 from learner.grpo import LossInputs, decoupled_weights, policy_loss, tis_weights
+from tests.unit.test_collect import checkpointing_trainer
 
 
 def group(name: str, versions: list[list[int]]) -> ScoredGroup:
@@ -24,10 +26,10 @@ def group(name: str, versions: list[list[int]]) -> ScoredGroup:
                        [float(i) for i in range(len(versions))])
 
 
-def feeder(version: int, **trainer) -> PipelineFeeder:
+def feeder(version: int, stream=None, **trainer) -> PipelineFeeder:
     cfg = RunConfig()
     cfg.trainer = dataclasses.replace(cfg.trainer, mode="pipeline", group_size=2, prompts_per_step=2, **trainer)
-    stream = SimpleNamespace(state=lambda: {"epoch": 0, "index": 7})
+    stream = stream or SimpleNamespace(state=lambda: {"epoch": 0, "index": 7})
     pool = SimpleNamespace(handles=[object()])
     return PipelineFeeder(cfg, stream, scorer=None, pool=pool, reference=None, eos_id=None,
                           weight_version=lambda: version)
@@ -53,6 +55,49 @@ def test_next_batch_takes_groups_in_arrival_order_and_regenerates_the_stale_ones
     m = version_metrics(batch, trained_from=5)
     assert m == {"staleness/token_mean": pytest.approx((0 + 0 + 1 + 0 + 2 + 1 + 1) / 7), "staleness/token_max": 2,
                  "versions_per_sequence_mean": (1 + 2 + 2 + 1) / 4}
+
+
+def test_a_checkpoint_records_the_prompts_in_flight_in_the_order_taken():
+    """Taken from the stream and not trained on (still in an engine, or dropped as stale and waiting to be
+    generated again): recorded, in the order taken, so a resume asks for them first; trained ones are not."""
+    examples = [Example(f"p{i}", prompt_ids=[1, i]) for i in range(10)]
+    f = feeder(version=3, stream=PromptStream(examples, seed=0), max_staleness=1, pipeline_groups_in_flight=4)
+    f._call = lambda w, call, what: {"pid": 1}  # the engine took the groups
+    f._top_up()
+    taken = [ex for ex, _ in f._held[0].values()]
+    assert len(taken) == 4 and f.checkpoint_state()["in_flight"] == [examples.index(e) for e in taken]
+
+    def back(ex, versions):  # what _poll and the scoring thread do with a finished group
+        key = next(k for k, (e, _) in f._held[0].items() if e is ex)
+        del f._held[0][key]
+        g = group(ex.prompt, versions)
+        f._ready.append((g._replace(example=ex), None, CollectStats()))
+
+    back(taken[2], [[3], [3]])
+    back(taken[0], [[1], [3]])  # 2 versions behind: dropped at next_batch, its prompt generated again
+    back(taken[1], [[2], [3]])
+    f.pool.pids = [1]
+    batch, extra = f.next_batch(timeout_s=1)
+    assert batch.examples == [taken[2], taken[1]] and extra["stale_groups"] == 1
+    state = f.checkpoint_state()
+    assert state == {"epoch": 0, "index": 4, "in_flight": [examples.index(taken[0]), examples.index(taken[3])]}
+    resumed = PromptStream(examples, seed=0)
+    resumed.load_state(state)
+    assert resumed.take(3) == [taken[0], taken[3], PromptStream(examples, seed=0).take(5)[4]]
+
+
+def test_a_replaced_engines_counters_start_from_zero_even_when_it_held_no_group():
+    """The engine's busy/wall/token/pause seconds are running totals of its process. The e2e run's step
+    after a replaced engine logged gen_s -21.8 and a NaN busy share: the new process's totals were taken
+    from the old one's whenever no group was lost with it."""
+    f = feeder(version=0)
+    f.pool.pids = [1]
+    f._account(0, {"pid": 1, "stats": {"busy_s": 8.0, "wall_s": 10.0, "tokens": 300, "pause_s": 0.5}})
+    f._account(0, {"pid": 1, "stats": {"busy_s": 9.0, "wall_s": 12.0, "tokens": 340, "pause_s": 0.5}})
+    f._account(0, {"pid": 2, "stats": {"busy_s": 1.0, "wall_s": 2.0, "tokens": 40, "pause_s": 0.0}})
+    assert (f.engine["busy_s"], f.engine["wall_s"], f.engine["tokens"], f.engine["pause_s"]) == (10.0, 14.0, 380, 0.5)
+    m = f._engine_since_last()
+    assert m["pipeline/engine_busy_frac"] == pytest.approx(10 / 14) and m["pipeline/engine_tokens_per_s"] == 380 / 14
 
 
 def test_merged_stats_add_every_count():
@@ -129,3 +174,30 @@ def test_an_engine_replaced_mid_run_counts_from_zero_in_the_busy_fraction():
     assert m["pipeline/engine_busy_frac"] == pytest.approx(0.75) and m["pipeline/engine_tokens_per_s"] == pytest.approx(10)
     poll(12, 3.5, 4.0, 40)  # the same process again: only what it did since
     assert f._engine_since_last()["pipeline/engine_busy_frac"] == pytest.approx(1.0)
+
+
+def test_the_final_checkpoint_records_what_was_in_flight_when_the_engines_stopped_and_a_resume_says_it(tmp_path,
+                                                                                                    capsys):
+    """The last checkpoint is taken after the engines stopped (the final evaluation needs them idle): it
+    records the prompts the feeder had in flight then; a resume from it says how many it generates again
+    and its stream hands them out first."""
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0]] * 8)
+    examples = t.stream.examples
+    t.cfg.trainer.mode, t.stream, t.step = "pipeline", PromptStream(examples, seed=0), 3
+    stopped = []
+    t.feeder = SimpleNamespace(stop=lambda: stopped.append(True),
+                               checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
+    t._stop_feeder()
+    assert stopped and t.feeder is None
+    assert "pipeline: 2 group(s) in flight when the engines stopped were not trained on" in capsys.readouterr().out
+    path = t.save_checkpoint(finished=True)
+    assert checkpoint.load_driver_state(path)["data"] == {"epoch": 0, "index": 6, "in_flight": [4, 2]}
+    assert "records the prompts of the 2 group(s) in flight" in capsys.readouterr().out
+
+    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 8)
+    r.cfg.trainer.mode, r.stream = "pipeline", PromptStream(examples, seed=0)
+    r.resume_from = resume_point(r.cfg)
+    r._resume()
+    assert r.step == 3 and r.regenerated_on_resume == 2  # the first step's pipeline/regenerated_on_resume
+    assert "the 2 group(s) in flight at that checkpoint are generated again first" in capsys.readouterr().out
+    assert r.stream.take(2) == [examples[4], examples[2]]
