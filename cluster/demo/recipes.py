@@ -21,7 +21,7 @@ from, what data it writes, and how its warm start trains and checks itself. `run
             (cluster/demo/policyreward.py), built and cached after the warm start; exact_match only judges
   smollm2   a real pretrained model, SmolLM2-135M-Instruct (Llama, tied embeddings, ChatML), converted
             from PyPI by cluster/models/smollm2.py; no warm start: GRPO trains the instruct model as
-            it is, on word problems it half solves (see smollm2_data)
+            it is, on word problems asked after one worked example, a format it half follows (smollm2_data)
 
 The addition recipes share their base model and cached warm start.
 """
@@ -93,10 +93,14 @@ def tools_data() -> tuple[list[dict], list[dict]]:
 
 
 def smollm2_data() -> tuple[list[dict], list[dict]]:
-    """The chat recipe's one-digit word problems, asked of SmolLM2-135M-Instruct as they are: its greedy answer
-    is right and ends in "#### N" on about 4 in 10 held-out prompts (it often skips the "####" line, runs past
-    the token budget, or slips on the arithmetic), which leaves GRPO room both ways (docs/STATUS.md)."""
-    return chat_data()
+    """The chat recipe's one-digit word problems asked of SmolLM2-135M-Instruct after one worked example
+    turn ("3 + 4 = 7\n#### 7", tasks.WORKED_EXAMPLE): a format it half follows. Without the example it rarely
+    ends its turn ("#### 2\nThe answer is 2.\n#### 4..." to the token cap; gsm8k reads the last "####"), so
+    sampled answers were right 13.5% of the time; with it, it stops by itself, and its answers are right and
+    end in "#### N" greedy on 35% of held-out prompts, sampled on 24% (it often drops the "####" line
+    or slips on the arithmetic). The screen's table is in docs/STATUS.md."""
+    return (chat_rows(TRAIN_ROWS, seed=1, worked_example=True, **ONE_DIGIT),
+            chat_rows(EVAL_ROWS, seed=2, worked_example=True, **ONE_DIGIT))
 
 
 EXAMPLES = PROJECT_ROOT / "examples"

@@ -30,13 +30,21 @@ def chat_problem(rng: random.Random, lo: int = 10, hi: int = 99, b_lo: int = 10,
     return q, f"{a} - {b} = {a - b}\n#### {a - b}"
 
 
-def chat_rows(n: int, seed: int, **digits) -> list[dict]:
-    """`digits`: chat_problem's operand ranges (the recipe uses 1..9 for both)."""
+# One worked example, asked and answered as an earlier turn of the conversation (the smollm2 recipe's
+# prompts): a pretrained chat model follows a shown turn's format more than a described one.
+WORKED_EXAMPLE = [{"role": "user", "content": "Sam has 3 apples and gets 4 more. How many apples does Sam have now?"},
+                  {"role": "assistant", "content": "3 + 4 = 7\n#### 7"}]
+
+
+def chat_rows(n: int, seed: int, worked_example: bool = False, **digits) -> list[dict]:
+    """`digits`: chat_problem's operand ranges (the recipe uses 1..9 for both); `worked_example`: put
+    WORKED_EXAMPLE between the system prompt and the question."""
     rng = random.Random(f"chat-{seed}")
+    shot = WORKED_EXAMPLE if worked_example else []
     rows = []
     for _ in range(n):
         q, answer = chat_problem(rng, **digits)
-        rows.append({"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}],
+        rows.append({"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, *shot, {"role": "user", "content": q}],
                      "answer": answer})
     return rows
 

@@ -13,7 +13,7 @@ from cluster.demo import demo
 from cluster.demo.demo import DEMO_MARK, made_by_a_demo
 from cluster.demo.recipes import RECIPES
 from cluster.models.smollm2 import SmolLM2Unavailable
-from cluster.models.tasks import chat_rows, conversation_sequence, tool_rows
+from cluster.models.tasks import WORKED_EXAMPLE, chat_rows, conversation_sequence, tool_rows
 from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
 from cluster.models.warmstart import WarmStartSpec
 
@@ -117,9 +117,10 @@ def test_the_demo_starts_afresh_only_in_a_run_dir_a_demo_made(tmp_path):
     assert not made_by_a_demo(no_config, cache)
 
 
-def test_the_smollm2_recipe_trains_the_pretrained_model_on_word_problems_it_half_solves(tmp_path):
+def test_the_smollm2_recipe_trains_the_pretrained_model_on_a_format_it_half_follows(tmp_path):
     """No warm start (GRPO starts from the converted instruct model); the chat recipe's one-digit problems,
-    asked with a system prompt that wants "#### N", scored by gsm8k; a config that fits 2 cores."""
+    asked after one worked example turn that answers "a + b = c\n#### c", scored by gsm8k; a config that fits
+    2 cores."""
     recipe = RECIPES["smollm2"]
     assert recipe.base == "smollm2" and recipe.warm_start is None and recipe.reward_model is None
     train, held = (o.split("=", 1)[1] for o in recipe.write_data(tmp_path))
@@ -128,19 +129,21 @@ def test_the_smollm2_recipe_trains_the_pretrained_model_on_word_problems_it_half
     assert len(rows) == 5000 and len(held_rows) == 400 and rows[0] != held_rows[0]
     first = held_rows[0]
     assert first["prompt"][0] == {"role": "system", "content": "Solve the problem. End with the answer after ####."}
-    assert first["answer"].split("\n#### ")[1].isdigit()
-    # what the base model answers (its greedy outputs on the first held-out prompts, "Ben has 5 - 3..."),
-    # as the reward scores them: the "####" line decides, the last one counts
-    right = "Mia has 8 books and gives away 1 book, so Mia has 8 - 1 = 7 books left.\n#### 7\nThe answer is 7."
-    wrong = "Ben has 5 - 3 = 1.5 stamps left.\n#### 1.5\n#### 1.5"
-    assert gsm8k(None, right, answer="8 - 1 = 7\n#### 7") == 1.0
-    assert gsm8k(None, wrong, answer="5 - 3 = 2\n#### 2") == 0.0
-    assert gsm8k(None, "Mia has 8 - 1 = 7 books left.", answer="8 - 1 = 7\n#### 7") == 0.0  # no "####": 0
+    # the worked example is an earlier turn, the same in every row; the question comes last
+    assert [m["role"] for m in first["prompt"]] == ["system", "user", "assistant", "user"]
+    assert first["prompt"][1:3] == rows[0]["prompt"][1:3] == WORKED_EXAMPLE
+    assert gsm8k(None, WORKED_EXAMPLE[1]["content"], answer="3 + 4 = 7\n#### 7") == 1.0
+    assert first["prompt"][3] != rows[0]["prompt"][3] and first["answer"].split("\n#### ")[1].isdigit()
+    # what the base model answers after the example (its greedy and sampled outputs on the first held-out
+    # prompts), as the reward scores them: the "####" line decides, the last one counts
+    assert gsm8k(None, "Tom has 4 + 2 = 6 pens left\n#### 6", answer="4 + 2 = 6\n#### 6") == 1.0
+    assert gsm8k(None, "Ben has 5 - 3 = 1.\n#### 1", answer="5 - 3 = 2\n#### 2") == 0.0
+    assert gsm8k(None, "Mia gives away 1 book, so Mia has 8 - 1 = 7 books left.", answer="8 - 1 = 7\n#### 7") == 0.0
     cfg = load_config(recipe.config, ["model.path=/nonexistent", *recipe.write_data(tmp_path)], validate_paths=False)
     assert cfg.reward.functions == ["gsm8k"] and cfg.algo.beta == 0.0  # no reference model: a step costs less
     assert cfg.learner.lora_rank == 0  # full fine-tuning
     assert cfg.trainer.eval_pass_k == 0 and cfg.data.num_eval == 100
-    assert cfg.rollout.max_new_tokens <= 48  # short completions: a step of the real model fits 2 cores
+    assert cfg.rollout.max_new_tokens <= 24  # short completions: a step of the real model fits 2 cores
 
 
 def test_the_smollm2_recipe_says_why_its_model_cannot_be_built(tmp_path, monkeypatch, capsys):
