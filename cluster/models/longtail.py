@@ -18,13 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from cluster.models.tinymodel import EOS, SPEC_FILE, TinyModelSpec, build_tiny_model, is_cached
+from cluster.models.tinymodel import EOS, TinyModelSpec, build_tiny_model, is_cached, save_model_dir
 
 # Text the mean hidden state is taken over: the bench's task prompts, then what the model samples after them.
 PROBE_PROMPTS = tuple(f"{a}+{b}=" for a, b in zip(range(10, 90, 5), range(33, 99, 4)))
@@ -53,16 +51,7 @@ def build_longtail_model(out_dir: str | os.PathLike, base_dir: str | os.PathLike
         model.config.tie_word_embeddings = False
         model.lm_head = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
         model.lm_head.weight = torch.nn.Parameter(head)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:  # a temporary sibling renamed at the end: a crash never leaves a half-built model to be reused
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / SPEC_FILE).write_text(spec_json)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    save_model_dir(out, model, tok, spec_json)
     return out
 
 

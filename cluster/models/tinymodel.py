@@ -122,6 +122,12 @@ def write_model_dir(out: Path, spec: TinyModelSpec, tokenizer, spec_json: str, *
     model = Qwen2ForCausalLM(config).to(torch.float32)
     if generation_config is not None:
         model.generation_config = generation_config
+    save_model_dir(out, model, tokenizer, spec_json)
+
+
+def save_model_dir(out: Path, model, tokenizer, spec_json: str) -> None:
+    """`model`, `tokenizer` and the SPEC_FILE `is_cached` reads into `out`, written to a temporary
+    sibling and renamed: a crash never leaves a half-built model to be taken for a cached one."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
