@@ -3,13 +3,12 @@ gradients must be those of one pass per sequence, on more than one architecture;
 cannot be shared falls back. Small random models, built here (no files)."""
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
+from prompt_sharing_cases import groups, one_pass_logprobs
 
 from learner.grpo import token_logprobs
-from learner.sequences import PromptSharingUnsupported, completion_logprobs, pack_sequences, pack_shared, shared_prompt_logits
+from learner.sequences import PromptSharingUnsupported, completion_logprobs, pack_shared, shared_prompt_logits
 
 
 def qwen2(**kw):
@@ -26,24 +25,6 @@ def gpt2():
     torch.manual_seed(0)
     return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=96, n_positions=64, bos_token_id=1,
                                       eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-
-
-def groups(seed=0, prompts=3, G=4):
-    """G rows per prompt, prompts of different lengths, completions of different lengths."""
-    g = random.Random(seed)
-    ps = [[g.randrange(1, 96) for _ in range(n)] for n in (5, 2, 8)[:prompts]]
-    rows = [(p, [g.randrange(1, 96) for _ in range(g.choice([1, 2, 4, 6]))]) for p in ps for _ in range(G)]
-    g.shuffle(rows)
-    return [p for p, _ in rows], [c for _, c in rows]
-
-
-def one_pass_logprobs(model, prompt_ids, completion_ids):
-    """The reference: one forward pass per sequence (right-padded), [n, C] like the shared layout."""
-    ids, mask, pos, comp = pack_sequences(prompt_ids, completion_ids)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits[:, :-1]
-    lp = token_logprobs(logits, ids[:, 1:])
-    C = max(map(len, completion_ids))
-    return torch.stack([torch.cat([lp[i][comp[i, 1:]], lp.new_zeros(C - len(c))]) for i, c in enumerate(completion_ids)])
 
 
 @pytest.mark.parametrize("make", [qwen2, gpt2], ids=["qwen2", "gpt2"])
