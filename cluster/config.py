@@ -90,7 +90,8 @@ class TrainerConfig:
     # token is more than this many versions behind is dropped and its prompt generated again (stale_groups)
     max_staleness: int = 1
     # pipeline: groups in flight over all engines (submitted, or back and not yet trained on): how far the
-    # engines may run ahead of the learner; 0: 2 x prompts_per_step
+    # engines may run ahead of the learner; 0: max_staleness x prompts_per_step (more would be generated only
+    # to be dropped as stale once the engines keep up: cluster/driver/pipeline.py)
     pipeline_groups_in_flight: int = 0
     seed: int = 0
     run_dir: str = "runs/raygrpo"
@@ -135,7 +136,7 @@ class TrainerConfig:
         at_least(p, "trainer.group_size", self.group_size, 2, " (group advantages need a group)")
         if self.mode not in ("sync", "async", "pipeline"):
             p.append(f"trainer.mode must be sync|async|pipeline, got {self.mode!r}")
-        at_least(p, "trainer.pipeline_groups_in_flight", self.pipeline_groups_in_flight, 0, " (0: 2 x prompts_per_step)")
+        at_least(p, "trainer.pipeline_groups_in_flight", self.pipeline_groups_in_flight, 0, " (0: max_staleness x prompts_per_step)")
         at_least(p, "trainer.max_staleness", self.max_staleness, 0)
         if self.actor_timeout_s <= 0:
             p.append(f"trainer.actor_timeout_s must be > 0, got {self.actor_timeout_s}")

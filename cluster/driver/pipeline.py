@@ -39,13 +39,24 @@ if TYPE_CHECKING:
 POLL_S = 0.02  # between two polls of the engines when none had anything
 
 
+def in_flight_bound(t) -> int:
+    """trainer.pipeline_groups_in_flight, 0 resolved: max_staleness x prompts_per_step.
+
+    Why no more: groups sampled while step k trains (weights k-1) are trained at step k+1 only if at most
+    prompts_per_step of them are ahead in the queue. With a bigger bound and engines that keep up with the
+    learner, the queue holds more than a batch, groups wait a step longer, reach staleness max_staleness + 1
+    and are dropped and generated again: with twice the bound the bench dropped 161 groups for 192 trained
+    in 12 steps (docs/STATUS.md, "Pipeline mode"; tests/unit/test_pipeline.py simulates it)."""
+    return t.pipeline_groups_in_flight or t.max_staleness * t.prompts_per_step
+
+
 class PipelineFeeder:
     def __init__(self, cfg: RunConfig, stream: PromptStream, scorer, pool: RolloutPool, *, reference,
                  eos_id: int | None, weight_version: Callable[[], int]):
         self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
         self.reference, self.eos_id, self.weight_version = reference, eos_id, weight_version
         t, m = cfg.trainer, cfg.metrics
-        self.target = math.ceil((t.pipeline_groups_in_flight or 2 * t.prompts_per_step) / len(pool.handles))
+        self.target = math.ceil(in_flight_bound(t) / len(pool.handles))
         self.samples_per_group = math.ceil(m.completions_per_step / t.prompts_per_step) if m.log_completions else 0
         self._cv = threading.Condition()
         self._arrived: list = []  # (example, rollout) taken from the engines, not yet scored

@@ -17,7 +17,10 @@ from tests.e2e.test_train import config, kill_while_learning, train_rows
 def test_pipeline_run_bounds_staleness_records_versions_replaces_a_killed_engine_and_resumes(
         ray_cluster, tiny_model_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["trainer.mode=pipeline", "trainer.max_staleness=1", "rollout.max_model_len=64", "rollout.max_new_tokens=24",
+    # twice the default bound: a batch is always still in flight when the engines stop, so the last checkpoint
+    # has prompts to record however the stop falls
+    args = ["trainer.mode=pipeline", "trainer.max_staleness=1", "trainer.pipeline_groups_in_flight=8",
+            "rollout.max_model_len=64", "rollout.max_new_tokens=24",
             "algo.beta=0.05", "metrics.completions_per_step=4", "rollout.max_restarts=1", "checkpoint.every=1",
             "trainer.actor_timeout_s=600"]  # engine starts took 220 s at load 50
     trainer = Trainer(config(tiny_model_dir, run, *args, "trainer.steps=3"))
