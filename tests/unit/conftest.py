@@ -4,11 +4,28 @@ auth check sets RAY_AUTH_MODE) must not change what the e2e runs after it inheri
 import os
 
 import pytest
+import torch
+
+# The cores shared out among the pytest processes. `make test` runs this tier in two xdist workers on two
+# cores, and torch's default (a thread per core in each) put four busy OpenMP threads on two cores, whose
+# barriers then spin against each other: the tiny model's forward took 2.0 s on 2 threads beside another
+# job, 0.13 s on 1. Tests that need a count set it themselves (the warm start's and the policy reward's
+# `threads`) and restore it. Per test, restored after, so the e2e tests of a shared session are untouched.
+_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+@pytest.fixture(autouse=True)
+def _threads_shared_among_workers():
+    before = torch.get_num_threads()
+    torch.set_num_threads(_THREADS)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
 def _environment_restored():
     before = dict(os.environ)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # the same share for the processes a test starts
     yield
     if os.environ != before:
         os.environ.clear()
