@@ -2,6 +2,8 @@
 calls product code which sets the driver's environment (ray.network_interface sets GLOO_SOCKET_IFNAME, the
 auth check sets RAY_AUTH_MODE) must not change what the e2e runs after it inherit."""
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,3 +32,23 @@ def _environment_restored():
     if os.environ != before:
         os.environ.clear()
         os.environ.update(before)
+
+
+# What this process's collection loaded, taken before any test ran: the modules it collected (selected by
+# -k or not: each was imported), and whether vllm was among the modules loaded by then
+# (tests/unit/test_import_cost.py).
+_COLLECTED: dict = {"paths": set()}
+
+
+def pytest_itemcollected(item):
+    _COLLECTED["paths"].add(Path(item.path))
+
+
+def pytest_collection_finish(session):
+    _COLLECTED["vllm"] = "vllm" in sys.modules
+
+
+@pytest.fixture
+def collection_of_this_session() -> dict:
+    """{"paths": the test modules this pytest process collected, "vllm": whether collecting them loaded vllm}."""
+    return {"paths": frozenset(_COLLECTED["paths"]), "vllm": _COLLECTED.get("vllm")}
