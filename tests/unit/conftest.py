@@ -46,9 +46,15 @@ def pytest_itemcollected(item):
 
 def pytest_collection_finish(session):
     _COLLECTED["vllm"] = "vllm" in sys.modules
+    # test modules of another tier collected beside this one (`pytest tests/unit tests/e2e`): what loaded vllm
+    # is then not this tier's business, and the import-cost test collects the tier alone instead
+    unit = Path(__file__).resolve().parent
+    files = (Path(f) for f in (getattr(m, "__file__", None) for m in list(sys.modules.values())) if f)
+    _COLLECTED["others"] = any(f.name.startswith("test_") and unit.parent in f.parents and f.parent != unit for f in files)
 
 
 @pytest.fixture
 def collection_of_this_session() -> dict:
-    """{"paths": the test modules this pytest process collected, "vllm": whether collecting them loaded vllm}."""
-    return {"paths": frozenset(_COLLECTED["paths"]), "vllm": _COLLECTED.get("vllm")}
+    """{"paths": the unit test modules this pytest process collected, "vllm": whether collecting loaded vllm,
+    "others": whether test modules of another tier were collected too}."""
+    return {"paths": frozenset(_COLLECTED["paths"]), "vllm": _COLLECTED.get("vllm"), "others": _COLLECTED.get("others", True)}

@@ -46,13 +46,13 @@ def test_no_unit_test_module_imports_vllm(collection_of_this_session):
     and collecting tests/unit (every module and what it imports of the project, as pytest does) loads none.
     A test that needs vLLM belongs in tests/e2e.
 
-    Where this process collected exactly the whole tier (`make test`: each xdist worker collects it all),
+    Where this process collected the whole tier and no other (`make test`: each xdist worker collects it all),
     what that collection loaded is read (tests/unit/conftest.py); otherwise (a file or a test picked, or
     the e2e tier beside) the tier is collected in a fresh interpreter (30-40 s on a busy 2-core machine)."""
     modules = set(UNIT.glob("test_*.py"))
     named = sorted(p.name for p in modules if imports_vllm(p))
     assert not named, f"{named} import vllm: move those tests to tests/e2e"
-    if collection_of_this_session.get("paths") == modules:
+    if collection_of_this_session["paths"] == modules and not collection_of_this_session["others"]:
         assert not collection_of_this_session["vllm"], \
             "collecting tests/unit loaded vllm (a project module a unit test imports pulls it in)"
         return
