@@ -1,11 +1,28 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 from filelock import FileLock
 from finished_run import finish_a_run
 
 from cluster.launch.ray_cluster import worker_runtime_env
 from learner.op_build import build_dir, check_shm_op_build
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_process_threads_shared_among_workers():
+    """The test process's own torch work (the in-process driver, the models the tests load to check a
+    run against: SmolLM2's GGUF check, transformers beside vLLM) on its share of the cores. `make test`
+    runs two pytest workers on two cores, each beside its own run's actors; torch's default of a thread
+    per core put OpenMP threads that spin at their barriers on cores already busy (tests/unit/conftest.py:
+    a tiny model's forward 2.0 s on 2 threads beside another job, 0.13 s on 1). Only this process: no
+    environment variable is set, so `raygrpo` subprocesses, Ray and its actors get what a user gets."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -147,8 +147,11 @@ def test_memory_sampler_stops_when_the_last_training_step_is_logged(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"kind": "eval"}) + "\n" + json.dumps({"step": 1}) + "\n")
     with model_bench.MemorySampler(metrics, steps=2, every_s=0.01) as sampler:
-        time.sleep(0.1)
-        assert sampler._thread.is_alive()  # one training row of two
+        # a sample walks the process table: on a loaded machine one took longer than the 0.1 s this waited
+        deadline = time.time() + 30
+        while sampler.samples < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        assert sampler._thread.is_alive() and sampler.samples >= 2  # one training row of two: still sampling
         with open(metrics, "a") as f:
             f.write(json.dumps({"kind": "train", "step": 2}) + "\n")
         sampler._thread.join(5)
