@@ -25,9 +25,10 @@ class AlgoConfig:
     aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)
     beta: float = 0.0  # KL coefficient; 0 starts no reference actor
     kl_estimator: str = "k3"  # k1 | k2 | k3
-    tis_cap: float | None = 2.0  # truncated IS cap for the vLLM-vs-trainer mismatch; None: off
+    tis_cap: float | None = 2.0  # truncated IS cap for the vLLM-vs-trainer mismatch; None: off (with tis)
     # how each token's loss is reweighted from the sampler's log-probs (learner/grpo.py section 6): tis
-    # (truncated at tis_cap) | decoupled (AReaL's decoupled PPO: tokens above tis_cap left out)
+    # (truncated at tis_cap) | decoupled (AReaL's decoupled PPO: tokens above tis_cap left out) | none
+    # (weight 1: no correction, stale tokens trained as on-policy; for comparison, docs/STATUS.md)
     behavior_correction: str = "tis"
 
     def problems(self) -> list[str]:

@@ -287,7 +287,14 @@ def decoupled_weights(old, behav, cap):
     return w.detach()
 
 
-BEHAVIOR_CORRECTIONS = {"tis": tis_weights, "decoupled": decoupled_weights}
+def no_correction(old, behav, cap):
+    """No correction:  w_t = 1   (the sampler's log-probs are not read: a token sampled by an older policy is
+    trained as if the trainer's own policy had sampled it, the ratio taken against old_logp alone).
+    The "off" that TIS and the decoupled objective are measured against (docs/STATUS.md, pipeline mode)."""
+    return torch.ones_like(old)
+
+
+BEHAVIOR_CORRECTIONS = {"tis": tis_weights, "decoupled": decoupled_weights, "none": no_correction}
 
 
 # --------------------------------------------------------------------------- #
@@ -302,7 +309,7 @@ class LossSettings(Protocol):
     aggregation: str  # a key of AGGREGATIONS
     beta: float  # the KL term's coefficient
     kl_estimator: str  # a key of KL_ESTIMATORS
-    tis_cap: float | None  # TIS weights' cap; None: no TIS (decoupled: no cap)
+    tis_cap: float | None  # TIS weights' cap; None: no TIS (decoupled: no cap; none: not read)
     behavior_correction: str  # a key of BEHAVIOR_CORRECTIONS
 
 
@@ -314,7 +321,7 @@ def policy_loss(inputs: LossInputs, algo: LossSettings):
       clip_high > clip_low is DAPO's clip-higher; KL_t = kl_penalty(logp, ref_logp) (section 3).
       w_t: the off-policy weight of algo.behavior_correction (section 6) when behavior_logp is given:
       "tis" sg[min(exp(old_logp_t - behavior_logp_t), tis_cap)] (only with a tis_cap), "decoupled"
-      (AReaL) the same ratio, tokens above tis_cap left out; else 1.
+      (AReaL) the same ratio, tokens above tis_cap left out, "none" 1; else 1.
     The loss: the per-token losses aggregated over the mask by algo.aggregation (section 5).
     Metrics are means over this batch. An all-zero mask gives loss 0 (with a grad graph), never NaN.
     """

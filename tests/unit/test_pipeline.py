@@ -16,7 +16,7 @@ from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.trainer import version_metrics
 from cluster.run.resume import resume_point
 from learner.config import AlgoConfig
-from learner.grpo import LossInputs, decoupled_weights, policy_loss, tis_weights
+from learner.grpo import LossInputs, decoupled_weights, no_correction, policy_loss, tis_weights
 from tests.unit.test_collect import checkpointing_trainer
 
 
@@ -194,7 +194,32 @@ def test_decoupled_objective_leaves_out_tokens_above_the_cap_where_tis_truncates
     assert loss_dec.item() == pytest.approx(-(1 + 1.6487213) / 3)
     assert "unknown behavior_correction" in str(pytest.raises(ValueError, policy_loss, inputs,
                                                               AlgoConfig(behavior_correction="x")).value)
-    assert any("algo.behavior_correction must be tis|decoupled" in p for p in AlgoConfig(behavior_correction="x").problems())
+    assert any("algo.behavior_correction must be tis|decoupled|none" in p
+               for p in AlgoConfig(behavior_correction="x").problems())
+
+
+def test_no_correction_trains_stale_tokens_as_on_policy_whatever_the_cap():
+    """behavior_correction=none is the comparison run's "off": weight 1 on every token, the sampler's log-probs
+    unread, the same loss and gradient as TIS turned off with tis_cap=null, and unlike TIS's."""
+    old = torch.tensor([[0.0, 0.0, 0.0]])
+    behav = torch.tensor([[0.0, -0.5, -2.0]])  # sampled by an older policy: ratios 1, 1.65, 7.4
+    assert torch.equal(no_correction(old, behav, 2.0), torch.ones(1, 3))
+
+    def loss_and_grad(algo):
+        logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+        inputs = LossInputs(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 3), behavior_logp=behav)
+        loss, metrics = policy_loss(inputs, algo)
+        loss.backward()
+        return loss.item(), logp.grad, metrics
+
+    loss_none, grad_none, m_none = loss_and_grad(AlgoConfig(behavior_correction="none"))
+    loss_off, grad_off, _ = loss_and_grad(AlgoConfig(tis_cap=None))
+    loss_tis, grad_tis, _ = loss_and_grad(AlgoConfig())
+    assert loss_none == loss_off == pytest.approx(-1.0)  # ratio 1 on each token, advantage 1
+    assert torch.equal(grad_none, grad_off)
+    assert m_none["tis_weight_mean"] == 1.0
+    assert not torch.allclose(grad_none, grad_tis)  # TIS reweights the stale tokens
+    assert AlgoConfig(behavior_correction="none").problems() == []
 
 
 def test_an_engine_replaced_mid_run_counts_from_zero_in_the_busy_fraction():
