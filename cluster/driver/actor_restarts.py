@@ -29,6 +29,7 @@ class RestartWatch:
         """`bundles`: each actor's placement-group bundle ({"CPU": 0.25}), named when it waits for room;
         `on_back(name, info)`: the actor came back (its info() answer) on another node."""
         self.hosts, self.node_wait_s, self.bundles, self.on_back = hosts, node_wait_s, bundles, on_back
+        self._looked = -CHECK_EVERY_S  # when a wait last read the node table (at most every CHECK_EVERY_S)
 
     def wait(self, ref, handle, name: str, what: str, timeout_s: float):
         """ray.get(ref), like actors.runtime.waits.wait_for, but a lost host of the actor is said and waited
@@ -38,9 +39,12 @@ class RestartWatch:
 
         t0 = said = time.monotonic()
         while True:
-            if self.hosts.host_lost(name):  # said once per host ("lost host ...: it held ...")
-                self._await_restart(handle, name)
-                t0 = said = time.monotonic()
+            # Also before the call's first wait: Ray may have restarted the actor between two calls already.
+            if time.monotonic() - self._looked >= CHECK_EVERY_S:
+                self._looked = time.monotonic()
+                if self.hosts.host_lost(name):  # said once per host ("lost host ...: it held ...")
+                    self._await_restart(handle, name)
+                    t0 = said = time.monotonic()
             left = timeout_s - (time.monotonic() - t0)
             try:
                 return ray.get(ref, timeout=max(0.0, min(left, CHECK_EVERY_S)))
