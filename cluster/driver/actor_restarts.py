@@ -64,7 +64,7 @@ class RestartWatch:
 
         bundle = ", ".join(f"{n:g} {kind}" for kind, n in self.bundles.get(name, {}).items()) or "its bundle"
         print(f"{name} was lost with its host: Ray restarts it on a node with room for {bundle} and runs its "
-              f"call again; waiting for it, at most ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note()})",
+              f"call again; waiting for it, at most ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note(fresh=True)})",
               flush=True)
         t0 = said = time.monotonic()
         ref = handle.info.remote()  # queued by Ray until the actor is alive again
@@ -77,12 +77,12 @@ class RestartWatch:
                 if left <= ROOM_LINE_EVERY_S:
                     raise ActorFailed(name, "restarting after its host was lost", died=True,
                                       detail=f"not back within ray.node_wait_s={self.node_wait_s:.0f}s: no node with "
-                                      f"room for {bundle} ({self.hosts.room_note()}); add a node") from None
+                                      f"room for {bundle} ({self.hosts.room_note(fresh=True)}); add a node") from None
             except RayActorError as e:
                 raise ActorFailed(name, "restarting after its host was lost", died=True, detail=actor_error(e)) from e
             said = time.monotonic()
             print(f"waiting for a node with room for the {name} ({bundle}): {said - t0:.0f}s so far, at most "
-                  f"ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note()})", flush=True)
+                  f"ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note(fresh=True)})", flush=True)
         self.hosts.place(name, info.get("node_id"))
         self.on_back(name, info)
         print(f"{name} restarted on {self.hosts.describe(name)} {time.monotonic() - t0:.0f}s after its host was "

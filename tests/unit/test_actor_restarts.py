@@ -46,7 +46,7 @@ class Hosts:
     def describe(self, actor):
         return f"10.77.0.3 (host-c, Ray node {self.placed[actor]})"
 
-    def room_note(self):
+    def room_note(self, fresh=False):
         return "live nodes: 10.77.0.1 (host-a, 3 CPU)"
 
 
