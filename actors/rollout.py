@@ -411,17 +411,24 @@ class RolloutWorker:
             self._resume_loop()
         return {"engine_finish_s": t1 - t0, "prefix_reset_and_version_s": time.perf_counter() - t1, **loop}
 
-    def apply_weight_update(self, request, weight_version: int | str) -> dict:
+    def apply_weight_update(self, request, weight_version: int | str, fingerprint_shapes: dict | None = None) -> dict:
         """A whole weight update in one call (one round trip from the sender instead of four):
         start, receive and load every bucket (the sender broadcasts meanwhile), finish (CPU re-pack,
-        prefix-cache reset) and stamp `weight_version`. Returns the seconds of its parts."""
+        prefix-cache reset) and stamp `weight_version`. Returns the seconds of its parts and, given
+        `fingerprint_shapes`, under "fingerprint" what `weight_fingerprint` would answer right after
+        (the weights as they are now, read the same way), sparing the verified sync a second call."""
         LAST_UPDATE_PARTS.clear()
         t0 = time.perf_counter()
         self.start_weight_update()
         self.update_weights(request)
         t1 = time.perf_counter()
         finish = self.finish_weight_update(weight_version)
-        return {"engine_update_s": t1 - t0, **LAST_UPDATE_PARTS, **finish, "engine_total_s": time.perf_counter() - t0}
+        out = {"engine_update_s": t1 - t0, **LAST_UPDATE_PARTS, **finish}
+        if fingerprint_shapes is not None:
+            t2 = time.perf_counter()
+            out["fingerprint"] = self.weight_fingerprint(fingerprint_shapes, int(weight_version))
+            out["engine_fingerprint_s"] = time.perf_counter() - t2
+        return {**out, "engine_total_s": time.perf_counter() - t0}
 
     def update_weight_version(self, version: int | str) -> None:
         """The learner's step the weights came from (vLLM keeps it as a string)."""

@@ -22,6 +22,10 @@ class OneTripRayClient(RayVLLMWeightSyncClient):
 
     next_version: str = "0"
     last_parts: dict | None = None
+    # {name: shape} of the tensors sent: each engine then reads its fingerprint of them in the same call
+    # (RolloutWorker.apply_weight_update), and `last_fingerprints` holds one report per engine.
+    fingerprint_shapes: dict | None = None
+    last_fingerprints: list[dict] | None = None
 
     def start_weight_update(self) -> None:
         pass
@@ -33,7 +37,9 @@ class OneTripRayClient(RayVLLMWeightSyncClient):
         """Issue the update on every engine without waiting (the gloo sender calls this, then
         broadcasts on the same thread)."""
         request = WeightTransferUpdateRequest(update_info=update_info)
-        return PendingUpdate(self, [h.apply_weight_update.remote(request, self.next_version) for h in self.handles])
+        self.last_fingerprints = None
+        return PendingUpdate(self, [h.apply_weight_update.remote(request, self.next_version, self.fingerprint_shapes)
+                                    for h in self.handles])
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         pass
@@ -57,6 +63,9 @@ class PendingUpdate:
         import ray
 
         try:
-            self.client.last_parts = ray.get(self.refs, timeout=timeout_s)[0]
+            answers = ray.get(self.refs, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"weight-transfer RPC did not return in {timeout_s:.0f}s") from None
+        reports = [a.pop("fingerprint", None) for a in answers]
+        self.client.last_fingerprints = reports if reports and all(r is not None for r in reports) else None
+        self.client.last_parts = answers[0]

@@ -32,6 +32,7 @@ class DirectLoader:
         self.params: dict[str, torch.nn.Parameter] = {}  # read at each proposal (the model's current ones)
         self.packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", None) or {})
         self.verified: dict[Signature, dict[str, torch.Tensor]] = {}  # name -> its rows in a parameter
+        self.owners: dict[Signature, dict[str, str]] = {}  # name -> the vLLM parameter it is copied into
         self._ranges: dict[str, torch.Tensor] | None = None  # of the update under way, when it is copied directly
         self._checking: dict[str, Range] | None = None  # the proposal being checked, otherwise
         self._check_ok = False
@@ -64,6 +65,7 @@ class DirectLoader:
         """Finish an update: a list whose every bucket matched the proposal is verified."""
         if self._checking is not None and self._check_ok:
             self.verified[signature] = {name: self._target(r) for name, r in self._checking.items()}
+            self.owners[signature] = {name: r[0] for name, r in self._checking.items()}
         self._checking = None
 
     # ------------------------------------------------------------------ the proposal

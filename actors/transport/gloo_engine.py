@@ -2,15 +2,18 @@
 
 vLLM creates it (`WeightTransferEngineFactory`, backend "gloo", registered by actors/transport/vllm_plugin.py)
 next to the loaded model, and calls it from the worker's RL API: `init_transfer_engine` joins
-the trainer's group, `update_weights` receives the packed buckets into the model, and
-`finish_weight_update` re-packs vLLM's CPU linear layers. The protocol is in
+the trainer's group, `update_weights` receives the packed buckets into the model (bucket k is loaded,
+and the CPU linear layers it completed re-packed, while bucket k+1 arrives), and
+`finish_weight_update` re-packs the rest of vLLM's CPU linear layers. The protocol is in
 actors/transport/gloo_protocol.py, the trainer side in actors/transport/gloo_trainer.py; on the sender's machine the
 buckets come through a shared-memory segment instead of the broadcast (actors/transport/shared_memory.py).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,7 +38,7 @@ from actors.transport.gloo_protocol import (
     unpack_bucket,
     wait_work,
 )
-from actors.transport.vllm_plugin import repack_cpu_weights
+from actors.transport.vllm_plugin import packed_layers_by_weight, repack_cpu_weights, repack_layer
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig  # noqa: TID253 (vLLM side)
@@ -59,8 +62,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
         self.timeout_s = DEFAULT_TIMEOUT_S
         self.loader = DirectLoader(model)
-        self._buffers = BucketBuffers(1)
+        self._buffers = BucketBuffers(2)  # bucket k+1 arrives in one while bucket k is copied from the other
         self.segment: torch.Tensor | None = None  # the sender's shared-memory segment, when mapped
+        self.repacked: set[int] = set()  # id() of the layers this update already re-packed (finish skips them)
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         # A trainer that restarted (or re-initialised after a rollout worker restarted) opens a
@@ -122,21 +126,22 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         if shared and self.segment is None:
             raise RuntimeError("the sender sends through shared memory but this engine did not map its segment; "
                                "re-initialise the weight transfer")
-        buckets = plan_buckets(sizes, self.bucket_bytes)
-        receive = load = 0.0
-        with disable_mtp_completeness_check():
-            for index, bucket in enumerate(buckets):
+        buckets = plan_buckets(sizes, update_info.bucket_bytes or self.bucket_bytes)
+        # Direct copies know which vLLM parameter each tensor lands in: a packed CPU layer is re-packed as
+        # soon as its whole weight has arrived, while the next bucket travels, not after the last one.
+        self.repacked = set()
+        owners = self.loader.owners.get(signature, {}) if direct else {}
+        layers = packed_layers_by_weight(self.model) if owners else {}
+        left = Counter(owners[n] for n in update_info.names if owners.get(n) in layers)
+        parts = {"receive_s": 0.0, "load_s": 0.0, "repack_during_s": 0.0}
+        incoming = (self._shared_buckets(buckets, sizes, keep=direct, parts=parts) if shared
+                    else self._broadcast_buckets(buckets, sizes, reuse=direct, parts=parts))
+        # closing(): on a failure the receive already posted must not outlive this call: held by the
+        # traceback, it kept the group's sockets open and the sender waited out the gloo timeout.
+        with disable_mtp_completeness_check(), contextlib.closing(incoming):
+            for index, buffer in incoming:
+                bucket = buckets[index]
                 t0 = time.perf_counter()
-                size = sum(sizes[i] for i in bucket)
-                if shared:
-                    buffer = self._receive_shared(index, size, keep=direct)
-                else:
-                    # Direct copies are done with the buffer when load() returns, so it is kept for the
-                    # next bucket; vLLM's load_weights gets a new one (a weight loader may keep a view).
-                    buffer = self._buffers.take(size) if direct else torch.empty(size, dtype=torch.uint8)
-                    wait_work(self.group.broadcast(buffer, 0), self.timeout_s)
-                t1 = time.perf_counter()
-                receive += t1 - t0
                 self.loader.load(unpack_bucket(
                     buffer,
                     [update_info.names[i] for i in bucket],
@@ -144,11 +149,56 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                     [dtypes[i] for i in bucket],
                     [sizes[i] for i in bucket],
                 ))
-                load += time.perf_counter() - t1
+                t1 = time.perf_counter()
+                parts["load_s"] += t1 - t0
+                self._repack_completed([update_info.names[i] for i in bucket], owners, layers, left)
+                parts["repack_during_s"] += time.perf_counter() - t1
                 if shared and index + 1 < len(buckets):  # let the sender pack the next bucket into the segment
                     wait_work(self.group.barrier(), self.timeout_s)
         self.loader.end(signature)
-        LAST_UPDATE_PARTS.update({"receive_s": receive, ("direct_copy_s" if direct else "load_weights_s"): load})
+        LAST_UPDATE_PARTS.update({"receive_s": parts["receive_s"], "buckets": len(buckets),
+                                  ("direct_copy_s" if direct else "load_weights_s"): parts["load_s"],
+                                  "repack_during_s": parts["repack_during_s"]})
+
+    def _broadcast_buckets(self, buckets: list[list[int]], sizes: list[int], reuse: bool, parts: dict):
+        """(index, buffer) of each bucket as it arrives by broadcast; the receive of bucket k+1 is posted
+        before bucket k is handed out, so it arrives (on gloo's own thread) while k is loaded. `reuse`:
+        two kept buffers in turn (direct copies are done with a buffer when load() returns); otherwise a
+        new one per bucket (vLLM's load_weights may keep a view). parts["receive_s"]: time waited."""
+        def post(index: int):
+            size = sum(sizes[i] for i in buckets[index])
+            buffer = self._buffers.take(size) if reuse else torch.empty(size, dtype=torch.uint8)
+            return self.group.broadcast(buffer, 0), buffer
+
+        pending = post(0) if buckets else None
+        for index in range(len(buckets)):
+            t0 = time.perf_counter()
+            work, buffer = pending
+            wait_work(work, self.timeout_s)
+            parts["receive_s"] += time.perf_counter() - t0
+            # Bucket index+1 goes into the other buffer: the one index-1 was copied from, done with.
+            pending = post(index + 1) if index + 1 < len(buckets) else None
+            yield index, buffer
+
+    def _shared_buckets(self, buckets: list[list[int]], sizes: list[int], keep: bool, parts: dict):
+        """(index, segment bytes) of each bucket the sender announces (the caller's barrier frees the segment)."""
+        for index, bucket in enumerate(buckets):
+            t0 = time.perf_counter()
+            buffer = self._receive_shared(index, sum(sizes[i] for i in bucket), keep)
+            parts["receive_s"] += time.perf_counter() - t0
+            yield index, buffer
+
+    def _repack_completed(self, names: list[str], owners: dict[str, str], layers: dict, left: Counter) -> None:
+        """Re-pack the CPU layers whose weight `names` (just loaded) completed."""
+        for name in names:
+            owner = owners.get(name)
+            if owner not in left:
+                continue
+            left[owner] -= 1
+            if left[owner] == 0:
+                del left[owner]
+                repack_layer(layers[owner])
+                self.repacked.add(id(layers[owner]))
 
     def _receive_shared(self, index: int, size: int, keep: bool) -> torch.Tensor:
         """Wait for bucket `index`'s header, then its bytes in the segment (a copy of them unless
@@ -165,7 +215,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         # from the weights just loaded, or the engine keeps generating with the old ones.
 
         t0 = time.perf_counter()
-        repack_cpu_weights(self.model)
+        repack_cpu_weights(self.model, skip=self.repacked)  # those the buckets completed are done
+        self.repacked = set()
         LAST_UPDATE_PARTS["repack_s"] = time.perf_counter() - t0
 
     def shutdown(self) -> None:

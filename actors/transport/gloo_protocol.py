@@ -21,10 +21,12 @@ of engines by `RayVLLMWeightSyncClient`; a worker given an explicit `rank_offset
 `rank_offset + its rank inside the engine` (the NCCL convention).
 
 One update (`send_weights`): the sender sends the parameter list (names, dtypes, shapes) with
-`update_weights`, then broadcasts the tensors packed into uint8 buckets of about `bucket_bytes`;
-both sides cut the buckets with the same rule (`plan_buckets`), so no sizes travel per bucket.
-The engine side loads each bucket with `model.load_weights` (or direct copies); its
-`finish_weight_update` re-packs vLLM's CPU linear layers (actors/transport/vllm_plugin.py).
+`update_weights`, then broadcasts the tensors packed into uint8 buckets; the update info says the
+bucket size (`pipeline_bucket_bytes`: about an eighth of the update, at most the init's `bucket_bytes`)
+and both sides cut the buckets with the same rule (`plan_buckets`), so no sizes travel per bucket.
+The engine posts the receive of bucket k+1 before it loads bucket k (`model.load_weights`, or direct
+copies) and re-packs vLLM's CPU linear layers whose weights that bucket completed; its
+`finish_weight_update` re-packs the rest (actors/transport/vllm_plugin.py).
 
 Same machine: when every engine could map the sender's shared-memory segment at init
 (actors/transport/shared_memory.py), the sender packs each bucket straight into it and the broadcast
@@ -50,6 +52,13 @@ DEFAULT_TIMEOUT_S = 600.0
 RANK_COUNTER = "next_rank"
 PEER_ERROR_GRACE_S = 5.0  # how long a failed broadcast waits for the peer's own error
 SHARED_MEMORY_KEY = "shared_memory/{rank}"  # each engine's answer: "ok" or why it cannot map the segment
+# Over the wire an update goes in at least this many buckets (each at least MIN_PIPELINE_BUCKET_BYTES,
+# at most bucket_bytes), so that each side works on one bucket while the next travels: the sender packs
+# bucket k+1 while k is broadcast, the engine loads (and re-packs the CPU layers of) bucket k while k+1
+# arrives. In one 64 MiB bucket a 50.85 MiB update did all three one after another (docs/STATUS.md,
+# "Multi-node": 0.213 s against 0.055 s for the raw broadcast of its bytes).
+PIPELINE_BUCKETS = 8
+MIN_PIPELINE_BUCKET_BYTES = 1 << 20
 
 
 # --------------------------------------------------------------------------- #
@@ -69,6 +78,12 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
     if current:
         buckets.append(current)
     return buckets
+
+
+def pipeline_bucket_bytes(total_bytes: int, bucket_bytes: int) -> int:
+    """The bucket size of a broadcast update of `total_bytes`: about 1/PIPELINE_BUCKETS of it, within
+    [MIN_PIPELINE_BUCKET_BYTES, bucket_bytes]. The sender picks it and sends it in the update info."""
+    return max(1, min(bucket_bytes, max(MIN_PIPELINE_BUCKET_BYTES, math.ceil(total_bytes / PIPELINE_BUCKETS))))
 
 
 def nbytes(shape, dtype: torch.dtype) -> int:
@@ -178,6 +193,7 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     dtype_names: list[str]
     shapes: list[list[int]]
     shared_memory: bool = False  # the buckets come through the shared segment, the broadcast carries headers
+    bucket_bytes: int = 0  # how this update's buckets are cut (plan_buckets); 0: the init's bucket_bytes
 
     def __post_init__(self):
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):

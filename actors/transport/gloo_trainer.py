@@ -49,6 +49,7 @@ from actors.transport.gloo_protocol import (
     header,
     max_bucket_bytes,
     nbytes,
+    pipeline_bucket_bytes,
     plan_buckets,
     wait_work,
 )
@@ -203,8 +204,12 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
         info = GlooWeightTransferUpdateInfo.from_metadata(meta)
         sizes = [nbytes(m.shape, m.dtype) for m in meta]
-        buckets = plan_buckets(sizes, self.bucket_bytes)
-        info.shared_memory = self.segment is not None and max_bucket_bytes(sizes, buckets) <= self.segment.numel()
+        info.shared_memory = (self.segment is not None
+                              and max_bucket_bytes(sizes, plan_buckets(sizes, self.bucket_bytes)) <= self.segment.numel())
+        # By broadcast, smaller buckets: each side works on one while the next travels (gloo_protocol.py).
+        info.bucket_bytes = (self.bucket_bytes if info.shared_memory
+                             else pipeline_bucket_bytes(sum(sizes), self.bucket_bytes))
+        buckets = plan_buckets(sizes, info.bucket_bytes)
         t0 = time.perf_counter()
         self.client.start_weight_update()
         # The engines' update_weights blocks until the last bucket arrived: run it beside the

@@ -86,23 +86,40 @@ def _computes_live(weight: torch.Tensor) -> bool:
             and weight.numel() <= above)
 
 
-def repack_cpu_weights(model: torch.nn.Module) -> int:
-    """Rebuild the packed CPU GEMM copy of every 2-D layer weight from its current values.
+def repack_cpu_weights(model: torch.nn.Module, skip: set[int] | None = None) -> int:
+    """Rebuild the packed CPU GEMM copy of every 2-D layer weight from its current values, but for
+    the layers whose id() is in `skip` (the gloo engine re-packed them as their bucket loaded).
     Returns the number of layers re-packed (0 off CPU)."""
     if not _on_cpu():
         return 0
     import vllm.model_executor.layers.utils as layer_utils
 
-    layers = model.__dict__.get(_PACKED_LAYERS)
-    if layers is None:  # found once: walking the modules cost 0.3 ms of every update
-        layers = model.__dict__[_PACKED_LAYERS] = _packed_layers(model)
+    layers = [m for m in packed_layers_by_weight(model).values() if not skip or id(m) not in skip]
     for module in layers:
         layer_utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
     return len(layers)
 
 
-def _packed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layers that compute from a packed copy of their weight."""
+def repack_layer(module: torch.nn.Module) -> None:
+    """Rebuild one layer's packed copy (of a layer `packed_layers_by_weight` lists)."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    layer_utils.dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def packed_layers_by_weight(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The layers that compute from a packed copy of their weight, by their weight parameter's name
+    ({} off CPU). Found once: walking the modules cost 0.3 ms of every update."""
+    if not _on_cpu():
+        return {}
+    layers = model.__dict__.get(_PACKED_LAYERS)
+    if layers is None:
+        layers = model.__dict__[_PACKED_LAYERS] = dict(_packed_layers(model))
+    return layers
+
+
+def _packed_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(weight parameter name, layer) of the layers that compute from a packed copy of their weight."""
     layers = []
     for name, module in model.named_modules():
         if not hasattr(module, "cpu_linear") or getattr(module, "_cpu_skip_gemm_dispatch", False):
@@ -118,5 +135,5 @@ def _packed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
                 "raygrpo vLLM plugin (actors.transport.vllm_plugin:register) was not loaded before the model. "
                 "Is raygrpo pip-installed in this environment, and does VLLM_PLUGINS (if set) name it?"
             )
-        layers.append(module)
+        layers.append((f"{name}.weight" if name else "weight", module))
     return layers

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from actors.rewards import RewardScorer
     from cluster.config import RunConfig
     from cluster.data.dataset import PromptStream
+    from cluster.driver.actor_restarts import RestartWatch
     from cluster.driver.worker_groups import LearnerGroup, RolloutPool
 
 
@@ -43,8 +44,9 @@ class Collector:
     def __init__(self, cfg: RunConfig, stream: PromptStream, scorer: RewardScorer, pool: RolloutPool, *,
                  reference, learners: LearnerGroup, lend: dict[int, int], engines_lock: threading.RLock,
                  weight_version: Callable[[], int], engine_version: Callable[[], int], eos_id: int | None,
-                 env_notes: EnvironmentNotes, run_dir: Path | str):
-        """reference: the reference actor's handle (None: none, or it runs on the learner ranks).
+                 env_notes: EnvironmentNotes, run_dir: Path | str, restarts: RestartWatch | None = None):
+        """reference: the reference actor's handle (None: none, or it runs on the learner ranks);
+        restarts: waits on it, saying a lost host and its restart (cluster/driver/actor_restarts.py).
         lend: {learner rank: threads} it may take while collecting idles (async on CPU; empty otherwise).
         engines_lock: held around each generate; the weight sync holds it around itself (an engine
         must not serve a generate between the calls of a weight update).
@@ -55,6 +57,7 @@ class Collector:
         self.reference, self.learners, self.lend, self.engines_lock = reference, learners, lend, engines_lock
         self.weight_version, self.engine_version = weight_version, engine_version
         self.eos_id, self.env_notes, self.run_dir = eos_id, env_notes, run_dir
+        self.restarts = restarts
 
     # ------------------------------------------------------------------ collecting a batch
     def collect(self, step: int, lend_to: int | None = None) -> Batch:
@@ -73,9 +76,10 @@ class Collector:
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.
             t0 = time.perf_counter()
-            batch.ref_logp = wait_for(
-                self.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids),
-                "reference actor", "computing reference log-probs", t.actor_timeout_s)
+            ref = self.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids)
+            what = ("reference actor", "computing reference log-probs", t.actor_timeout_s)
+            batch.ref_logp = (self.restarts.wait(ref, self.reference, *what) if self.restarts is not None
+                              else wait_for(ref, *what))
             stats.ref_s = time.perf_counter() - t0
         if self.lend and lend_to is not None:  # collected before that train call ended: lend it the cores
             self.learners.lend_threads(lend_to, self.lend)

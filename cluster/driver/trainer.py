@@ -23,6 +23,7 @@ from actors.transport.registry import resolve_backend
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.dataset import DataError, PromptStream, load_run_data, load_tokenizer, reward_column_problem
 from cluster.data.model_check import checkpoint_model_problems, eos_warning
+from cluster.driver.actor_restarts import RestartWatch
 from cluster.driver.batch import (
     Batch,
     EnvironmentNotes,
@@ -414,6 +415,15 @@ class Trainer:
         self._make_feeder()  # pipeline: the kept engines' loops start again with _train
         self._resume(resync_engines=True)
 
+    def _actor_back(self, name: str, info: dict) -> None:
+        """The reference actor restarted on another node after its host was lost (RestartWatch): its threads
+        again, its new process and node in placement.json."""
+        row = next(p for p in self.placement if actor_name(p) == name)
+        handle = actor_roles(self.actors)[row["role"]]
+        wait_for(handle.set_threads.remote(row["threads"]), name, "setting its threads", self.cfg.trainer.actor_timeout_s)
+        row.update({k: info[k] for k in ("pid", "node_id") if k in info})
+        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+
     def _make_feeder(self) -> None:
         """trainer.mode=pipeline: the feeder that keeps the engines generating (cluster/driver/pipeline.py)."""
         if self.cfg.trainer.mode == "pipeline":
@@ -461,7 +471,11 @@ class Trainer:
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
             lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
             engine_version=lambda: self.engine_version, eos_id=self.tokenizer.eos_token_id,
-            env_notes=self.env_notes, run_dir=self.run_dir)
+            env_notes=self.env_notes, run_dir=self.run_dir, restarts=RestartWatch(
+                self.hosts, cfg.ray.node_wait_s, {"reference actor": {"CPU": cfg.reference.num_cpus,
+                                                                      **({"GPU": cfg.reference.num_gpus}
+                                                                         if cfg.reference.num_gpus else {})}},
+                self._actor_back))
         self._make_feeder()
         self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,

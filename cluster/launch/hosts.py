@@ -85,9 +85,10 @@ class HostWatch:
         node = self.where.get(actor)
         return describe_node(node, node_table()) if node else "an unknown host"
 
-    def room_note(self) -> str:
-        """The live nodes and their CPUs, for a waiting line or an error."""
-        nodes = self._nodes or node_table()
+    def room_note(self, fresh: bool = False) -> str:
+        """The live nodes and their CPUs, for a waiting line or an error (`fresh`: Ray's node table read now,
+        not the last one read: a wait for a node with room names the nodes that joined meanwhile)."""
+        nodes = node_table() if fresh or not self._nodes else self._nodes
         live = [f"{n['address']} ({n['hostname']}, {n['cpus']:g} CPU)" for n in nodes.values() if n["alive"]]
         return "live nodes: " + (", ".join(live) or "none")
 

@@ -32,7 +32,7 @@ import actors.transport.vllm_plugin
 from actors.runtime.sockets import new_gloo_group
 from actors.transport import gloo_trainer, shared_memory  # noqa: TID253 - the gloo backend under test
 from actors.transport.gloo_engine import GlooWeightTransferEngine
-from actors.transport.gloo_protocol import BucketBuffers, plan_buckets
+from actors.transport.gloo_protocol import BucketBuffers, pipeline_bucket_bytes, plan_buckets
 from actors.transport.gloo_trainer import (  # noqa: TID253 - the gloo backend under test
     GlooTrainerInitInfo,
     GlooTrainerWeightTransferEngine,
@@ -144,6 +144,15 @@ def test_weights_arrive_identical(num_engines, bucket_bytes, shared):
     trainer.shutdown()
     for engine in engines:
         engine.shutdown()
+
+
+def test_a_broadcast_update_goes_in_about_eight_buckets_within_bounds():
+    """Each side works on one bucket while the next travels, so an update is cut in ~8 (one 64 MiB
+    bucket made the sender pack, the wire carry and the engine load one after another)."""
+    assert pipeline_bucket_bytes(50 << 20, 64 << 20) == (50 << 20) // 8
+    assert pipeline_bucket_bytes(3 << 20, 64 << 20) == 1 << 20  # not below 1 MiB: per-bucket costs
+    assert pipeline_bucket_bytes(50 << 20, 2 << 20) == 2 << 20  # never above the configured bucket_bytes
+    assert pipeline_bucket_bytes(100, 700) == 700  # a tiny update in tiny buckets: as configured
 
 
 def test_bucket_buffers_rotate_and_are_kept():

@@ -1,9 +1,10 @@
 """A lost host costs only what it held (issue 39): a real Ray cluster of separate raylets on this machine,
 started as a user starts them, and a host "lost" by SIGKILLing every process of its raylet by pid.
 
-- engines only on the lost host: the run goes on with the engine that survives (no restart, no step
-  redone, the step's missing groups regenerated on the survivor), and the lost engine comes back,
-  with verified weights, when a node with room joins;
+- an engine and the reference actor on the lost host: the run goes on with the engine that survives (no
+  restart, no step redone, the step's missing groups regenerated on the survivor); the reference actor is
+  restarted where it fits once a node with room joins, saying so, and the lost engine comes back there,
+  with verified weights;
 - a learner rank on the lost host: the learner ranks restart from the newest checkpoint once a node
   with room joins (the run waits for it, saying so), the engine is kept, each step is logged once.
 
@@ -182,30 +183,43 @@ def cluster(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_engines_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joins(cluster, tiny_model_dir, tmp_path):
+def test_an_engine_and_the_reference_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joins(
+        cluster, tiny_model_dir, tmp_path):
     gcs, add_node = cluster
-    host_b = add_node()
+    # The head holds the learner rank (2 CPUs) and one engine; host b the other engine and the reference actor
+    # (1 CPU each): the only way the four bundles fit.
+    host_b = add_node(cpus=2)
     run_dir = tmp_path / "run"
     console = tmp_path / "train.log"
     # Many steps of a fraction of a second each: the run is stopped (SIGTERM: checkpoint, exit 143) once the
     # lost engine is back and has generated, however long its reload took.
     with training(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
-                                                       "checkpoint.every=20"], console) as proc:
+                                                       "checkpoint.every=20", "algo.beta=0.04",
+                                                       "reference.placement=actor", "reference.num_cpus=1"],
+                  console) as proc:
         wait_rows(proc, run_dir, 2, console)
-        placement = json.loads((run_dir / "placement.json").read_text())
-        on_b = [p["role"] for p in placement if p["pid"] in host_b.pids()]
-        assert len(on_b) == 1 and on_b[0].startswith("rollout-"), placement  # one engine on host b, nothing else
+        placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+        on_b = sorted((role for role, p in placement.items() if p["pid"] in host_b.pids()), key=lambda r: r != "reference")
+        assert len(on_b) == 2 and on_b[0] == "reference" and on_b[1].startswith("rollout-"), placement
         lost_at = len(rows(run_dir))
         host_b.lose()
-        add_node()  # a node with room for one engine joins: the lost engine comes back there
+        add_node(cpus=2)  # a node with room for both joins: the reference restarts there, the lost engine comes back
         wait_until(lambda: "rejoined on" in console.read_text() and rows(run_dir)[-1]["rollout/live_engines"] == 2,
                    proc, console, 900)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
     text, train_rows = finished(console, run_dir)
     assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once: none redone
-    lost_engine = on_b[0].replace("rollout-", "rollout worker ")
-    assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held {lost_engine}\n", text), text[-5000:]
+    lost_engine = on_b[1].replace("rollout-", "rollout worker ")
+    assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held .*{lost_engine}.*\n", text), text[-5000:]
+    assert re.search(r"lost host \S+ \(\S+, Ray node \w+\): .*it held .*reference actor", text), text[-5000:]
+    # The reference actor: restarted where it fits (the node that joined), said in raygrpo's words.
+    assert "reference actor was lost with its host: Ray restarts it on a node with room for 1 CPU" in text
+    assert re.search(r"reference actor restarted on \S+ \(\S+, Ray node \w+\) \d+s after its host was lost", text)
+    after = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+    assert after["reference"]["pid"] != placement["reference"]["pid"]
+    assert after["reference"]["node_id"] != placement["reference"]["node_id"]
+    assert after["reference"]["node_id"] not in {placement["reference"]["node_id"], placement["learner-0"]["node_id"]}
     assert "has been marked dead because" not in text  # Ray's raw raylet line stays in the run's logs
     assert "restarting every actor" not in text and "resumed from" not in text
     live = [r["rollout/live_engines"] for r in train_rows]

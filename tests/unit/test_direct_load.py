@@ -118,3 +118,18 @@ def test_another_parameter_list_is_checked_again():
     reordered = list(reversed(update(2)))  # a different list (order): its own check first
     assert run(loader, reordered) is False
     assert run(loader, list(reversed(update(3)))) is True
+
+
+def test_a_verified_list_knows_the_parameter_each_tensor_lands_in():
+    """The gloo engine re-packs a CPU layer once every tensor copied into its weight has arrived: it
+    reads which vLLM parameter each incoming name lands in from `owners`, set only once verified."""
+    model = VllmLike()
+    loader = DirectLoader(model)
+    sig = signature_of(HF_SHAPES, HF_SHAPES.values(), [torch.float32] * len(HF_SHAPES))
+    assert not loader.begin(sig)
+    loader.load([(n, torch.randn(s)) for n, s in HF_SHAPES.items()])
+    assert sig not in loader.owners  # not before the update is checked
+    loader.end(sig)
+    assert loader.owners[sig]["layers.0.attn.k_proj.weight"] == "layers.0.attn.qkv_proj.weight"
+    assert loader.owners[sig]["layers.0.mlp.up_proj.weight"] == "layers.0.mlp.gate_up_proj.weight"
+    assert loader.owners[sig]["norm.weight"] == "norm.weight"

@@ -1,0 +1,89 @@
+"""The reference actor after its host was lost: restarted where it fits, and said so.
+
+The reference actor holds no state a restart loses (a frozen model), so Ray restarts it (its
+`reference.max_restarts`) and runs the lost call again (`max_task_retries`): when its host dies, Ray
+moves its placement-group bundle to a node with room, restarts it there and reloads the model. Left
+alone, the driver's wait on it only said "waiting on reference actor" until the timeout. `RestartWatch`
+waits on its calls instead: it looks every CHECK_EVERY_S whether the actor's host was lost (HostWatch:
+"lost host ...: it held ... reference actor"), then says what it waits for (a node with room for the
+actor's bundle, at most `ray.node_wait_s`), and where the actor came back; `on_back` gives the new
+process its threads and updates placement.json. The call it waited on then completes on the new actor.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error, no_answer, say_waiting
+from cluster.launch.hosts import HostWatch
+
+CHECK_EVERY_S = 5.0  # how often a wait looks for a lost host (a node table read)
+ROOM_LINE_EVERY_S = 30.0  # how often a wait for a node with room says so again
+
+
+class RestartWatch:
+    """Waits on restartable actors' calls (by their names as errors give them: "reference actor")."""
+
+    def __init__(self, hosts: HostWatch, node_wait_s: float, bundles: dict[str, dict],
+                 on_back: Callable[[str, dict], None]):
+        """`bundles`: each actor's placement-group bundle ({"CPU": 0.25}), named when it waits for room;
+        `on_back(name, info)`: the actor came back (its info() answer) on another node."""
+        self.hosts, self.node_wait_s, self.bundles, self.on_back = hosts, node_wait_s, bundles, on_back
+        self._looked = -CHECK_EVERY_S  # when a wait last read the node table (at most every CHECK_EVERY_S)
+
+    def wait(self, ref, handle, name: str, what: str, timeout_s: float):
+        """ray.get(ref), like actors.runtime.waits.wait_for, but a lost host of the actor is said and waited
+        out (bounded by ray.node_wait_s), after which `timeout_s` starts again for the call run anew."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        t0 = said = time.monotonic()
+        while True:
+            # Also before the call's first wait: Ray may have restarted the actor between two calls already.
+            if time.monotonic() - self._looked >= CHECK_EVERY_S:
+                self._looked = time.monotonic()
+                if self.hosts.host_lost(name):  # said once per host ("lost host ...: it held ...")
+                    self._await_restart(handle, name)
+                    t0 = said = time.monotonic()
+            left = timeout_s - (time.monotonic() - t0)
+            try:
+                return ray.get(ref, timeout=max(0.0, min(left, CHECK_EVERY_S)))
+            except GetTimeoutError:
+                if left <= CHECK_EVERY_S:
+                    raise no_answer(name, what, timeout_s) from None
+            except RayActorError as e:
+                raise ActorFailed(name, what, died=True, detail=actor_error(e)) from e
+            if time.monotonic() - said >= WAITING_LINE_EVERY_S:
+                said = time.monotonic()
+                say_waiting(name, what, said - t0, timeout_s)
+
+    def _await_restart(self, handle, name: str) -> None:
+        """Until Ray has restarted `name` on a live node (it answers info()), saying what it waits for."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        bundle = ", ".join(f"{n:g} {kind}" for kind, n in self.bundles.get(name, {}).items()) or "its bundle"
+        print(f"{name} was lost with its host: Ray restarts it on a node with room for {bundle} and runs its "
+              f"call again; waiting for it, at most ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note(fresh=True)})",
+              flush=True)
+        t0 = said = time.monotonic()
+        ref = handle.info.remote()  # queued by Ray until the actor is alive again
+        while True:
+            left = self.node_wait_s - (time.monotonic() - t0)
+            try:
+                info = ray.get(ref, timeout=max(0.0, min(left, ROOM_LINE_EVERY_S)))
+                break
+            except GetTimeoutError:
+                if left <= ROOM_LINE_EVERY_S:
+                    raise ActorFailed(name, "restarting after its host was lost", died=True,
+                                      detail=f"not back within ray.node_wait_s={self.node_wait_s:.0f}s: no node with "
+                                      f"room for {bundle} ({self.hosts.room_note(fresh=True)}); add a node") from None
+            except RayActorError as e:
+                raise ActorFailed(name, "restarting after its host was lost", died=True, detail=actor_error(e)) from e
+            said = time.monotonic()
+            print(f"waiting for a node with room for the {name} ({bundle}): {said - t0:.0f}s so far, at most "
+                  f"ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note(fresh=True)})", flush=True)
+        self.hosts.place(name, info.get("node_id"))
+        self.on_back(name, info)
+        print(f"{name} restarted on {self.hosts.describe(name)} {time.monotonic() - t0:.0f}s after its host was "
+              "lost; its call runs again there", flush=True)

@@ -1,0 +1,93 @@
+"""The reference actor after its host was lost (cluster/driver/actor_restarts.py), with a fake HostWatch and
+fake Ray object refs: the wait on its call says the loss and what it waits for (a node with room for its
+bundle, at most ray.node_wait_s), where the actor came back, hands the new process to `on_back`, and then
+gets the call's answer; with no room in time it fails naming the bound."""
+from __future__ import annotations
+
+import pytest
+
+from cluster.driver.actor_restarts import RestartWatch
+from cluster.launch.waits import ActorFailed
+
+
+class Ref:
+    """A fake object ref: not ready for `pending` gets, then `value`."""
+
+    def __init__(self, value, pending: int = 0):
+        self.value, self.pending = value, pending
+
+
+class Reference:
+    """A fake reference actor handle: info() answers once Ray has restarted it (after `restart_gets` gets)."""
+
+    def __init__(self, restart_gets: int):
+        ref = Ref({"pid": 222, "node_id": "node-c"}, restart_gets)
+
+        class info:  # noqa: N801 - a Ray handle's method
+            @staticmethod
+            def remote():
+                return ref
+
+        self.info = info
+
+
+class Hosts:
+    """A fake HostWatch: the actors in `lost` are on a dead host until placed elsewhere."""
+
+    def __init__(self, lost=()):
+        self.lost, self.placed = set(lost), {}
+
+    def host_lost(self, actor):
+        return actor in self.lost and actor not in self.placed
+
+    def place(self, actor, node):
+        self.placed[actor] = node
+
+    def describe(self, actor):
+        return f"10.77.0.3 (host-c, Ray node {self.placed[actor]})"
+
+    def room_note(self, fresh=False):
+        return "live nodes: 10.77.0.1 (host-a, 3 CPU)"
+
+
+@pytest.fixture
+def fake_get(monkeypatch):
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    def get(ref, timeout=None):
+        if ref.pending:
+            ref.pending -= 1
+            raise GetTimeoutError("not yet")
+        return ref.value
+
+    monkeypatch.setattr(ray, "get", get)
+
+
+def test_a_lost_host_is_said_waited_out_and_the_actor_back_handed_on(fake_get, capsys):
+    back = []
+    watch = RestartWatch(Hosts(lost={"reference actor"}), 300.0, {"reference actor": {"CPU": 1.0}},
+                         lambda name, info: back.append((name, info)))
+    answer = watch.wait(Ref([[-0.5]], pending=3), Reference(restart_gets=2), "reference actor",
+                        "computing reference log-probs", 600.0)
+    assert answer == [[-0.5]]  # the call, run again on the restarted actor, answers
+    assert back == [("reference actor", {"pid": 222, "node_id": "node-c"})]
+    out = capsys.readouterr().out
+    assert ("reference actor was lost with its host: Ray restarts it on a node with room for 1 CPU and runs its "
+            "call again; waiting for it, at most ray.node_wait_s=300s (live nodes: 10.77.0.1 (host-a, 3 CPU))") in out
+    assert "waiting for a node with room for the reference actor (1 CPU)" in out  # said while it waited
+    assert "reference actor restarted on 10.77.0.3 (host-c, Ray node node-c)" in out
+
+
+def test_no_node_with_room_in_time_fails_naming_the_bound(fake_get):
+    watch = RestartWatch(Hosts(lost={"reference actor"}), 0.0, {"reference actor": {"CPU": 1.0}},
+                         lambda name, info: None)
+    with pytest.raises(ActorFailed, match=r"reference actor.*not back within ray.node_wait_s=0s: no node with room "
+                                          r"for 1 CPU"):
+        watch.wait(Ref([[-0.5]]), Reference(restart_gets=5), "reference actor", "computing reference log-probs", 600.0)
+
+
+def test_a_live_host_is_a_plain_wait(fake_get, capsys):
+    watch = RestartWatch(Hosts(), 300.0, {}, lambda name, info: pytest.fail("not restarted"))
+    assert watch.wait(Ref(7, pending=2), Reference(0), "reference actor", "computing", 600.0) == 7
+    assert capsys.readouterr().out == ""
