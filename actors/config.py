@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from actors.runtime.checks import at_least
+from actors.transport.cpu_packing import DEFAULT_PACK_ABOVE_ELEMENTS
 from actors.transport.registry import BACKENDS
-from actors.transport.vllm_plugin import DEFAULT_PACK_ABOVE_ELEMENTS
 
 
 @dataclass

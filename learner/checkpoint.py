@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -41,16 +40,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from learner.checkpoint_manifest import DRIVER_STATE, MANIFEST, _sha256, _step_dirs, verify
+from learner.checkpoint_manifest import list_checkpoints as list_checkpoints  # its callers read it here too
+
 log = logging.getLogger(__name__)
 
 LEARNER_TAG = "learner"
 HF_META_DIR = "hf-config"
 ADAPTER_DIR = "adapter"  # LoRA runs: the adapter in peft format (export merges it into the base model)
-MANIFEST = "COMPLETE"
-DRIVER_STATE = "driver_state.json"
 FORMAT_VERSION = 1
 HASH_LIMIT = 64 * 2**20  # sha256 of files up to this size; larger ones are checked by size only
-_STEP_RE = re.compile(r"^step-(\d{8,})$")
 _TMP_RE = re.compile(r"^\.tmp-step-(\d{8,})$")
 
 
@@ -123,33 +122,6 @@ def prune(root: str | os.PathLike, keep: int, protect: str | os.PathLike | None 
     return removed
 
 
-def verify(path: str | os.PathLike) -> list[str]:
-    """Problems with the checkpoint at `path` ([] = complete and intact)."""
-    path = Path(path)
-    if not path.is_dir():
-        return [f"{path}: no such checkpoint directory"]
-    mpath = path / MANIFEST
-    if not mpath.is_file():
-        return [f"{path}: no {MANIFEST} marker (the save did not finish)"]
-    try:
-        manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        return [f"{mpath}: unreadable manifest ({e})"]
-    problems = []
-    for rel, entry in files.items():
-        f = path / rel
-        if not f.is_file():
-            problems.append(f"{f}: missing")
-        elif f.stat().st_size != entry["size"]:
-            problems.append(f"{f}: size {f.stat().st_size} != {entry['size']} in the manifest")
-        elif "sha256" in entry and _sha256(f) != entry["sha256"]:
-            problems.append(f"{f}: sha256 differs from the manifest")
-    if DRIVER_STATE not in files:
-        problems.append(f"{path}: the manifest does not list {DRIVER_STATE}")
-    return problems
-
-
 class SaveError(OSError):
     """Writing a checkpoint or model failed; the message names the path and the likely cause."""
 
@@ -182,11 +154,6 @@ def naming_save_errors(path: str | os.PathLike, kept: str = "the last complete c
                         f"permissions there (or point trainer.run_dir elsewhere); {kept}") from e
 
 
-def list_checkpoints(root: str | os.PathLike) -> list[str]:
-    """All `step-*` directories under root, oldest first (complete or not)."""
-    return [str(p) for _, p in _step_dirs(Path(root))]
-
-
 def latest_complete(root: str | os.PathLike) -> str | None:
     """The newest checkpoint under `root` that verifies; corrupt/partial ones are skipped with a warning."""
     for _, p in reversed(_step_dirs(Path(root))):
@@ -203,13 +170,6 @@ def load_driver_state(path: str | os.PathLike) -> dict:
     return json.loads((Path(path) / DRIVER_STATE).read_text())
 
 
-def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    out = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_RE.match(p.name))]
-    return sorted(out)
-
-
 def _list_files(d: Path) -> dict:
     files = {}
     for f in sorted(d.rglob("*")):
@@ -220,14 +180,6 @@ def _list_files(d: Path) -> dict:
                 entry["sha256"] = _sha256(f)
             files[f.relative_to(d).as_posix()] = entry
     return files
-
-
-def _sha256(f: Path) -> str:
-    h = hashlib.sha256()
-    with open(f, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_json_atomic(path: Path, data) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from actors.runtime.checks import at_least
-from learner.checkpoint import verify
-from learner.grpo import ADVANTAGE_ESTIMATORS, AGGREGATIONS, BEHAVIOR_CORRECTIONS, KL_ESTIMATORS, RATIO_LEVELS
+from learner.checkpoint_manifest import verify
 
 # vLLM 0.32 accepts only these max_lora_rank values (vllm/config/lora.py); an engine is started
 # with the smallest one >= learner.lora_rank.
@@ -13,6 +12,14 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Every linear projection of a Llama/Qwen-style decoder layer (attention and MLP).
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
+
+# The keys of the objective's tables (learner/grpo.py), in their order: grpo.py imports torch (seconds) and
+# the config check must stay quick. tests/unit/test_grpo.py fails if these and grpo.py's tables differ.
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+RATIO_LEVELS = ("token", "sequence")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+BEHAVIOR_CORRECTIONS = ("tis", "decoupled")
 
 @dataclass
 class AlgoConfig:
@@ -38,7 +45,7 @@ class AlgoConfig:
                                     ("aggregation", self.aggregation, AGGREGATIONS),
                                     ("kl_estimator", self.kl_estimator, KL_ESTIMATORS),
                                     ("behavior_correction", self.behavior_correction, BEHAVIOR_CORRECTIONS)):
-            if value not in allowed:  # the keys of the objective's own tables (learner/grpo.py): they cannot drift
+            if value not in allowed:  # the keys of the objective's own tables (learner/grpo.py)
                 p.append(f"algo.{key} must be {'|'.join(allowed)}, got {value!r}")
         if not (0 <= self.clip_low < 1) or self.clip_high < 0:
             p.append(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got {self.clip_low} and {self.clip_high}")

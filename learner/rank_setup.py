@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from actors.runtime.devices import resolve_dtype
-from actors.runtime.sockets import interface_of, listening_store, local_ip_towards, reach
+from actors.runtime.process_groups import listening_store
+from actors.runtime.sockets import interface_of, local_ip_towards, reach
 from learner.config import LearnerConfig
 from learner.lora import apply_lora
 

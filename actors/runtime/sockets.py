@@ -1,19 +1,17 @@
 """Sockets for the process groups: the learner ranks' rendezvous (learner/rank_setup.py) and the
 gloo weight transfer (actors/transport/gloo_trainer.py) both listen only on the address their peers were
-told, and bind gloo to the interface on the route to it (`new_gloo_group`: the transfer's group).
+told, and bind gloo to the interface on the route to it (process_groups.py builds the groups on them).
 
-torch only, no vLLM: a learner rank sets up its group without the rollout side's packages.
+No torch, no vLLM: the driver's config check picks ports here (actors/transport/nccl.py) and stays quick.
 """
 from __future__ import annotations
 
-import datetime
 import errno
 import os
 import socket
 import time
 
 import psutil
-import torch.distributed as dist
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -100,34 +98,3 @@ def reach(address: str, port: int, timeout_s: float, me: str, peer: str) -> None
                 f"network the nodes share (`ray start --node-ip-address`; ray.network_interface pins gloo's and "
                 f"NCCL's interface)")
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-
-
-def listening_store(host: str, port: int, timeout: datetime.timedelta) -> dist.TCPStore:
-    """A TCPStore server listening on `host` only (the address its peers were told), port 0: a free one.
-
-    TCPStore alone binds every interface whatever host it is given, so the listening socket is
-    made here and handed over (`master_listen_fd`; the store owns it from then on).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(512)
-        port = sock.getsockname()[1]
-    except OSError:
-        sock.close()
-        raise
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
-                         master_listen_fd=sock.detach())
-
-
-def new_gloo_group(store, rank: int, world_size: int, master_address: str, timeout_s: float):
-    """A ProcessGroupGloo over `store` (blocks until all `world_size` ranks joined)."""
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = datetime.timedelta(seconds=timeout_s)
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
-        opts._devices = [dist.ProcessGroupGloo.create_device(interface=os.environ["GLOO_SOCKET_IFNAME"])]
-    else:
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_ip_towards(master_address))]
-    return dist.ProcessGroupGloo(store, rank, world_size, opts)

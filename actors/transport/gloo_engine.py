@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.weight_transfer.base import WeightTransferEngine  # noqa: TID253 (vLLM side)
 
-from actors.runtime.sockets import new_gloo_group, reach
+from actors.runtime.process_groups import new_gloo_group
+from actors.runtime.sockets import reach
 from actors.transport import shared_memory
 from actors.transport.base import LAST_UPDATE_PARTS
 from actors.transport.direct_load import DirectLoader, signature_of

@@ -36,7 +36,7 @@ from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
     WeightSource,
 )
 
-from actors.runtime.sockets import listening_store, new_gloo_group
+from actors.runtime.process_groups import listening_store, new_gloo_group
 from actors.transport import shared_memory
 from actors.transport.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,

@@ -25,15 +25,12 @@ import os
 
 import torch
 
+from actors.transport.cpu_packing import DEFAULT_PACK_ABOVE_ELEMENTS, PACK_ABOVE_ENV
 from actors.transport.registry import BACKENDS
 
 _MARK = "_raygrpo_keeps_weight"
 _LIVE = "_raygrpo_live_gemm"
 _PACKED_LAYERS = "_raygrpo_packed_layers"
-# rollout.cpu_pack_above_elements, passed by the RolloutWorker (the plugin runs inside vLLM's
-# model loading, which takes no raygrpo config); vLLM used without a RolloutWorker gets the default.
-PACK_ABOVE_ENV = "RAYGRPO_CPU_PACK_ABOVE_ELEMENTS"
-DEFAULT_PACK_ABOVE_ELEMENTS = 128 * 1024  # rollout.cpu_pack_above_elements' default (actors/config.py)
 
 
 def register() -> None:

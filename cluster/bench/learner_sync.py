@@ -10,7 +10,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from actors.runtime.sockets import free_port, new_gloo_group
+from actors.runtime.process_groups import new_gloo_group
+from actors.runtime.sockets import free_port
 from actors.transport.registry import resolve_backend
 from cluster.bench.report import per_second, progress, ratio
 from cluster.driver.worker_groups import LearnerGroup

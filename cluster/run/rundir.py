@@ -30,7 +30,7 @@ import psutil
 import yaml
 
 from cluster.paths import absolute_paths
-from learner import checkpoint
+from learner.checkpoint_manifest import list_checkpoints, verify
 
 LOCK = "raygrpo.lock"
 HEARTBEAT_S = 10.0  # how often a holder touches its lock
@@ -186,12 +186,12 @@ def claim(cfg, overwrite: bool = False) -> RunDirClaim:
             print(f"--overwrite: moved the previous contents of {run_dir} to {aside}; starting afresh", flush=True)
             return lock
         problems = config_differences(run_dir / "config.yaml", cfg.to_dict())
-        ckpts = checkpoint.list_checkpoints(run_dir / "checkpoints")
+        ckpts = list_checkpoints(run_dir / "checkpoints")
         resume = cfg.checkpoint.resume
         if ckpts and resume == "none":
             problems.append(f"checkpoint.resume=none would train from step 0 over the {len(ckpts)} checkpoint(s) in "
                             f"{run_dir / 'checkpoints'}")
-        elif ckpts and resume == "auto" and all(failed := [checkpoint.verify(p) for p in ckpts]):
+        elif ckpts and resume == "auto" and all(failed := [verify(p) for p in ckpts]):
             listing = "\n".join(f"    {p}: {'; '.join(f[:3])}" for p, f in zip(ckpts, failed))
             problems.append(f"every checkpoint in {run_dir / 'checkpoints'} fails verification (resuming would "
                             f"restart from step 0 over them):\n{listing}")

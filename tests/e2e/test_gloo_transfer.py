@@ -29,7 +29,7 @@ from vllm.distributed.weight_transfer.factory import (  # noqa: TID253 (vLLM sid
 )
 
 import actors.transport.vllm_plugin
-from actors.runtime.sockets import new_gloo_group
+from actors.runtime.process_groups import new_gloo_group
 from actors.transport import gloo_trainer, shared_memory  # noqa: TID253 - the gloo backend under test
 from actors.transport.gloo_engine import GlooWeightTransferEngine
 from actors.transport.gloo_protocol import BucketBuffers, pipeline_bucket_bytes, plan_buckets

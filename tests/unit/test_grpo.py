@@ -11,6 +11,7 @@ from learner.config import AlgoConfig
 from learner.grpo import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
+    BEHAVIOR_CORRECTIONS,
     KL_ESTIMATORS,
     RATIO_LEVELS,
     LossInputs,
@@ -391,9 +392,11 @@ def _check_token_logprobs(seed, n, tlen, v, scale, bf16):
 
 
 def test_every_option_of_the_config_is_a_key_of_grpos_tables():
-    """AlgoConfig validates against grpo.py's tables, so a new variant is its function + a table entry."""
+    """AlgoConfig validates against a copy of grpo.py's tables' keys (learner/config.py: the config check
+    imports no torch), so a new variant is its function + a table entry + its name there; this says when not."""
     for key, table in (("advantage_estimator", ADVANTAGE_ESTIMATORS), ("ratio_level", RATIO_LEVELS),
-                       ("aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)):
+                       ("aggregation", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS),
+                       ("behavior_correction", BEHAVIOR_CORRECTIONS)):
         for name in table:
             assert not AlgoConfig(**{key: name}).problems()
         assert AlgoConfig(**{key: "nope"}).problems() == [f"algo.{key} must be {'|'.join(table)}, got 'nope'"]

@@ -22,6 +22,29 @@ def test_the_cli_imports_nothing_heavy_until_a_command_runs():
     assert not imported("cluster.cli") & (HEAVY | {"torch"})
 
 
+def loaded_by_the_cli(*argvs: list[str]) -> set[str]:
+    """Top-level packages loaded in a fresh interpreter by `raygrpo ARGV` for each argv in turn (its exit ignored)."""
+    code = ("import sys; from cluster.cli import main\n"
+            f"for argv in {list(argvs)!r}:\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('MODULES', ' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.rsplit("MODULES", 1)[1].split())
+
+
+def test_the_config_check_and_the_clis_refusals_import_no_torch(tmp_path):
+    """torch takes 2-7 s to import on a loaded machine: `raygrpo --help`, a config with a mistake and the
+    config module itself answer without it (cluster/config.py reaches actors/, learner/ and cluster/run/
+    modules whose torch-using parts live apart: actors/runtime/process_groups.py, actors/transport/cpu_packing.py,
+    learner/checkpoint_manifest.py, the objective's option names in learner/config.py)."""
+    assert "torch" not in imported("cluster.config")
+    bad = tmp_path / "run.yaml"
+    bad.write_text("trainer:\n  stepz: 3\n")
+    loaded = loaded_by_the_cli(["--help"], ["train", "--help"], ["train", str(bad)], ["train", str(tmp_path / "none.yaml")],
+                               ["data", str(bad)])
+    assert "cluster" in loaded and not loaded & (HEAVY | {"torch"})
+
+
 def test_the_driver_the_config_check_and_the_bench_import_none_of_the_heavy_packages():
     assert not imported("cluster.config", "cluster.driver.trainer", "cluster.data.preview", "cluster.demo.demo",
                         "cluster.bench") & HEAVY

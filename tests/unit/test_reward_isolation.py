@@ -162,28 +162,38 @@ def test_a_slow_batch_says_what_it_waits_on(user_file):
 
 
 def test_an_environment_that_kills_its_parent_ends_only_its_trajectory(tmp_path):
-    """actors/multiturn/envs.py runs environments in the same shell: the rollout actor hosting them survives."""
+    """actors/multiturn/envs.py runs environments in the same shell: the rollout actor hosting them survives,
+    a trajectory in another process is not touched, and one in the same process that had no call in flight is
+    rebuilt in the new process. (A call in flight in the same process dies with it, as test_envs.py's
+    test_a_call_that_kills_its_process_fails_the_calls_beside_it_only says: this test once put the calm
+    trajectory there and passed only when its thread answered before the hostile one's kill, which under load
+    it often did not.)"""
     path = tmp_path / "hostile_env.py"
     path.write_text(textwrap.dedent("""
         import os, signal, time
 
         class Env:
             def __init__(self, hostile=False, **_):
-                self.hostile = hostile
+                self.hostile, self.steps = hostile, 0
             def reset(self):
                 return None
             def step(self, text):
                 if self.hostile:
                     os.kill(os.getppid(), signal.SIGKILL)
                     time.sleep(5)  # (a step that returns at once may still get its answer out before it dies)
-                return {"messages": [], "done": True}
+                self.steps += 1
+                return {"messages": [{"role": "user", "content": f"{text}#{self.steps}"}], "done": False}
     """))
-    pool = EnvPool(f"{path}:Env", num_procs=1, timeout_s=5.0)
+    pool = EnvPool(f"{path}:Env", num_procs=2, timeout_s=30.0)
     try:
-        assert all(ok for ok, _ in pool.run([(0, "open", {}), (1, "open", {"hostile": True})]))
-        calm, hostile = pool.run([(0, "step", "a"), (1, "step", "b")])
-        assert calm == (True, {"messages": [], "done": True, "reward": 0.0})
+        opened = pool.run([(0, "open", {"hostile": True}), (1, "open", {}), (2, "open", {})])
+        assert all(ok for ok, _ in opened) and pool.slot == {0: 0, 1: 1, 2: 0}  # 2 beside the hostile one
+        assert pool.run([(2, "step", "a")])[0][0]  # a state to rebuild
+        hostile, calm = pool.run([(0, "step", "b"), (1, "step", "b")])
         assert hostile == (False, f"environment process died (exit code {-signal.SIGKILL})")
+        assert calm == (True, {"messages": [{"role": "user", "content": "b#1"}], "done": False, "reward": 0.0})
         assert pool.replaced == 1
+        assert pool.run([(2, "step", "c"), (0, "step", "c")]) == [  # rebuilt (its step replayed); 0 stays lost
+            (True, {"messages": [{"role": "user", "content": "c#2"}], "done": False, "reward": 0.0}), (False, hostile[1])]
     finally:
         pool.close()
