@@ -19,7 +19,8 @@ ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 RATIO_LEVELS = ("token", "sequence")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-BEHAVIOR_CORRECTIONS = ("tis", "decoupled")
+BEHAVIOR_CORRECTIONS = ("tis", "decoupled", "none")
+
 
 @dataclass
 class AlgoConfig:
