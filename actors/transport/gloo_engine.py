@@ -28,11 +28,14 @@ from actors.transport.direct_load import DirectLoader, signature_of
 from actors.transport.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
+    GAVE_UP_KEY,
     RANK_COUNTER,
+    SENDER_CHECK_EVERY_S,
     SHARED_MEMORY_KEY,
     BucketBuffers,
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,
+    TrackedGroup,
     header,
     nbytes,
     plan_buckets,
@@ -59,6 +62,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         super().__init__(config, vllm_config, device, model)
         self.group = None
         self.store = None
+        self.prefixed = None  # the store under the init's generation (the sender's GAVE_UP_KEY)
         self.rank: int | None = None
         self.bucket_bytes = DEFAULT_BUCKET_BYTES
         self.timeout_s = DEFAULT_TIMEOUT_S
@@ -95,9 +99,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
             self.segment, why_not = shared_memory.attach_segment(
                 init_info.shared_memory_path, init_info.shared_memory_bytes, init_info.shared_memory_nonce)
             prefixed.set(SHARED_MEMORY_KEY.format(rank=rank), "ok" if self.segment is not None else why_not)
-        self.group = new_gloo_group(prefixed, rank, init_info.world_size, init_info.master_address,
-                                    init_info.timeout_s)
-        self.store, self.rank = store, rank
+        self.group = TrackedGroup(new_gloo_group(prefixed, rank, init_info.world_size, init_info.master_address,
+                                                 init_info.timeout_s))
+        self.store, self.prefixed, self.rank = store, prefixed, rank
 
     def start_weight_update(self) -> None:
         # Weights load in place into the kept (un-removed) tensors; nothing to prepare.
@@ -155,11 +159,27 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 self._repack_completed([update_info.names[i] for i in bucket], owners, layers, left)
                 parts["repack_during_s"] += time.perf_counter() - t1
                 if shared and index + 1 < len(buckets):  # let the sender pack the next bucket into the segment
-                    wait_work(self.group.barrier(), self.timeout_s)
+                    self._wait(self.group.barrier())
         self.loader.end(signature)
         LAST_UPDATE_PARTS.update({"receive_s": parts["receive_s"], "buckets": len(buckets),
                                   ("direct_copy_s" if direct else "load_weights_s"): parts["load_s"],
                                   "repack_during_s": parts["repack_during_s"]})
+
+    def _wait(self, work) -> None:
+        """Wait for a receive or barrier; stop as soon as the sender gave up on this update."""
+        wait_work(work, self.timeout_s, self._sender_gave_up, check_every_s=SENDER_CHECK_EVERY_S)
+
+    def _sender_gave_up(self) -> None:
+        """Raise when the sender abandoned the update (GAVE_UP_KEY) or its store is gone (its process
+        died): the buckets this engine waits on will never come."""
+        try:
+            gave_up = self.prefixed.check([GAVE_UP_KEY])
+        except Exception as e:  # noqa: BLE001 - the store lives in the sender's process
+            raise RuntimeError(f"the weight sender (learner rank 0) gave up on this update: its store no longer "
+                               f"answers ({type(e).__name__}: {e}); the trainer re-initialises the transfer") from None
+        if gave_up:
+            raise RuntimeError("the weight sender (learner rank 0) gave up on this update (a peer failed or was "
+                               "lost); the trainer re-initialises the transfer")
 
     def _broadcast_buckets(self, buckets: list[list[int]], sizes: list[int], reuse: bool, parts: dict):
         """(index, buffer) of each bucket as it arrives by broadcast; the receive of bucket k+1 is posted
@@ -175,7 +195,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         for index in range(len(buckets)):
             t0 = time.perf_counter()
             work, buffer = pending
-            wait_work(work, self.timeout_s)
+            self._wait(work)
             parts["receive_s"] += time.perf_counter() - t0
             # Bucket index+1 goes into the other buffer: the one index-1 was copied from, done with.
             pending = post(index + 1) if index + 1 < len(buckets) else None
@@ -205,7 +225,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         """Wait for bucket `index`'s header, then its bytes in the segment (a copy of them unless
         `keep`: vLLM's load_weights may keep views, and the segment is overwritten next update)."""
         got = torch.zeros(2, dtype=torch.int64)
-        wait_work(self.group.broadcast(got, 0), self.timeout_s)
+        self._wait(self.group.broadcast(got, 0))
         if not torch.equal(got, header(index, size)):
             raise RuntimeError(f"shared-memory weight transfer out of step: expected bucket {index} of {size} "
                                f"bytes, the sender announced bucket {int(got[0])} of {int(got[1])} bytes")
@@ -222,8 +242,5 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
 
     def shutdown(self) -> None:
         if self.group is not None:
-            try:
-                self.group.abort()  # never blocks on a trainer that may be gone
-            except Exception:  # noqa: BLE001 - a group whose peer died may refuse; drop it anyway
-                pass
-        self.group, self.store, self.rank, self.segment = None, None, None, None
+            self.group.release()  # never blocks on a receive posted to a trainer that may be gone
+        self.group, self.store, self.prefixed, self.rank, self.segment = None, None, None, None, None

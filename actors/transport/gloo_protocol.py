@@ -32,10 +32,18 @@ Same machine: when every engine could map the sender's shared-memory segment at 
 (actors/transport/shared_memory.py), the sender packs each bucket straight into it and the broadcast
 carries only a `header` (bucket index, bytes); a barrier between buckets tells the sender the
 engines are done reading. The update info says which transport an update uses.
+
+A sender that gives up on an update (an engine failed, or its host was lost) sets GAVE_UP_KEY in the
+store before it drops its group: ProcessGroupGloo.abort() closes no socket, so an engine waiting on a
+bucket would otherwise wait out the gloo timeout, its actor answering nothing meanwhile. The engines
+look at that key (or find the store gone) every SENDER_CHECK_EVERY_S while they wait. Neither side
+drops a group with an op in flight on its own thread: ProcessGroupGloo's destructor waits for that op,
+up to the gloo timeout (`TrackedGroup.release`).
 """
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +60,8 @@ DEFAULT_TIMEOUT_S = 600.0
 RANK_COUNTER = "next_rank"
 PEER_ERROR_GRACE_S = 5.0  # how long a failed broadcast waits for the peer's own error
 SHARED_MEMORY_KEY = "shared_memory/{rank}"  # each engine's answer: "ok" or why it cannot map the segment
+GAVE_UP_KEY = "sender_gave_up"  # set by a sender that abandoned an update: the engines stop waiting
+SENDER_CHECK_EVERY_S = 0.1  # how often a waiting engine looks at GAVE_UP_KEY (one store round trip)
 # Over the wire an update goes in at least this many buckets (each at least MIN_PIPELINE_BUCKET_BYTES,
 # at most bucket_bytes), so that each side works on one bucket while the next travels: the sender packs
 # bucket k+1 while k is broadcast, the engine loads (and re-packs the CPU layers of) bucket k while k+1
@@ -134,21 +144,60 @@ class BucketBuffers:
         return self._buffers[i][:size]
 
 
-def wait_work(work, timeout_s: float, peer_failed: Callable[[], None] | None = None) -> None:
-    """Wait for an async gloo op, but surface a failed peer RPC at once instead of sitting out
-    the gloo timeout (`peer_failed` raises the RPC's error when it has one). Without
-    `peer_failed` it blocks in gloo (without the GIL; the group's own timeout bounds it)."""
+class TrackedGroup:
+    """A ProcessGroupGloo that remembers its ops in flight, so that dropping it never blocks.
+
+    Dropping the last reference to a ProcessGroupGloo waits for every op it has in flight, and an op
+    with a silent peer (a host that vanished, an engine that stopped reading) ends only at the gloo
+    timeout: a learner or engine that gave up on an update sat there for trainer.actor_timeout_s,
+    answering nothing. `release()` hands such a group to a daemon thread that keeps it until its ops
+    have ended (failed, at the latest at the timeout), then lets it go."""
+
+    def __init__(self, group):
+        self.group = group
+        self.works: list = []
+
+    def broadcast(self, tensor, root: int):
+        return self._track(self.group.broadcast(tensor, root))
+
+    def barrier(self):
+        return self._track(self.group.barrier())
+
+    def _track(self, work):
+        self.works = [w for w in self.works if not w.is_completed()] + [work]
+        return work
+
+    def release(self) -> None:
+        """Let the group go now, or, with ops still in flight, once they have ended (never blocks)."""
+        pending = [w for w in self.works if not w.is_completed()]
+        if pending:
+            threading.Thread(target=_keep_until_done, args=(self.group, pending), daemon=True,
+                             name="gloo-group-release").start()
+        self.group, self.works = None, []
+
+
+def _keep_until_done(group, works: list) -> None:
+    while not all(w.is_completed() for w in works):
+        time.sleep(1.0)
+    del group  # the last reference, with nothing in flight: the destructor returns at once
+
+
+def wait_work(work, timeout_s: float, peer_failed: Callable[[], None] | None = None,
+              check_every_s: float = 1e-3) -> None:
+    """Wait for an async gloo op, but surface a failed peer at once instead of sitting out the gloo
+    timeout (`peer_failed`, called every `check_every_s`, raises the peer's error when it has one).
+    Without `peer_failed` it blocks in gloo (without the GIL; the group's own timeout bounds it)."""
     deadline = time.monotonic() + timeout_s
-    next_check = time.monotonic() + 1e-3
+    next_check = time.monotonic() + check_every_s
     # Poll finely at first: a header or barrier completes in ~0.1 ms and a small model's bucket in
-    # a few; doubling from 50 us woke up to ~0.4 ms late. Ask the peer at most every ms (a Ray
-    # wait costs ~0.1 ms).
+    # a few; doubling from 50 us woke up to ~0.4 ms late. Ask the peer every check_every_s (a Ray
+    # wait costs ~0.1 ms, a store round trip about as much).
     pause = 2e-5
     while peer_failed is not None and not work.is_completed():
         now = time.monotonic()
         if now >= next_check:
             peer_failed()
-            next_check = now + 1e-3
+            next_check = now + check_every_s
         if now > deadline:
             raise TimeoutError(f"gloo weight broadcast did not complete in {timeout_s:.0f}s")
         time.sleep(pause)

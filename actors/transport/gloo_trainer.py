@@ -41,11 +41,13 @@ from actors.transport import shared_memory
 from actors.transport.gloo_protocol import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
+    GAVE_UP_KEY,
     RANK_COUNTER,
     SHARED_MEMORY_KEY,
     BucketBuffers,
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,
+    TrackedGroup,
     header,
     max_bucket_bytes,
     nbytes,
@@ -141,6 +143,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.store = None
+        self.prefixed = None  # the store under this init's generation: where GAVE_UP_KEY is set
         self.group = None
         self.last_parts: dict[str, float] = {}  # seconds of the last send's parts (the bench reports them)
         self._buffers = BucketBuffers(2)
@@ -175,7 +178,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         ))
         prefixed = dist.PrefixStore(f"raygrpo/{generation}/", store)
         try:
-            engine.group = _join_engines(client, payload, prefixed, init_info)
+            engine.group = TrackedGroup(_join_engines(client, payload, prefixed, init_info))
             if segment is not None:
                 # Every engine answered before it joined the group; the file can go now (the
                 # mappings stay), so no exit, crash or kill leaves it behind.
@@ -186,7 +189,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         finally:
             if segment is not None:
                 shared_memory.unlink(segment[0])
-        engine.store = store
+        engine.store, engine.prefixed = store, prefixed
         return engine
 
     def send_weights(self, weight_version: int | str | None = None) -> None:
@@ -223,8 +226,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         try:
             pack_s = self._send(source, meta, sizes, buckets, info.shared_memory, rpc.raise_if_failed)
         except BaseException:
-            # The engines wait for buckets that will never come; closing the group makes their
-            # receive fail now rather than at the timeout. The caller must trainer_init again.
+            # The engines wait for buckets that will never come; shutdown() tells them, so their
+            # receive fails now rather than at the timeout. The caller must trainer_init again.
             self.shutdown()
             raise
         t2 = time.perf_counter()
@@ -269,12 +272,17 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         return pack
 
     def shutdown(self) -> None:
-        if self.group is not None:
+        """Drop the group without waiting on engines that may be gone (TrackedGroup.release). Closing it
+        reaches no engine (ProcessGroupGloo.abort() closes no socket), so an engine waiting on a bucket
+        learns that the sender gave up from the store (GAVE_UP_KEY), or from the store going away."""
+        if self.prefixed is not None:
             try:
-                self.group.abort()  # abort, not shutdown: never wait on engines that may be gone
-            except Exception:  # noqa: BLE001
+                self.prefixed.set(GAVE_UP_KEY, "1")
+            except Exception:  # noqa: BLE001 - the engines then find the store gone
                 pass
-        self.group, self.store, self.segment = None, None, None
+        if self.group is not None:
+            self.group.release()
+        self.group, self.store, self.prefixed, self.segment = None, None, None, None
 
 
 def _join_engines(client: VLLMWeightSyncClient, payload: dict, prefixed, init_info: GlooTrainerInitInfo):

@@ -28,8 +28,9 @@ class RolloutPool:
     def __init__(self, handles: list, timeout_s: float, on_restart, pids: list[int], *, on_rejoin=None,
                  hosts: HostWatch | None = None, min_live: int | None = None, node_wait_s: float = 300.0,
                  bundle: dict | None = None):
-        """`on_restart(worker_index)`: a worker came back as a new process on its host, before its prompts
-        are re-sent (the driver re-syncs weights there). `on_rejoin(worker_index)`: a worker that left
+        """`on_restart(worker_index, new_process)`: a worker came back (as a new process on its host, or the
+        same one answering again after its call was lost with its connection), before its prompts are
+        re-sent (the driver re-syncs weights there). `on_rejoin(worker_index)`: a worker that left
         with its host is back; the driver sends it the current weights (fingerprint verified) before it
         generates. `pids` identify the live processes, to notice a restart. `hosts`: where each engine
         runs (the pool adds what it learns); `min_live`: rollout.min_workers; `bundle`: one engine's
@@ -171,10 +172,11 @@ class RolloutPool:
         """Record worker w's new process (asking it unless `info` came from it), re-sync it."""
         name = f"rollout worker {w}"
         info = info or wait_for(self.handles[w].info.remote(), name, "restarting", self.timeout_s)
+        new_process = info["pid"] != self.pids[w]
         self.pids[w] = info["pid"]
         self.hosts.place(name, info.get("node_id"))
-        self.restarts += 1
-        self.on_restart(w)
+        self.restarts += new_process
+        self.on_restart(w, new_process)
 
     def leave(self, w: int) -> None:
         """Worker w's host was lost: it leaves the fleet (below min_live this waits for room, or raises)."""

@@ -482,13 +482,15 @@ class Trainer:
                                        cfg.rollout.tensor_parallel_size)
         self._resume()
 
-    def _resync_after_restart(self, worker_index: int) -> None:
-        """A restarted engine holds the base weights: rebuild the transfer group and send the current ones.
+    def _resync_after_restart(self, worker_index: int, new_process: bool = True) -> None:
+        """A restarted engine holds the base weights (one whose call was lost with its connection may have
+        missed an update): rebuild the transfer group and send the current ones.
 
         Runs with the engines lock held. If the learner is mid-step, Ray queues these calls after
         it, so the engine may get weights one step newer than `version` says; the loss still uses
         the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
-        print(f"rollout worker {worker_index} restarted; re-syncing weights version {self.version}", flush=True)
+        print(f"rollout worker {worker_index} " + ("restarted" if new_process else "answers again (the same process: "
+              "its call was lost with its connection)") + f"; re-syncing weights version {self.version}", flush=True)
         self._resync_engines(worker_index)
 
     def _sync_rejoined(self, worker_index: int) -> None:

@@ -386,6 +386,47 @@ def test_engine_failing_mid_update_fails_the_sender_at_once(shared):
     engine.shutdown()
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["shared_memory", "broadcast"])
+def test_a_sender_that_gives_up_frees_every_engine_at_once(shared):
+    """One engine of two fails mid-update with its sockets left open and silent (its host vanished); the
+    sender raises and gives up. The other engine, waiting on a bucket that will never come, must end its
+    update call at once, not at the gloo timeout: until it does, its actor answers nothing (the driver
+    waited 600 s on it after a host was lost, CI 2026-11-26). Neither side may block dropping its group
+    (ProcessGroupGloo's destructor waits for the ops in flight: gloo_protocol.TrackedGroup)."""
+    class Failing(Exception):
+        pass
+
+    def refuse(weights):
+        raise Failing("load_weights refused")
+
+    timeout_s = 10  # the group's gloo timeout: the ops left in flight end by then
+    engines = [make_engine(), make_engine()]
+    client = OneCallClient(engines)
+    init = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=0, world_size=3, bucket_bytes=700,
+                               timeout_s=timeout_s, rank=0, shared_memory=shared)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(init, client=client, source=ModuleSource(TinyNet()))
+    failing = next(e for e in engines if e.rank == 1)
+    failing.model.load_weights = refuse
+    failing.shutdown = lambda: None  # its group's sockets stay open and silent, as a host that vanished leaves them
+    calls = []
+    submit = client.submit_update_weights
+    client.submit_update_weights = lambda info: calls.append(submit(info)) or calls[-1]
+    t0 = time.monotonic()
+    with pytest.raises(Failing, match="refused"):  # the traceback (and its gloo work) is kept, as a learner's is
+        trainer.send_weights()
+    healthy = next(e for e in engines if e.rank == 2)
+    with pytest.raises(RuntimeError, match="gave up"):
+        calls[0].futures[engines.index(healthy)].result(timeout=timeout_s)
+    assert time.monotonic() - t0 < timeout_s / 2  # not the gloo timeout
+    assert healthy.group is None and trainer.group is None
+    # The groups released with ops in flight go once those ops end (at the timeout): none outlives the test.
+    del failing.shutdown
+    failing.shutdown()
+    for thread in [t for t in th.enumerate() if t.name == "gloo-group-release"]:
+        thread.join(timeout_s + 10)
+        assert not thread.is_alive()
+
+
 def test_the_vllm_plugin_registers_our_backend_and_the_trainer_init_info_resolves():
     """The registry's gloo entry, as vLLM's factories see it once the plugin has run."""
     actors.transport.vllm_plugin.register()

@@ -72,7 +72,10 @@ def fakes(monkeypatch):
 
 def pool_of(n, hosts, min_live, events, node_wait_s=300.0):
     engines = [Engine(i, 100 + i) for i in range(n)]
-    return engines, RolloutPool(engines, 10.0, lambda w: events.append(("restart", w)), [e.pid for e in engines],
+    def restarted(w, new_process):
+        events.append(("restart" if new_process else "answers again", w))
+
+    return engines, RolloutPool(engines, 10.0, restarted, [e.pid for e in engines],
                                 on_rejoin=lambda w: events.append(("rejoin", w)), hosts=hosts, min_live=min_live,
                                 node_wait_s=node_wait_s, bundle={"CPU": 1})
 
@@ -133,3 +136,24 @@ def test_a_crash_on_a_live_host_is_still_a_restart_in_place(fakes):
         rollout_pool.wait_for = original
     assert len(out) == 4 and events == [("restart", 0)] and pool.live == [0, 1] and pool.pids[0] == 777
     assert engines[0].served[-1] == [0, 1]  # its own share again, same seeds
+    assert pool.restarts == 1
+
+
+def test_a_call_lost_with_its_connection_is_not_counted_as_a_restart(fakes, monkeypatch):
+    """The call failed (Ray lost the connection: a partition that healed) but the same process answers:
+    re-synced and its share sent again, said as such, and not counted in rollout_restarts."""
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events)
+    engines[0].dead = True
+    original = rollout_pool.wait_for
+
+    def wait_for(ref, actor, what, timeout_s):
+        engine, _ = ref
+        if engine.dead and what == "restarting":
+            engine.dead = False  # answers again, same pid
+        return original(ref, actor, what, timeout_s)
+
+    monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+    out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
+    assert len(out) == 4 and events == [("answers again", 0)] and pool.live == [0, 1] and pool.pids[0] == 100
+    assert engines[0].served[-1] == [0, 1] and pool.restarts == 0
