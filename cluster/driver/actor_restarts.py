@@ -2,12 +2,14 @@
 
 The reference actor holds no state a restart loses (a frozen model), so Ray restarts it (its
 `reference.max_restarts`) and runs the lost call again (`max_task_retries`): when its host dies, Ray
-moves its placement-group bundle to a node with room, restarts it there and reloads the model. Left
+restarts it on a node with room (cluster/launch/placement.py) and it reloads the model. Left
 alone, the driver's wait on it only said "waiting on reference actor" until the timeout. `RestartWatch`
 waits on its calls instead: it looks every CHECK_EVERY_S whether the actor's host was lost (HostWatch:
 "lost host ...: it held ... reference actor"), then says what it waits for (a node with room for the
 actor's bundle, at most `ray.node_wait_s`), and where the actor came back; `on_back` gives the new
-process its threads and updates placement.json. The call it waited on then completes on the new actor.
+process its threads and updates placement.json. The call it waited on then completes on the new actor,
+or, when Ray's own retries of it ran out first (each failing at once on a refused connection, before Ray
+marked the host dead), is sent again there.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error, no_answer, say_waiting
 from cluster.launch.hosts import HostWatch
+from cluster.launch.waits import HOST_DEATH_WAIT_S
 
 CHECK_EVERY_S = 5.0  # how often a wait looks for a lost host (a node table read)
 ROOM_LINE_EVERY_S = 30.0  # how often a wait for a node with room says so again
@@ -31,12 +34,16 @@ class RestartWatch:
         self.hosts, self.node_wait_s, self.bundles, self.on_back = hosts, node_wait_s, bundles, on_back
         self._looked = -CHECK_EVERY_S  # when a wait last read the node table (at most every CHECK_EVERY_S)
 
-    def wait(self, ref, handle, name: str, what: str, timeout_s: float):
-        """ray.get(ref), like actors.runtime.waits.wait_for, but a lost host of the actor is said and waited
-        out (bounded by ray.node_wait_s), after which `timeout_s` starts again for the call run anew."""
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+    def wait(self, call: Callable, handle, name: str, what: str, timeout_s: float):
+        """ray.get(call()), like actors.runtime.waits.wait_for, but a lost host of the actor is said and waited
+        out (bounded by ray.node_wait_s), after which `timeout_s` starts again for the call run anew.
 
+        `call()` sends the call (again: Ray's own retries of it may run out before Ray has marked the
+        actor's host dead, each failing at once on a connection refused)."""
+        import ray
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        ref = call()
         t0 = said = time.monotonic()
         while True:
             # Also before the call's first wait: Ray may have restarted the actor between two calls already.
@@ -52,10 +59,24 @@ class RestartWatch:
                 if left <= CHECK_EVERY_S:
                     raise no_answer(name, what, timeout_s) from None
             except RayActorError as e:
-                raise ActorFailed(name, what, died=True, detail=actor_error(e)) from e
+                if not (isinstance(e, ActorUnavailableError) and self._host_found_lost(name)):
+                    raise ActorFailed(name, what, died=True, detail=actor_error(e)) from e
+                self._await_restart(handle, name)
+                ref = call()
+                t0 = said = time.monotonic()
+                continue
             if time.monotonic() - said >= WAITING_LINE_EVERY_S:
                 said = time.monotonic()
                 say_waiting(name, what, said - t0, timeout_s)
+
+    def _host_found_lost(self, name: str) -> bool:
+        """Its connection broke: whether Ray marks the actor's host dead within HOST_DEATH_WAIT_S."""
+        deadline = time.monotonic() + HOST_DEATH_WAIT_S
+        while time.monotonic() < deadline:
+            if self.hosts.host_lost(name):
+                return True
+            time.sleep(2.0)
+        return False
 
     def _await_restart(self, handle, name: str) -> None:
         """Until Ray has restarted `name` on a live node (it answers info()), saying what it waits for."""

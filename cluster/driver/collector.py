@@ -76,10 +76,11 @@ class Collector:
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.
             t0 = time.perf_counter()
-            ref = self.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids)
+            def call():
+                return self.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids)
             what = ("reference actor", "computing reference log-probs", t.actor_timeout_s)
-            batch.ref_logp = (self.restarts.wait(ref, self.reference, *what) if self.restarts is not None
-                              else wait_for(ref, *what))
+            batch.ref_logp = (self.restarts.wait(call, self.reference, *what) if self.restarts is not None
+                              else wait_for(call(), *what))
             stats.ref_s = time.perf_counter() - t0
         if self.lend and lend_to is not None:  # collected before that train call ended: lend it the cores
             self.learners.lend_threads(lend_to, self.lend)

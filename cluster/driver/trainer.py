@@ -394,8 +394,8 @@ class Trainer:
         return bool(self.pool.live)
 
     def _restart_learners(self) -> None:
-        """New learner ranks in the run's placement group (waiting, at most ray.node_wait_s, for room when
-        their host was lost), the engines and the other actors kept; the weights reach the engines in
+        """New learner ranks, each on its node or, where that was lost, on a live node with room (waiting, at
+        most ray.node_wait_s, for one), the engines and the other actors kept; the weights reach the engines in
         _resume, from the checkpoint (or the base model)."""
         cfg = self.cfg
         restart_learners(self.actors, cfg, self.hosts)

@@ -1,6 +1,12 @@
 """Placing and creating the actors of a run: one placement group, a bundle per learner rank, per
-rollout engine, the reference and each reward model; waiting until each has built its model;
-tearing them down.
+rollout engine, the reference and each reward model, chooses the nodes at once (`ray.strategy`); waiting
+until each has built its model; tearing them down.
+
+With `ray.placement=separate` the group only chooses: it is removed once placed, and each actor asks for its
+own resources on its bundle's node (node affinity). A placement group that lost a node with no room left
+makes Ray 2.60's GCS retry without pause (a core busy until a node with room joins, every other GCS call
+slowed: ray-project/ray#65007); actors on their own are restarted by Ray where a node has room, without
+that. `colocate` keeps the group: learner rank i and engine i share one bundle's GPU.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from cluster.launch.hosts import node_table
 from cluster.launch.network import bundle_node, bundle_nodes
 from cluster.launch.shared_storage import check_shared_storage
 from cluster.launch.thread_budget import idle_collect_threads, lends_idle_cores, thread_budget
-from cluster.launch.waits import wait_for
+from cluster.launch.waits import HOST_DEATH_WAIT_S, wait_dead, wait_for
 from learner.reference import ReferenceActor
 from learner.worker import LearnerWorker
 
@@ -34,6 +40,17 @@ class Actors:
     master_address: str = "127.0.0.1"  # where learner rank 0 listens (rendezvous, weight sender)
     master_hostname: str = ""
     learner_bundles: list = field(default_factory=list)  # the placement-group bundle of each learner rank
+    learner_nodes: list = field(default_factory=list)  # the Ray node id each learner rank was placed on
+
+
+def scheduling(pg, bundle: int, node_id: str, soft: bool):
+    """Where an actor runs: its bundle of `pg` (colocate), else its node. `soft`: when that node is gone,
+    Ray restarts the actor on any node with room (engines, the reference, reward models)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+    if pg is not None:
+        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=soft)
 
 
 def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | None = None) -> Actors:
@@ -46,7 +63,6 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
     """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
     reward_models = reward_models or {}
@@ -90,14 +106,20 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
             remove_placement_group(pg)
             raise
 
-    def at(i):
-        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
-
     # Where learner rank 0 listens for the other ranks and (as the weight sender) for the engines:
     # loopback when the cluster is our own embedded one, else the IP Ray knows rank 0's node by.
     master, master_host = (bundle_node(pg, learner_bundle[0])[:2] if cfg.ray.address
                            else ("127.0.0.1", socket.gethostname()))
-    out = Actors(placement_group=pg, learner_port=free_port(), master_address=master, master_hostname=master_host)
+    nodes = bundle_nodes(pg)
+    if not colocate:  # the nodes are chosen: each actor asks for its own resources there (module docstring)
+        remove_placement_group(pg)
+        pg = None
+
+    def at(i, restart_elsewhere: bool = True):
+        return scheduling(pg, i, nodes[i], soft=restart_elsewhere)
+
+    out = Actors(placement_group=pg, learner_port=free_port(), master_address=master, master_hostname=master_host,
+                 learner_nodes=[nodes[b] for b in learner_bundle])
     for i in range(r.num_workers):
         # Restarted by Ray when they die; the driver re-syncs weights and re-sends their prompts.
         # max_task_retries=0: the call in flight fails (RayActorError) so the driver knows.
@@ -109,7 +131,9 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
                     chat_template_kwargs=dict(cfg.data.chat_template_kwargs))
         )
     out.learner_bundles = learner_bundle
-    out.learners = start_learners(cfg, pg, learner_bundle, master, out.learner_port, master_host)
+    # Hard: rank 0's node is the address every peer was told (learner ranks are never restarted by Ray).
+    out.learners = start_learners(cfg, [at(b, restart_elsewhere=False) for b in learner_bundle], master,
+                                  out.learner_port, master_host)
     if with_reference:
         out.reference = (
             ray.remote(ReferenceActor)
@@ -131,19 +155,16 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
     return out
 
 
-def start_learners(cfg, pg, bundles: list[int], master: str, port: int, master_host: str) -> list:
-    """A LearnerWorker per rank in its placement-group bundle; rank 0 listens on `master`:`port`."""
+def start_learners(cfg, where: list, master: str, port: int, master_host: str) -> list:
+    """A LearnerWorker per rank, `where[rank]` its scheduling strategy; rank 0 listens on `master`:`port`."""
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     lrn = cfg.learner
     # A rank that may be lent cores gets the offer during train_step: it needs a concurrency group.
     learner_cls = ray.remote(concurrency_groups={"lend": 1})(LearnerWorker) if lends_idle_cores(cfg) \
         else ray.remote(LearnerWorker)
     return [learner_cls
-            .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0,
-                     scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                          placement_group_bundle_index=bundles[rank]))
+            .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0, scheduling_strategy=where[rank])
             .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
                     master_port=port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
                     reference_on_learner=cfg.reference_on_learner(), master_host=master_host,
@@ -152,9 +173,10 @@ def start_learners(cfg, pg, bundles: list[int], master: str, port: int, master_h
 
 
 def restart_learners(actors: Actors, cfg, hosts) -> None:
-    """New learner ranks in the run's placement group, the engines and the other actors kept. Ray moves
-    the bundles of a lost node to nodes with room; until rank 0's bundle is placed again (its node's address
-    is where the ranks and the engines meet) this waits, at most ray.node_wait_s, saying what for."""
+    """New learner ranks, the engines and the other actors kept: each on its node, or, where that node was
+    lost, on a live node with room for it (colocate: Ray moves the lost bundles of the placement group). Until
+    every rank has a node (rank 0's address is where the ranks and the engines meet) this waits, at most
+    ray.node_wait_s, saying what for."""
     import ray
 
     for h in actors.learners:
@@ -162,15 +184,66 @@ def restart_learners(actors: Actors, cfg, hosts) -> None:
             ray.kill(h, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-    lrn = cfg.learner
+    if actors.placement_group is None:  # their resources are free again once they are dead (counted below)
+        for h in actors.learners:
+            wait_dead(h, HOST_DEATH_WAIT_S)
+    lrn, pg = cfg.learner, actors.placement_group
     need = {"CPU": lrn.num_cpus, **({"GPU": lrn.num_gpus} if lrn.num_gpus else {})}
-    for rank, b in enumerate(actors.learner_bundles):
-        wait_bundle_placed(actors.placement_group, b, f"learner rank {rank}", need, cfg.ray.node_wait_s, hosts)
-    if cfg.ray.address:  # rank 0's bundle may now be on another node: the ranks and the engines meet there
-        actors.master_address, actors.master_hostname = bundle_node(actors.placement_group, actors.learner_bundles[0])[:2]
+    if pg is not None:
+        for rank, b in enumerate(actors.learner_bundles):
+            wait_bundle_placed(pg, b, f"learner rank {rank}", need, cfg.ray.node_wait_s, hosts)
+        actors.learner_nodes = [bundle_node(pg, b)[2] for b in actors.learner_bundles]
+    else:
+        actors.learner_nodes = nodes_with_room(actors.learner_nodes, need, cfg.ray.node_wait_s, hosts)
+    if cfg.ray.address:  # rank 0 may now be on another node: the ranks and the engines meet there
+        table = node_table()
+        actors.master_address = table[actors.learner_nodes[0]]["address"]
+        actors.master_hostname = table[actors.learner_nodes[0]]["hostname"]
     actors.learner_port = free_port()
-    actors.learners = start_learners(cfg, actors.placement_group, actors.learner_bundles, actors.master_address,
-                                     actors.learner_port, actors.master_hostname)
+    where = [scheduling(pg, b, node, soft=False) for b, node in zip(actors.learner_bundles, actors.learner_nodes)]
+    actors.learners = start_learners(cfg, where, actors.master_address, actors.learner_port, actors.master_hostname)
+
+
+def nodes_with_room(nodes: list[str], need: dict, wait_s: float, hosts) -> list[str]:
+    """`nodes` (one per learner rank, whose processes are gone) with each dead one replaced by a live node
+    with room for `need` (its free resources, less what the ranks going back to it and earlier replacements
+    take), waiting up to `wait_s` for one to join, saying so."""
+    from ray._private.state import available_resources_per_node
+
+    t0, said = time.monotonic(), -30.0
+    while True:
+        table = node_table()
+        free = {n: dict(r) for n, r in available_resources_per_node().items() if table.get(n, {}).get("alive")}
+        for node in nodes:  # a rank whose node lives goes back there: what it takes is not room for another
+            if table.get(node, {}).get("alive") and node in free:
+                for k, v in need.items():
+                    free[node][k] = free[node].get(k, 0.0) - v
+        out, missing = [], []
+        for rank, node in enumerate(nodes):
+            if table.get(node, {}).get("alive"):
+                out.append(node)
+                continue
+            room = next((n for n, r in free.items() if all(r.get(k, 0.0) >= v for k, v in need.items())), None)
+            if room is None:
+                missing.append(rank)
+                continue
+            for k, v in need.items():
+                free[room][k] -= v
+            out.append(room)
+        if not missing:
+            return out
+        waited = time.monotonic() - t0
+        actor = ", ".join(f"learner rank {r}" for r in missing)
+        if waited >= wait_s:
+            raise RuntimeError(f"no node with room for {actor} ({need}) joined within ray.node_wait_s={wait_s:.0f}s "
+                               f"after its host was lost ({hosts.room_note(fresh=True)}); add a node with that room, or "
+                               "restart the run on what is left with fewer or smaller learner ranks (it resumes from its "
+                               "last checkpoint)")
+        if waited - said >= 30.0:
+            said = waited
+            print(f"waiting for a node with room for {actor} ({need}): {waited:.0f}s so far, at most "
+                  f"ray.node_wait_s={wait_s:.0f}s ({hosts.room_note(fresh=True)})", flush=True)
+        time.sleep(2.0)
 
 
 def wait_bundle_placed(pg, bundle: int, actor: str, resources: dict, wait_s: float, hosts) -> str:

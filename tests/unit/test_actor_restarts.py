@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from cluster.driver import actor_restarts
 from cluster.driver.actor_restarts import RestartWatch
 from cluster.launch.waits import ActorFailed
 
@@ -56,6 +57,8 @@ def fake_get(monkeypatch):
     from ray.exceptions import GetTimeoutError
 
     def get(ref, timeout=None):
+        if getattr(ref, "error", None) is not None:
+            raise ref.error
         if ref.pending:
             ref.pending -= 1
             raise GetTimeoutError("not yet")
@@ -68,7 +71,7 @@ def test_a_lost_host_is_said_waited_out_and_the_actor_back_handed_on(fake_get, c
     back = []
     watch = RestartWatch(Hosts(lost={"reference actor"}), 300.0, {"reference actor": {"CPU": 1.0}},
                          lambda name, info: back.append((name, info)))
-    answer = watch.wait(Ref([[-0.5]], pending=3), Reference(restart_gets=2), "reference actor",
+    answer = watch.wait(lambda: Ref([[-0.5]], pending=3), Reference(restart_gets=2), "reference actor",
                         "computing reference log-probs", 600.0)
     assert answer == [[-0.5]]  # the call, run again on the restarted actor, answers
     assert back == [("reference actor", {"pid": 222, "node_id": "node-c"})]
@@ -84,10 +87,46 @@ def test_no_node_with_room_in_time_fails_naming_the_bound(fake_get):
                          lambda name, info: None)
     with pytest.raises(ActorFailed, match=r"reference actor.*not back within ray.node_wait_s=0s: no node with room "
                                           r"for 1 CPU"):
-        watch.wait(Ref([[-0.5]]), Reference(restart_gets=5), "reference actor", "computing reference log-probs", 600.0)
+        watch.wait(lambda: Ref([[-0.5]]), Reference(restart_gets=5), "reference actor", "computing reference log-probs", 600.0)
 
 
 def test_a_live_host_is_a_plain_wait(fake_get, capsys):
     watch = RestartWatch(Hosts(), 300.0, {}, lambda name, info: pytest.fail("not restarted"))
-    assert watch.wait(Ref(7, pending=2), Reference(0), "reference actor", "computing", 600.0) == 7
+    assert watch.wait(lambda: Ref(7, pending=2), Reference(0), "reference actor", "computing", 600.0) == 7
     assert capsys.readouterr().out == ""
+
+
+def test_a_call_that_fails_on_a_broken_connection_waits_for_the_host_verdict_and_runs_again(fake_get, monkeypatch):
+    """Ray's retries of the call ran out on 'connection refused' before Ray marked the host dead: the wait
+    looks for that verdict (bounded), waits for the restart, and sends the call again."""
+    from ray.exceptions import ActorUnavailableError
+
+    hosts, sent = Hosts(), []
+    looks = iter([False, False, True])
+    hosts.host_lost = lambda actor: actor not in hosts.placed and next(looks, False)
+    monkeypatch.setattr(actor_restarts.time, "sleep", lambda s: None)
+    watch = RestartWatch(hosts, 300.0, {"reference actor": {"CPU": 1.0}}, lambda name, info: None)
+
+    def call():
+        sent.append(1)
+        ref = Ref([[-0.25]])
+        if len(sent) == 1:
+            ref.error = ActorUnavailableError("The actor is temporarily unavailable: connection refused", None)
+        return ref
+
+    assert watch.wait(call, Reference(restart_gets=1), "reference actor", "computing reference log-probs", 600.0) \
+        == [[-0.25]]
+    assert len(sent) == 2 and hosts.placed == {"reference actor": "node-c"}
+
+
+def test_a_broken_connection_without_a_lost_host_fails_naming_the_actor(fake_get, monkeypatch):
+    from ray.exceptions import ActorUnavailableError
+
+    clock = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(actor_restarts.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(actor_restarts.time, "sleep", lambda s: None)
+    watch = RestartWatch(Hosts(), 300.0, {}, lambda name, info: pytest.fail("not restarted"))
+    ref = Ref(None)
+    ref.error = ActorUnavailableError("The actor is temporarily unavailable", None)
+    with pytest.raises(ActorFailed, match="reference actor died while computing"):
+        watch.wait(lambda: ref, Reference(0), "reference actor", "computing reference log-probs", 600.0)
