@@ -38,12 +38,13 @@ demo: install
 # the files with the most tests first): the slowest e2e files first (tests/conftest.py).
 # The unit tier runs in pytest processes of its own, first: e2e tests run training in the test
 # process, and a worker that had run them broke the unit tests' output capture (capsys) after them.
-# Both tiers run, whatever the first gives; the target fails if either failed.
+# Both tiers run, whatever the first gives; the target fails if either failed. The e2e tier keeps every
+# test's duration in .cache/tests/e2e-junit.xml (the console shows the slowest 15): where its time goes.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install lint
 	$(PY) -m pytest $(XDIST) tests/unit; unit=$$?; \
-	$(PY) -m pytest $(XDIST) tests/e2e tests/docker; e2e=$$?; \
+	$(PY) -m pytest $(XDIST) --junitxml=.cache/tests/e2e-junit.xml tests/e2e tests/docker; e2e=$$?; \
 	echo "make test: unit tier exit $$unit, e2e tier exit $$e2e"; test $$unit = 0 -a $$e2e = 0
 
 test-unit: install

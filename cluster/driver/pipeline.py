@@ -52,9 +52,11 @@ def in_flight_bound(t) -> int:
 
 class PipelineFeeder:
     def __init__(self, cfg: RunConfig, stream: PromptStream, scorer, pool: RolloutPool, *, reference,
-                 eos_id: int | None, weight_version: Callable[[], int]):
+                 eos_id: int | None, weight_version: Callable[[], int], restarts=None):
+        """`restarts`: the RestartWatch the reference actor's calls are waited on with (its host lost: said,
+        waited for, the call sent again); None: a plain bounded wait."""
         self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
-        self.reference, self.eos_id, self.weight_version = reference, eos_id, weight_version
+        self.reference, self.eos_id, self.weight_version, self.restarts = reference, eos_id, weight_version, restarts
         t, m = cfg.trainer, cfg.metrics
         self.target = math.ceil(in_flight_bound(t) / len(pool.handles))
         self.samples_per_group = math.ceil(m.completions_per_step / t.prompts_per_step) if m.log_completions else 0
@@ -309,8 +311,13 @@ class PipelineFeeder:
             if self.reference is not None and kept:
                 t0 = time.perf_counter()
                 rows = [r for g, _ in kept for r in g.rollout.training_rows()]
-                logp = wait_for(self.reference.logprobs.remote([r[0] for r in rows], [r[1] for r in rows]),
-                                "reference actor", "computing reference log-probs", t.actor_timeout_s)
+                prompts, completions = [r[0] for r in rows], [r[1] for r in rows]
+
+                def call(prompts=prompts, completions=completions):
+                    return self.reference.logprobs.remote(prompts, completions)
+                what = ("reference actor", "computing reference log-probs", t.actor_timeout_s)
+                logp = (self.restarts.wait(call, self.reference, *what) if self.restarts is not None
+                        else wait_for(call(), *what))
                 G = t.group_size
                 refs = [logp[i * G:(i + 1) * G] for i in range(len(kept))]
                 kept[0][1].ref_s += time.perf_counter() - t0

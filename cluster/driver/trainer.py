@@ -428,7 +428,8 @@ class Trainer:
         """trainer.mode=pipeline: the feeder that keeps the engines generating (cluster/driver/pipeline.py)."""
         if self.cfg.trainer.mode == "pipeline":
             self.feeder = PipelineFeeder(self.cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference,
-                                         eos_id=self.tokenizer.eos_token_id, weight_version=lambda: self.version)
+                                         eos_id=self.tokenizer.eos_token_id, weight_version=lambda: self.version,
+                                         restarts=self.restarts)
 
     def _setup(self) -> None:
         cfg = self.cfg
@@ -467,15 +468,15 @@ class Trainer:
                                 on_rejoin=self._sync_rejoined, hosts=self.hosts, min_live=r.min_live_workers(),
                                 node_wait_s=cfg.ray.node_wait_s,
                                 bundle={"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})})
+        ref = cfg.reference
+        self.restarts = RestartWatch(self.hosts, cfg.ray.node_wait_s,
+                                     {"reference actor": {"CPU": ref.num_cpus, **({"GPU": ref.num_gpus} if ref.num_gpus else {})}},
+                                     self._actor_back)
         self.collector = Collector(
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
             lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
             engine_version=lambda: self.engine_version, eos_id=self.tokenizer.eos_token_id,
-            env_notes=self.env_notes, run_dir=self.run_dir, restarts=RestartWatch(
-                self.hosts, cfg.ray.node_wait_s, {"reference actor": {"CPU": cfg.reference.num_cpus,
-                                                                      **({"GPU": cfg.reference.num_gpus}
-                                                                         if cfg.reference.num_gpus else {})}},
-                self._actor_back))
+            env_notes=self.env_notes, run_dir=self.run_dir, restarts=self.restarts)
         self._make_feeder()
         self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
         self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
