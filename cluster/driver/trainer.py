@@ -490,8 +490,8 @@ class Trainer:
         Runs with the engines lock held. If the learner is mid-step, Ray queues these calls after
         it, so the engine may get weights one step newer than `version` says; the loss still uses
         the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
-        print(f"rollout worker {worker_index} " + ("restarted" if new_process else "answers again (the same process: "
-              "its call was lost with its connection)") + f"; re-syncing weights version {self.version}", flush=True)
+        print(f"rollout worker {worker_index} " + ("restarted" if new_process else "answers again as the same process "
+              "(a call of it was lost, or it missed an update)") + f"; re-syncing weights version {self.version}", flush=True)
         self._resync_engines(worker_index)
 
     def _sync_rejoined(self, worker_index: int) -> None:
