@@ -14,13 +14,35 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from actors.config import RewardConfig
 from actors.rewards.base import Batch, KindRunner, RewardKind, Tally, safe_name
-from actors.runtime.waits import wait_for
+from actors.runtime.waits import ActorFailed, wait_for
 
 PREFIX = "model:"
+HOST_VERDICT_WAIT_S = 60.0  # how long a broken connection waits for Ray to say the actor left its host
+
+
+def wait_moved(handle, wait_s: float) -> None:
+    """Until Ray's actor table shows the actor no longer ALIVE where it was (its host marked dead: restarting,
+    or alive on another node), at most `wait_s`: then a call sent to it waits for the restarted actor."""
+    from ray._private import state
+
+    def where() -> tuple[str, str]:
+        try:
+            info = state.actors(handle._actor_id.hex())
+            return str(info.get("State", "")), str((info.get("Address") or {}).get("NodeID", ""))
+        except Exception:  # noqa: BLE001 - an internal API: without it, the bound alone
+            return "", ""
+
+    first, deadline = where(), time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        state_now, node_now = where()
+        if (state_now and state_now != "ALIVE") or (state_now == "ALIVE" and node_now != first[1]):
+            return
+        time.sleep(1.0)
 
 
 def model_path(spec: str) -> str:
@@ -80,8 +102,11 @@ class RewardModels(KindRunner):
             if spec not in self.handles:
                 raise RuntimeError(f"the reward model {spec} has no actor attached (the driver starts one per model: entry)")
             progress.add(spec)
-            ref = self.handles[spec].score.remote(batch.prompts, batch.texts, messages if any(messages) else None)
-            futures[spec] = self._executor.submit(self._wait, spec, ref, len(batch))
+            handle = self.handles[spec]
+
+            def call(handle=handle):
+                return handle.score.remote(batch.prompts, batch.texts, messages if any(messages) else None)
+            futures[spec] = self._executor.submit(self._wait, spec, handle, call, len(batch))
             futures[spec].add_done_callback(lambda f, spec=spec: progress.finish(spec))
 
         def wait() -> None:
@@ -94,10 +119,24 @@ class RewardModels(KindRunner):
 
         return wait
 
-    def _wait(self, spec: str, ref, n: int) -> dict:
-        """{"values", "truncated", "seconds", "pid"}; ActorFailed when the actor is gone or silent too long."""
+    def _wait(self, spec: str, handle, call, n: int) -> dict:
+        """{"values", "truncated", "seconds", "pid"} of `call()`; ActorFailed when the actor is gone or silent
+        too long. A broken connection (its host may be going) is waited out once: Ray's own retries of the
+        call may run out, each refused at once, before Ray has marked the host dead and restarted the actor
+        elsewhere; the call goes again once Ray has said so (at most HOST_VERDICT_WAIT_S), bounded as before."""
+        from ray.exceptions import ActorUnavailableError
+
+        who, what = f"reward model {model_path(spec)}", f"scoring {n} completions"
+        try:
+            out = wait_for(call(), who, what, self.timeout_s)
+        except ActorFailed as e:
+            if not isinstance(e.__cause__, ActorUnavailableError):
+                raise
+            print(f"{who}: its connection broke while {what}; the call goes again once Ray has restarted it "
+                  f"(Ray's verdict waited for at most {HOST_VERDICT_WAIT_S:.0f}s)", flush=True)
+            wait_moved(handle, HOST_VERDICT_WAIT_S)
+            out = wait_for(call(), who, what, self.timeout_s)
         path = model_path(spec)
-        out = wait_for(ref, f"reward model {path}", f"scoring {n} completions", self.timeout_s)
         if self.pids.get(spec, out["pid"]) != out["pid"]:
             self.restarts += 1
             print(f"reward model {path} was restarted (process {self.pids[spec]} -> {out['pid']}); "

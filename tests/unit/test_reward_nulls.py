@@ -8,9 +8,11 @@ import textwrap
 import pytest
 
 from actors.config import RewardConfig
+from actors.rewards import model
 from actors.rewards.model import model_dir_problems
 from actors.rewards.registry import default_name, kind_for, spec_problems
 from actors.rewards.scorer import RewardScorer, combine
+from actors.runtime.waits import ActorFailed
 
 N = float("nan")
 
@@ -159,3 +161,44 @@ def test_kinds_and_what_is_checked_at_start(tmp_path):
         "a reward model has one (num_labels=1): its single logit is the reward"]
     with pytest.raises(ValueError, match="model:PATH.*http"):
         RewardScorer(RewardConfig(functions=["nope"]))
+
+
+def test_a_reward_model_call_cut_by_a_broken_connection_goes_again_once_ray_moved_it(monkeypatch, capsys):
+    """Ray's retries of a reward model's call can run out, each refused at once, before Ray has marked its
+    host dead: the call goes again once the actor left its place (waited for, bounded), bounded as before;
+    an actor that died for good is an error at once."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    sent, moved = [], []
+
+    def wait_for(ref, actor, what, timeout_s):
+        if ref == 1:  # the first call: its connection broke
+            try:
+                raise ActorUnavailableError("The actor is temporarily unavailable: connection refused", None)
+            except ActorUnavailableError as e:
+                raise ActorFailed(actor, what, died=True, detail=str(e)) from e
+        return {"values": [0.5], "truncated": 0, "seconds": 0.1, "pid": 7}
+
+    monkeypatch.setattr(model, "wait_for", wait_for)
+    monkeypatch.setattr(model, "wait_moved", lambda handle, wait_s: moved.append((handle, wait_s)))
+    runner = model.RewardModels(["model:/rm"])
+
+    def call():
+        sent.append(1)
+        return len(sent)
+
+    assert runner._wait("model:/rm", "handle", call, 1)["values"] == [0.5]
+    assert len(sent) == 2 and moved == [("handle", model.HOST_VERDICT_WAIT_S)]
+    assert "reward model /rm: its connection broke while scoring 1 completions; the call goes again" \
+        in capsys.readouterr().out
+
+    def dead(ref, actor, what, timeout_s):
+        try:
+            raise ActorDiedError()
+        except ActorDiedError as e:
+            raise ActorFailed(actor, what, died=True, detail="died") from e
+
+    monkeypatch.setattr(model, "wait_for", dead)
+    with pytest.raises(ActorFailed, match="reward model /rm"):
+        runner._wait("model:/rm", "handle", call, 1)
+    assert len(sent) == 3  # not sent again
