@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from actors.config import RewardConfig
 from actors.rewards.base import Batch, KindRunner, RewardKind, Tally, safe_name
-from actors.runtime.waits import ActorFailed, wait_for
+from actors.runtime.waits import ActorFailed, actor_table_entry, wait_for
 
 PREFIX = "model:"
 HOST_VERDICT_WAIT_S = 60.0  # how long a broken connection waits for Ray to say the actor left its host
@@ -28,14 +28,9 @@ HOST_VERDICT_WAIT_S = 60.0  # how long a broken connection waits for Ray to say 
 def wait_moved(handle, wait_s: float) -> None:
     """Until Ray's actor table shows the actor no longer ALIVE where it was (its host marked dead: restarting,
     or alive on another node), at most `wait_s`: then a call sent to it waits for the restarted actor."""
-    from ray._private import state
-
     def where() -> tuple[str, str]:
-        try:
-            info = state.actors(handle._actor_id.hex())
-            return str(info.get("State", "")), str((info.get("Address") or {}).get("NodeID", ""))
-        except Exception:  # noqa: BLE001 - an internal API: without it, the bound alone
-            return "", ""
+        info = actor_table_entry(handle)
+        return str(info.get("State", "")), str((info.get("Address") or {}).get("NodeID", ""))
 
     first, deadline = where(), time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -126,7 +121,8 @@ class RewardModels(KindRunner):
         elsewhere; the call goes again once Ray has said so (at most HOST_VERDICT_WAIT_S), bounded as before."""
         from ray.exceptions import ActorUnavailableError
 
-        who, what = f"reward model {model_path(spec)}", f"scoring {n} completions"
+        path = model_path(spec)
+        who, what = f"reward model {path}", f"scoring {n} completions"
         try:
             out = wait_for(call(), who, what, self.timeout_s)
         except ActorFailed as e:
@@ -136,7 +132,6 @@ class RewardModels(KindRunner):
                   f"(Ray's verdict waited for at most {HOST_VERDICT_WAIT_S:.0f}s)", flush=True)
             wait_moved(handle, HOST_VERDICT_WAIT_S)
             out = wait_for(call(), who, what, self.timeout_s)
-        path = model_path(spec)
         if self.pids.get(spec, out["pid"]) != out["pid"]:
             self.restarts += 1
             print(f"reward model {path} was restarted (process {self.pids[spec]} -> {out['pid']}); "

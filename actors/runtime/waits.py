@@ -66,6 +66,17 @@ def wait_for(refs, actor: str, what: str, timeout_s: float):
             raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
 
 
+def actor_table_entry(handle) -> dict:
+    """Ray's GCS actor table entry of `handle` ("State", "NumRestarts", "Address": {"NodeID", ...}); {} when
+    unreadable (an internal API, which works without the dashboard)."""
+    try:
+        from ray._private import state
+
+        return state.actors(handle._actor_id.hex()) or {}
+    except Exception:  # noqa: BLE001 - an internal API; callers fall back to polling or their bound
+        return {}
+
+
 def no_answer(actor: str, what: str, timeout_s: float) -> ActorFailed:
     return ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s "
                        "(raise trainer.actor_timeout_s if this machine is just slow)")

@@ -12,7 +12,15 @@ import logging
 import threading
 import time
 
-from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error, no_answer, say_waiting, wait_for
+from actors.runtime.waits import (
+    WAITING_LINE_EVERY_S,
+    ActorFailed,
+    actor_error,
+    actor_table_entry,
+    no_answer,
+    say_waiting,
+    wait_for,
+)
 
 # After one actor of a group fails with an error, how long the others may take to show that one of
 # them died: a rank whose collective lost its peer raises too, and the dead peer is the cause. A peer
@@ -133,12 +141,7 @@ def wait_dead(handle, timeout_s: float) -> str:
 def actor_state(handle) -> tuple[str, int]:
     """(Ray's state of the actor: ALIVE | RESTARTING | DEAD | ..., restarts so far), ("", 0) if unknown.
     Read from the GCS actor table (works without the dashboard)."""
-    try:
-        from ray._private import state
-
-        info = state.actors(handle._actor_id.hex())
-        return str(info.get("State", "")), int(info.get("NumRestarts", 0))
-    except Exception:  # noqa: BLE001 - an internal API; without it we fall back to polling
-        return "", 0
+    info = actor_table_entry(handle)
+    return str(info.get("State", "")), int(info.get("NumRestarts", 0))
 
 
