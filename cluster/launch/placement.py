@@ -210,8 +210,7 @@ def nodes_with_room(nodes: list[str], need: dict, wait_s: float, hosts) -> list[
     take), waiting up to `wait_s` for one to join, saying so."""
     from ray._private.state import available_resources_per_node
 
-    t0, said = time.monotonic(), -30.0
-    while True:
+    def find():
         table = node_table()
         free = {n: dict(r) for n, r in available_resources_per_node().items() if table.get(n, {}).get("alive")}
         for node in nodes:  # a rank whose node lives goes back there: what it takes is not room for another
@@ -230,39 +229,38 @@ def nodes_with_room(nodes: list[str], need: dict, wait_s: float, hosts) -> list[
             for k, v in need.items():
                 free[room][k] -= v
             out.append(room)
-        if not missing:
-            return out
+        return out, ", ".join(f"learner rank {r}" for r in missing) or None
+
+    return wait_for_room(find, need, wait_s, hosts)
+
+
+def wait_bundle_placed(pg, bundle: int, actor: str, resources: dict, wait_s: float, hosts) -> str:
+    """The IP of the live node that holds `bundle` of `pg`, waiting up to `wait_s` for Ray to place it."""
+    def find():
+        ip = bundle_node(pg, bundle, live_only=True)[0]
+        return ip, (None if ip else actor)
+
+    return wait_for_room(find, resources, wait_s, hosts)
+
+
+def wait_for_room(find, need: dict, wait_s: float, hosts):
+    """`find()` -> (result, None) once the actors have a node, else (_, the actors still without one): polled
+    after their host was lost, at most `wait_s`, saying what it waits for every 30 s, then failing naming them."""
+    t0, said = time.monotonic(), -30.0
+    while True:
+        result, missing = find()
+        if missing is None:
+            return result
         waited = time.monotonic() - t0
-        actor = ", ".join(f"learner rank {r}" for r in missing)
         if waited >= wait_s:
-            raise RuntimeError(f"no node with room for {actor} ({need}) joined within ray.node_wait_s={wait_s:.0f}s "
+            raise RuntimeError(f"no node with room for {missing} ({need}) joined within ray.node_wait_s={wait_s:.0f}s "
                                f"after its host was lost ({hosts.room_note(fresh=True)}); add a node with that room, or "
                                "restart the run on what is left with fewer or smaller learner ranks (it resumes from its "
                                "last checkpoint)")
         if waited - said >= 30.0:
             said = waited
-            print(f"waiting for a node with room for {actor} ({need}): {waited:.0f}s so far, at most "
+            print(f"waiting for a node with room for {missing} ({need}): {waited:.0f}s so far, at most "
                   f"ray.node_wait_s={wait_s:.0f}s ({hosts.room_note(fresh=True)})", flush=True)
-        time.sleep(2.0)
-
-
-def wait_bundle_placed(pg, bundle: int, actor: str, resources: dict, wait_s: float, hosts) -> str:
-    """The IP of the live node that holds `bundle` of `pg`, waiting up to `wait_s` for Ray to place it."""
-    t0, said = time.monotonic(), -30.0
-    while True:
-        ip = bundle_node(pg, bundle, live_only=True)[0]
-        if ip:
-            return ip
-        waited = time.monotonic() - t0
-        if waited >= wait_s:
-            raise RuntimeError(f"no node with room for {actor} ({resources}) joined within ray.node_wait_s={wait_s:.0f}s "
-                               f"after its host was lost ({hosts.room_note()}); add a node with that room, or restart the "
-                               "run on what is left with fewer or smaller learner ranks (it resumes from its last checkpoint)")
-        if waited - said >= 30.0:
-            said = waited
-            live = [n for n in node_table().values() if n["alive"]]
-            print(f"waiting for a node with room for {actor} ({resources}): {waited:.0f}s so far, at most "
-                  f"ray.node_wait_s={wait_s:.0f}s ({len(live)} live node(s): {hosts.room_note()})", flush=True)
         time.sleep(2.0)
 
 
