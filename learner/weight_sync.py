@@ -29,6 +29,7 @@ import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource  # noqa: TID253 (vLLM side)
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory  # noqa: TID253 (vLLM side)
 
+from actors.runtime.waits import REACH_ACTORS_S, reach_actors
 from actors.transport.client import OneTripRayClient
 from actors.transport.fingerprint import Recorder, check, verify_engines
 from actors.transport.lora_adapter import AdapterSync
@@ -162,6 +163,8 @@ class WeightSync:
         self.client = OneTripRayClient(list(rollout_handles))
         self.timeout_s = float(init_info.get("timeout_s", 600))
         info = self.backend.trainer_init_info(fields, rank)
+        if rank == 0:  # a connection left stale by a healed partition fails here, not half-way into the init
+            reach_actors(self.client.handles, min(self.timeout_s, REACH_ACTORS_S))
         # Rank 0 rendezvous with the engines here; the other ranks only keep the source.
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=self.client, source=self.source)
         if rank == 0:

@@ -63,7 +63,19 @@ def wait_for(refs, actor: str, what: str, timeout_s: float):
                 raise no_answer(actor, what, timeout_s) from None
             say_waiting(actor, what, time.monotonic() - t0, timeout_s)
         except RayActorError as e:
+            if not actor_died(e):
+                raise
             raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
+
+
+def actor_died(e: BaseException) -> bool:
+    """Whether the error of a call says the called actor died (or Ray cannot reach it). Not when the actor
+    raised it from its own code (RayTaskError): Ray then gives the error the type of its cause, so a learner
+    whose own call to an engine found that engine unavailable raises an ActorUnavailableError too, and
+    lives."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    return isinstance(e, RayActorError) and not isinstance(e, RayTaskError)
 
 
 def actor_table_entry(handle) -> dict:
@@ -80,3 +92,33 @@ def actor_table_entry(handle) -> dict:
 def no_answer(actor: str, what: str, timeout_s: float) -> ActorFailed:
     return ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s "
                        "(raise trainer.actor_timeout_s if this machine is just slow)")
+
+
+# How long a caller keeps asking an actor that Ray calls unavailable (reach_actors).
+REACH_ACTORS_S = 30.0
+
+
+def reach_actors(handles: list, timeout_s: float = REACH_ACTORS_S) -> None:
+    """Call every actor once (its `info()`), asking again while Ray says one is unavailable.
+
+    Why: this process's connection to an actor can be stale. A partition that healed before Ray marked the
+    host dead leaves it reset, and the first call on it fails with ActorUnavailableError ("Connection reset
+    by peer") although the actor lives; Ray connects anew for the next call. The weight sender calls this
+    before a transfer's init, which must not be that first call: the engines that did answer it would wait
+    in the group's rendezvous until its timeout. An actor that is really gone raises here, within
+    `timeout_s`."""
+    import ray
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError
+
+    deadline = time.monotonic() + timeout_s
+    for handle in handles:
+        while True:
+            try:
+                ray.get(handle.info.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except ActorUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+            except GetTimeoutError:
+                raise TimeoutError(f"{handle} did not answer within {timeout_s:.0f}s (its host lost?)") from None

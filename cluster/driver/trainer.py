@@ -46,7 +46,7 @@ from cluster.launch.placement import (
     wait_ready,
 )
 from cluster.launch.ray_cluster import pin_network_interface, start_ray
-from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, wait_dead, wait_for
+from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, actor_error, wait_dead, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MFU_KEY, MetricsLogger, first_eval, perf_metrics, write_plots
@@ -87,6 +87,12 @@ def actor_name(placement_row: dict) -> str:
     kind, _, index = role.partition("-")
     return {"rollout": f"rollout worker {index}", "learner": f"learner rank {index}", "reference": "reference actor",
             "reward": f"reward model {placement_row.get('model', index)}"}.get(kind, role)
+
+
+# A weight update (or the transfer's init) that an engine failed goes again; tried at most this many times.
+# A partition Ray ends by marking the host dead took 3 here: the transfer cut, the next init's call to the
+# engine unanswered (reach_actors' bound) while the pool waited for Ray's verdict, then the update without it.
+ENGINE_UPDATE_TRIES = 4
 
 
 class Trainer:
@@ -326,34 +332,59 @@ class Trainer:
         return m
 
     def _sync_weights(self) -> dict:
-        """Broadcast the learner's weights; an engine that died during it is revived and re-synced."""
+        """Broadcast the learner's weights (verified); an engine that fails it is handled in _update_engines."""
+        try:
+            return self._update_engines()
+        except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
+            raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
+                                 f"checkpoints so far are in {self.run_dir}.") from None
+
+    def _update_engines(self, send: bool = True, rebuild: bool = False) -> dict:
+        """Send weights `self.version` to the live engines, verified (`send=False`: only connect); `rebuild`:
+        the transfer group is built anew first, as it is after an engine left or an attempt failed.
+
+        An engine that fails on the way (it died, left with its host, or Ray found the learner's connection
+        to it cut) is revived or taken out of the fleet by the pool, and the whole update goes again, at
+        most ENGINE_UPDATE_TRIES times. A revived engine is sent the weights from inside the pool too
+        (_resync_after_restart); the update again costs one more transfer, on a rare path. Raised: a
+        fingerprint mismatch, and a failure no engine explains (a learner rank's death: Trainer.run)."""
         with self._engines_lock:
-            if self.pool.fleet_changed:  # an engine left with its host: the transfer group without it
-                self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
-                                               self.cfg.rollout.tensor_parallel_size)
-                self.pool.fleet_changed = False
-            try:
-                out = self.learners.sync_weights(self.version, watch=self._engine_host_lost)
-            except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
-                raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
-                                     f"checkpoints so far are in {self.run_dir}.") from None
-            except Exception:
-                if not self.pool.recover_all():  # no engine died or left: a real error
+            for attempt in range(1, ENGINE_UPDATE_TRIES + 1):
+                try:
+                    if rebuild or self.pool.fleet_changed:
+                        self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
+                                                       self.cfg.rollout.tensor_parallel_size)
+                        self.pool.fleet_changed = False
+                    if not send:
+                        return {}
+                    out = self.learners.sync_weights(self.version, watch=self._engine_host_lost)
+                    self.engine_version = self.version
+                    return out
+                except SyncMismatch:
                     raise
-                if self.pool.fleet_changed:  # one left with its host: the update again, to those that are live
-                    self._resync_engines()
-                out = {"bytes": 0, "verified": True}  # _resync_engines sent (and verified) the weights
-            self.engine_version = self.version
-            return out
+                except Exception as e:
+                    from ray.exceptions import RayActorError, RayTaskError
+
+                    # The learner's own call to an engine failed (Ray types its error as the cause's): an engine
+                    # that lives but whose connection was cut answers the next call. A learner rank's death
+                    # (ActorFailed) is not that; it goes again only if the pool found an engine changed.
+                    cut = isinstance(e, RayActorError)
+                    if attempt == ENGINE_UPDATE_TRIES or not (self.pool.recover_all() or cut):
+                        raise
+                    what = f"sending weights version {self.version}" if send else "connecting"
+                    why = actor_error(e.cause if isinstance(e, RayTaskError) else e)
+                    print(f"{what} to the rollout engines failed ({why}); the engines were checked (a dead one revived, "
+                          f"a lost one out of the fleet) and it goes again ({attempt + 1}/{ENGINE_UPDATE_TRIES})", flush=True)
+                    rebuild = True
+            raise AssertionError("unreachable")
 
     def _engine_host_lost(self) -> str | None:
         """While the weights travel: an engine whose host was lost (a partition: no connection reset reaches
-        the sender) holds the transfer until its timeout; the learner ranks then restart from their
-        checkpoint (Trainer.run), the engine leaves the fleet there."""
+        the sender) would hold the transfer until its timeout; named, the transfer is given up on (PeerLost),
+        the engine leaves the fleet and the update goes to the others (_update_engines)."""
         lost = [a for a in self.hosts.check() if a.startswith("rollout worker ") and int(a.rsplit(" ", 1)[1]) in self.pool.live]
         return (f"{', '.join(lost)} was lost with its host during the transfer, which would wait for it until its "
-                f"timeout (trainer.actor_timeout_s={self.cfg.trainer.actor_timeout_s:.0f}s); the learner ranks restart "
-                "from the last checkpoint") if lost else None
+                f"timeout (trainer.actor_timeout_s={self.cfg.trainer.actor_timeout_s:.0f}s)") if lost else None
 
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
         """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner
@@ -387,7 +418,7 @@ class Trainer:
         self._collecting.submit(lambda: None).result()  # the single collecting thread is idle after this
         rank = dead.removeprefix("learner rank ")
         if rank.isdigit():  # Ray may call it unavailable (its socket closed) before its host is known dead:
-            wait_dead(self.actors.learners[int(rank)], HOST_DEATH_WAIT_S)  # then the lost host is said and waited for
+            wait_dead(self.actors.learners[int(rank)], dead, HOST_DEATH_WAIT_S)  # then the lost host is said and waited for
         for actor in self.hosts.check():
             if actor.startswith("rollout worker ") and int(actor.rsplit(" ", 1)[1]) in self.pool.live:
                 self.pool.leave(int(actor.rsplit(" ", 1)[1]))
@@ -409,9 +440,7 @@ class Trainer:
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.collector.learners = self.learners
-        self.learners.init_weight_sync(self.pool.live_handles, self.backend, cfg.rollout.bucket_mb,
-                                       cfg.rollout.tensor_parallel_size)
-        self.pool.fleet_changed = False
+        self._update_engines(send=False, rebuild=True)
         self._make_feeder()  # pipeline: the kept engines' loops start again with _train
         self._resume(resync_engines=True)
 
@@ -479,8 +508,7 @@ class Trainer:
             env_notes=self.env_notes, run_dir=self.run_dir, restarts=self.restarts)
         self._make_feeder()
         self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
-        self.learners.init_weight_sync(self.actors.rollouts, self.backend, cfg.rollout.bucket_mb,
-                                       cfg.rollout.tensor_parallel_size)
+        self._update_engines(send=False, rebuild=True)
         self._resume()
 
     def _resync_after_restart(self, worker_index: int, new_process: bool = True) -> None:
@@ -508,11 +536,7 @@ class Trainer:
             if worker_index is not None:
                 wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
                          f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
-            self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
-                                           self.cfg.rollout.tensor_parallel_size)
-            self.pool.fleet_changed = False
-            self.learners.sync_weights(self.version)
-            self.engine_version = self.version
+            self._update_engines(rebuild=True)
 
     def _resume(self, resync_engines: bool = False) -> None:
         """`resync_engines`: the engines were kept across a learner restart and hold newer weights than the
@@ -523,7 +547,7 @@ class Trainer:
             self.stream.load_state({"epoch": 0, "index": 0})
             self.position_after_feeder = None
             if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
-                self.learners.sync_weights(self.version)
+                self._update_engines()
             # New engines hold the base weights, kept ones were just sent them. Left at the version the run
             # reached before the restart, every engine's answer would look stale ("restarted: base weights")
             # and be revived and re-sent for ever.
@@ -535,8 +559,7 @@ class Trainer:
         self.position_after_feeder = None
         self.regenerated_on_resume = len(state["data"].get("in_flight", []))
         checkpoint.set_rng_state(state["rng"])
-        self.learners.sync_weights(self.version)
-        self.engine_version = self.version
+        self._update_engines()
         self.resumed_batch = load_batch(path)
         G, ranks = self.cfg.trainer.group_size, self.cfg.learner.num_ranks
         b = self.resumed_batch

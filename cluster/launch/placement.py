@@ -185,8 +185,8 @@ def restart_learners(actors: Actors, cfg, hosts) -> None:
         except Exception:  # noqa: BLE001 - already gone
             pass
     if actors.placement_group is None:  # their resources are free again once they are dead (counted below)
-        for h in actors.learners:
-            wait_dead(h, HOST_DEATH_WAIT_S)
+        for rank, h in enumerate(actors.learners):
+            wait_dead(h, f"learner rank {rank}", HOST_DEATH_WAIT_S)
     lrn, pg = cfg.learner, actors.placement_group
     need = {"CPU": lrn.num_cpus, **({"GPU": lrn.num_gpus} if lrn.num_gpus else {})}
     if pg is not None:

@@ -15,6 +15,7 @@ import time
 from actors.runtime.waits import (
     WAITING_LINE_EVERY_S,
     ActorFailed,
+    actor_died,
     actor_error,
     actor_table_entry,
     no_answer,
@@ -47,7 +48,6 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float, watch=N
     `watch()`: called every WATCH_EVERY_S while waiting; a text it returns (a peer of theirs was lost
     with its host) raises PeerLost naming the first actor, with that text."""
     import ray
-    from ray.exceptions import RayActorError
 
     t0, pending, results = time.monotonic(), list(refs), {}
     deadline, said = t0 + timeout_s, t0
@@ -68,9 +68,9 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float, watch=N
             continue
         try:
             results[refs.index(ready[0])] = ray.get(ready[0])
-        except RayActorError as e:
-            raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=actor_error(e)) from e
-        except Exception:
+        except Exception as e:
+            if actor_died(e):
+                raise ActorFailed(actors[refs.index(ready[0])], what, died=True, detail=actor_error(e)) from e
             # An error of its own, or its collective lost a peer: if a peer died, that is the cause.
             grace_end = time.monotonic() + PEER_DEATH_GRACE_S
             while pending and time.monotonic() < grace_end:  # the first peer that shows it died is the cause
@@ -78,10 +78,9 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float, watch=N
                 for ref in done:
                     try:
                         ray.get(ref)
-                    except RayActorError as e:
-                        raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=actor_error(e)) from e
-                    except Exception:  # noqa: BLE001 (another rank's own error: the first one is reported)
-                        pass
+                    except Exception as peer:  # noqa: BLE001 (another rank's own error: the first one is reported)
+                        if actor_died(peer):
+                            raise ActorFailed(actors[refs.index(ref)], what, died=True, detail=actor_error(peer)) from peer
             raise
     return [results[i] for i in range(len(refs))]
 
@@ -127,14 +126,20 @@ def wait_restarted(handle, name: str, timeout_s: float, budget_key: str = "rollo
 HOST_DEATH_WAIT_S = 60.0
 
 
-def wait_dead(handle, timeout_s: float) -> str:
+def wait_dead(handle, name: str, timeout_s: float) -> str:
     """Wait until Ray's actor table says the actor (max_restarts=0, whose call just failed) is DEAD; returns
-    its last state. Bounded: a process that is alive after all is left to whoever kills it next."""
-    deadline = time.monotonic() + timeout_s
+    its last state. Bounded, and said every WAITING_LINE_EVERY_S: a process that is alive after all is left
+    to whoever kills it next."""
+    t0 = time.monotonic()
+    said = t0
     state, _ = actor_state(handle)
-    while state not in ("DEAD", "") and time.monotonic() < deadline:
+    while state not in ("DEAD", "") and time.monotonic() - t0 < timeout_s:
         time.sleep(1.0)
         state, _ = actor_state(handle)
+        if time.monotonic() - said >= WAITING_LINE_EVERY_S:
+            said = time.monotonic()
+            print(f"waiting for Ray to say whether {name} died (its host lost?) or lives (Ray calls it {state}): "
+                  f"{said - t0:.0f}s so far, at most {timeout_s:.0f}s", flush=True)
     return state
 
 

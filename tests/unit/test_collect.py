@@ -289,7 +289,8 @@ def checkpointing_trainer(tmp_path, rewards_per_prompt):
     t.ckpt_root = tmp_path / "checkpoints"
     t.log = MetricsLogger(tmp_path, 10, tensorboard=False)  # the checkpoint carries its rows
     t.learners = SimpleNamespace(save=lambda d, tag: (Path(d) / "learner.bin").write_text("w"),
-                                 load=lambda d, tag: None, sync_weights=lambda v: None)
+                                 load=lambda d, tag: None, sync_weights=lambda v, watch=None: {})
+    t._engines_lock = threading.RLock()
     t.cfg.checkpoint.resume = "auto"
     return t, checkpoint
 

@@ -1,0 +1,143 @@
+"""A weight update that an engine fails (cluster/driver/trainer.py Trainer._update_engines), and how the
+driver tells a learner rank's death from a learner whose own call to an engine failed.
+
+The case CI met (issue 39): a partition of an engine's host healed before Ray marked the host dead. The
+learner's connection to that engine was left reset, so its first call there (the transfer's init) failed
+with ActorUnavailableError, which Ray hands on typed as its cause. The driver took it for the learner's
+death, waited 60 s for Ray to say so, and restarted the learner from step 0.
+"""
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+import actors.runtime.waits as waits
+from actors.runtime.waits import actor_died
+from cluster.config import RunConfig
+from cluster.driver.trainer import ENGINE_UPDATE_TRIES, Trainer
+from cluster.launch.waits import ActorFailed
+
+
+def unavailable() -> Exception:
+    from ray.exceptions import ActorUnavailableError
+
+    return ActorUnavailableError("The actor 0869 is unavailable: RpcError: recvmsg:Connection reset by peer", b"\0" * 16)
+
+
+def raised_by_the_learner(cause: Exception) -> Exception:
+    """What ray.get gives the driver when the learner's own code raised `cause`."""
+    from ray.exceptions import RayTaskError
+
+    return RayTaskError("LearnerWorker.init_weight_sync", "Traceback ...", cause).as_instanceof_cause()
+
+
+def test_an_actor_that_raised_a_callees_error_did_not_die():
+    from ray.exceptions import ActorUnavailableError
+
+    cut = raised_by_the_learner(unavailable())
+    assert isinstance(cut, ActorUnavailableError)  # Ray's typing: why the driver took it for the learner's death
+    assert not actor_died(cut)
+    assert actor_died(unavailable())  # the call to the actor itself found it unavailable
+    assert not actor_died(ValueError("its own bug"))
+
+
+class Learners:
+    """Fake learner group: init and sync fail with the queued errors, in order, then succeed."""
+
+    def __init__(self, failures):
+        self.failures, self.calls = list(failures), []
+
+    def _call(self, what):
+        self.calls.append(what)
+        if self.failures and self.failures[0][0] == what:
+            raise self.failures.pop(0)[1]
+
+    def init_weight_sync(self, handles, backend, bucket_mb, tensor_parallel):
+        self._call("init")
+
+    def sync_weights(self, version, watch=None):
+        self._call("sync")
+        return {"bytes": 1, "verified": True, "weight_version": version}
+
+
+class Pool:
+    def __init__(self, changed=False):
+        self.changed, self.checked, self.fleet_changed, self.live_handles = changed, 0, False, ["e0", "e1"]
+
+    def recover_all(self):
+        self.checked += 1
+        return self.changed
+
+
+def trainer(learners, pool) -> Trainer:
+    t = Trainer.__new__(Trainer)
+    t.cfg, t.learners, t.pool, t.backend = RunConfig(), learners, pool, "gloo"
+    t.version, t.engine_version, t._engines_lock, t.hosts = 4, 3, threading.RLock(), SimpleNamespace(check=lambda: [])
+    return t
+
+
+def test_an_engine_connection_cut_under_the_learner_goes_again_with_no_learner_restart(capsys):
+    learners, pool = Learners([("init", raised_by_the_learner(unavailable()))]), Pool(changed=False)
+    t = trainer(learners, pool)
+    out = t._update_engines(rebuild=True)
+    assert out["verified"] and t.engine_version == 4
+    assert learners.calls == ["init", "init", "sync"] and pool.checked == 1  # the engines were checked first
+    said = capsys.readouterr().out
+    assert "sending weights version 4 to the rollout engines failed" in said and "Connection reset by peer" in said
+    assert f"(2/{ENGINE_UPDATE_TRIES})" in said
+
+
+def test_a_failed_transfer_is_rebuilt_before_it_goes_again():
+    learners = Learners([("sync", RuntimeError("the weight sender gave up")), ])
+    t = trainer(learners, Pool(changed=True))  # the pool revived (or dropped) an engine
+    t._update_engines()
+    assert learners.calls == ["sync", "init", "sync"]  # the failed group is gone: a new init first
+
+
+def test_a_learner_ranks_death_is_raised_for_the_restart_not_retried():
+    died = ActorFailed("learner rank 0", "sending weights version 4 to the engines", died=True, detail="killed")
+    learners, pool = Learners([("sync", died)]), Pool(changed=False)
+    with pytest.raises(ActorFailed) as e:
+        trainer(learners, pool)._update_engines()
+    assert e.value is died and learners.calls == ["sync"] and pool.checked == 1
+
+
+def test_an_error_no_engine_explains_is_raised_and_a_lasting_cut_stops_after_the_tries():
+    from ray.exceptions import ActorUnavailableError
+
+    learners = Learners([("init", ValueError("bad bucket size"))])
+    with pytest.raises(ValueError):
+        trainer(learners, Pool())._update_engines(send=False, rebuild=True)
+    assert learners.calls == ["init"]
+    cut = raised_by_the_learner(unavailable())
+    learners = Learners([("init", cut)] * ENGINE_UPDATE_TRIES)
+    with pytest.raises(ActorUnavailableError):
+        trainer(learners, Pool())._update_engines(send=False, rebuild=True)
+    assert learners.calls == ["init"] * ENGINE_UPDATE_TRIES
+
+
+def test_the_sender_calls_every_engine_before_the_init_asking_again_while_ray_says_unavailable(monkeypatch):
+    import ray
+    from ray.exceptions import ActorUnavailableError
+
+    answers = {"e0": [unavailable(), unavailable(), {"pid": 1}], "e1": [{"pid": 2}]}
+
+    def get(ref, timeout=None):
+        answer = answers[ref].pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    handles = [SimpleNamespace(info=SimpleNamespace(remote=lambda name=name: name)) for name in answers]
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(waits.time, "sleep", lambda s: None)
+    waits.reach_actors(handles, timeout_s=5)
+    assert answers == {"e0": [], "e1": []}
+
+    answers["e0"] = [unavailable()] * 1000  # gone for good: raised within the bound
+    clock = iter(range(0, 10_000, 1))
+    monkeypatch.setattr(waits.time, "monotonic", lambda: next(clock))
+    with pytest.raises(ActorUnavailableError):
+        waits.reach_actors(handles[:1], timeout_s=5)
