@@ -19,6 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from cluster.models.smollm2 import SmolLM2Unavailable, build_smollm2  # noqa: E402
 from cluster.models.tinychat import TinyChatSpec, build_tiny_chat_model  # noqa: E402
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
+from cluster.models.tinyreward import RewardModelSpec, build_reward_model  # noqa: E402
 
 # Built once per machine and reused across sessions (the builder is deterministic and caches).
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
@@ -71,6 +72,17 @@ def tiny_chat_nopad_model_dir() -> Path:
     spec = TinyChatSpec(model=TinyModelSpec(hidden_size=128, num_layers=2, seed=0), pad_token=False)
     with building("tiny-chat-qwen2-h128-l2-nopad") as out:
         return build_tiny_chat_model(out, spec)
+
+
+# Small enough for CI: ~1 minute to train once, then cached by its spec like the tiny models.
+RM_SPEC = RewardModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256, steps=300)
+
+
+@pytest.fixture(scope="session")
+def addition_rm() -> Path:
+    """A reward model trained offline to rank right sums above wrong ones (cluster/models/tinyreward.py)."""
+    with building("tiny-addition-rm-h64-l2-300") as out:
+        return build_reward_model(out, RM_SPEC, progress=False)
 
 
 @pytest.fixture(scope="session")

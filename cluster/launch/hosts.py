@@ -18,6 +18,8 @@ import sys
 RAY_NODE_DEATH_TEXT = "has been marked dead because"
 # What a partitioned host's raylet says when its link is back and it learns it was marked dead (it exits).
 RAY_NODE_CAME_BACK_TEXT = "mistakenly been marked as dead"
+# What Ray prints, quoting a raylet's last log lines, when that raylet died (a host lost: HostWatch says it).
+RAYLET_DIED_TEXT = "Raylet is terminated"
 _known_nodes: dict[str, dict] = {}  # the last node table read (the diverter names a host by its address from it)
 
 
@@ -108,9 +110,9 @@ def describe_address(address: str) -> str:
 
 def divert_node_death_lines() -> None:
     """Ray prints a node's death on the driver's console as "(raylet)" lines; raygrpo says it itself
-    (HostWatch), so those lines go to the driver's log instead: the GCS's "marked dead" line, and a
-    partitioned host's raylet exiting when its link is back (its lines, stack trace included, and
-    "Raylet is terminated", which quotes them); for the latter raygrpo says once which host came back
+    (HostWatch), so those lines go to the driver's log instead: the GCS's "marked dead" line, "Raylet is
+    terminated" with the dead raylet's last log lines (a host killed), and a partitioned host's raylet
+    exiting when its link is back (its lines, stack trace included); for the latter raygrpo says once which host came back
     and that Ray does not take it back. Two ways in (Ray 2.60's private names): its error-message thread
     calls `ray._private.worker.print_to_stdstream` by its module name (wrapped there), and the nodes' log
     lines go through `global_worker_stdstream_dispatcher`'s "ray_print_logs" handler, which ray.init bound
@@ -164,7 +166,7 @@ def diverted(data: dict, came_back: set[str]) -> bool:
                   "(Ray does not take a dead node back); the run goes on without it, and `ray start --address=...` "
                   "on that host joins it again as a new node", flush=True)
         return True
-    return RAY_NODE_DEATH_TEXT in text
+    return RAY_NODE_DEATH_TEXT in text or RAYLET_DIED_TEXT in text
 
 
 def say(line: str) -> None:

@@ -1,10 +1,11 @@
 """A lost host costs only what it held (issue 39): a real Ray cluster of separate raylets on this machine,
 started as a user starts them, and a host "lost" by SIGKILLing every process of its raylet by pid.
 
-- an engine and the reference actor on the lost host: the run goes on with the engine that survives (no
-  restart, no step redone, the step's missing groups regenerated on the survivor); the reference actor is
-  restarted where it fits once a node with room joins, saying so, and the lost engine comes back there,
-  with verified weights;
+- an engine, the reference actor and a reward model on the lost host: the run goes on with the engine that
+  survives (no restart, no step redone, the step's missing groups regenerated on the survivor); the
+  reference actor and the reward model are restarted where they fit once a node with room joins (the
+  reference saying so), every step scored by the reward model, and the lost engine comes back there, with
+  verified weights;
 - a learner rank on the lost host: the learner ranks restart from the newest checkpoint once a node
   with room joins (the run waits for it, saying so), the engine is kept, each step is logged once.
 
@@ -183,11 +184,12 @@ def cluster(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_an_engine_and_the_reference_lost_with_their_host_cost_no_step_and_come_back_when_a_node_joins(
-        cluster, tiny_model_dir, tmp_path):
+def test_an_engine_the_reference_and_a_reward_model_lost_with_their_host_cost_no_step_and_come_back(
+        cluster, tiny_model_dir, addition_rm, tmp_path):
     gcs, add_node = cluster
-    # The head holds the learner rank (2 CPUs) and one engine; host b the other engine and the reference actor
-    # (1 CPU each): the only way the four bundles fit.
+    # The head (3 CPUs) holds the learner rank (2 CPUs) and one engine (1 CPU); host b (2 CPUs) the other engine,
+    # the reference actor and the reward model (half a CPU each). Ray's PACK fills the bigger node first: with
+    # host b as big as the head, the learner rank landed there in one run of two.
     host_b = add_node(cpus=2)
     run_dir = tmp_path / "run"
     console = tmp_path / "train.log"
@@ -195,32 +197,42 @@ def test_an_engine_and_the_reference_lost_with_their_host_cost_no_step_and_come_
     # lost engine is back and has generated, however long its reload took.
     with training(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
                                                        "checkpoint.every=20", "algo.beta=0.04",
-                                                       "reference.placement=actor", "reference.num_cpus=1"],
+                                                       "reference.placement=actor", "reference.num_cpus=0.5",
+                                                       f"reward.functions=[exact_match,model:{addition_rm}]",
+                                                       "reward.model_num_cpus=0.5"],
                   console) as proc:
         wait_rows(proc, run_dir, 2, console)
         placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
-        on_b = sorted((role for role, p in placement.items() if p["pid"] in host_b.pids()), key=lambda r: r != "reference")
-        assert len(on_b) == 2 and on_b[0] == "reference" and on_b[1].startswith("rollout-"), placement
+        on_b = sorted(role for role, p in placement.items() if p["pid"] in host_b.pids())
+        assert len(on_b) == 3 and on_b[0] == "reference" and on_b[1].startswith("reward-") \
+            and on_b[2].startswith("rollout-"), placement
         lost_at = len(rows(run_dir))
         host_b.lose()
-        add_node(cpus=2)  # a node with room for both joins: the reference restarts there, the lost engine comes back
+        add_node(cpus=2)  # a node with room for all three joins: the reference and the reward model restart there,
+        # the lost engine comes back
         wait_until(lambda: "rejoined on" in console.read_text() and rows(run_dir)[-1]["rollout/live_engines"] == 2,
                    proc, console, 900)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
     text, train_rows = finished(console, run_dir)
     assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once: none redone
-    lost_engine = on_b[1].replace("rollout-", "rollout worker ")
+    lost_engine = on_b[2].replace("rollout-", "rollout worker ")
     assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held .*{lost_engine}.*\n", text), text[-5000:]
     assert re.search(r"lost host \S+ \(\S+, Ray node \w+\): .*it held .*reference actor", text), text[-5000:]
+    assert re.search(r"lost host \S+ \(\S+, Ray node \w+\): .*it held .*reward model", text), text[-5000:]
+    # The reward model scored every step, those after the loss too (its calls went again once Ray moved it)
+    rm = f"rewards/{addition_rm.name}"
+    assert all(r[f"{rm}/errors"] == 0 and r[f"{rm}/mean"] == r[f"{rm}/mean"] for r in train_rows), \
+        [(r["step"], r.get(f"{rm}/errors")) for r in train_rows]
     # The reference actor: restarted where it fits (the node that joined), said in raygrpo's words.
-    assert "reference actor was lost with its host: Ray restarts it on a node with room for 1 CPU" in text
+    assert "reference actor was lost with its host: Ray restarts it on a node with room for 0.5 CPU" in text
     assert re.search(r"reference actor restarted on \S+ \(\S+, Ray node \w+\) \d+s after its host was lost", text)
     after = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
     assert after["reference"]["pid"] != placement["reference"]["pid"]
     assert after["reference"]["node_id"] != placement["reference"]["node_id"]
     assert after["reference"]["node_id"] not in {placement["reference"]["node_id"], placement["learner-0"]["node_id"]}
-    assert "has been marked dead because" not in text  # Ray's raw raylet line stays in the run's logs
+    # Ray's raw raylet lines (the node's death, the dead raylet's last log lines) stay in the run's logs
+    assert "has been marked dead because" not in text and "Raylet is terminated" not in text
     assert "restarting every actor" not in text and "resumed from" not in text
     live = [r["rollout/live_engines"] for r in train_rows]
     assert live[:lost_at] == [2] * lost_at and 1 in live[lost_at:] and live[-1] == 2, live
@@ -251,7 +263,7 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
     text, train_rows = finished(console, run_dir)
     lost_rank = on_b[0].replace("learner-", "learner rank ")
     assert re.search(rf"lost host \S+ \(\S+, Ray node \w+\): .*it held .*{lost_rank}", text), text[-5000:]
-    assert "has been marked dead because" not in text
+    assert "has been marked dead because" not in text and "Raylet is terminated" not in text
     assert "restarting the learner ranks and resuming from the last checkpoint" in text
     assert "restarting every actor" not in text and "resumed from" in text
     assert [r["step"] for r in train_rows] == list(range(1, steps + 1))  # each step logged once

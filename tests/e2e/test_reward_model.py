@@ -14,19 +14,9 @@ from actors.config import RewardConfig
 from actors.rewards.model_actor import RewardModelActor
 from cluster.data.dataset import arithmetic_examples
 from cluster.driver.trainer import Trainer
-from cluster.models.tinyreward import RewardModelSpec, build_reward_model, reward_model_result, wrong_completion
+from cluster.models.tinyreward import reward_model_result, wrong_completion
 from cluster.run.metrics import read_metrics
-from tests.conftest import building
 from tests.e2e.test_train import config
-
-# Small enough for CI: ~1 minute to train once, then cached by its spec like the tiny models.
-RM_SPEC = RewardModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256, steps=300)
-
-
-@pytest.fixture(scope="session")
-def addition_rm():
-    with building("tiny-addition-rm-h64-l2-300") as out:
-        return build_reward_model(out, RM_SPEC, progress=False)
 
 
 def test_the_actor_scores_as_transformers_does(addition_rm, ray_cluster):

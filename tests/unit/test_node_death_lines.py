@@ -29,11 +29,16 @@ def test_a_raylet_that_came_back_after_it_was_marked_dead_is_said_once_and_its_l
             "exited (Ray does not take a dead node back)") in out
 
 
-def test_the_marked_dead_line_is_diverted_and_other_raylet_lines_are_not(capsys):
+def test_the_marked_dead_and_raylet_terminated_lines_are_diverted_and_other_raylet_lines_are_not(capsys):
     said: set[str] = set()
     assert hosts.diverted({"pid": "raylet", "lines": ["The node with node id: 0250bf and address: 10.77.1.2 and "
                                                       "node name: 10.77.1.2 has been marked dead because the detector "
                                                       "has missed too many heartbeats from it."]}, said)
+    # a host killed (tests/e2e/test_lost_host.py): Ray quotes its raylet's last lines; HostWatch says the loss
+    assert hosts.diverted({"pid": "raylet", "lines": [
+        "Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL by the user or system "
+        "OOM killer, (2) Invalid memory access from Raylet causing SIGSEGV or SIGBUS, (3) Other termination signals. "
+        "Last 20 lines of the Raylet logs:", "    [state-dump] "]}, said)
     assert not hosts.diverted({"pid": "raylet", "ip": "10.77.1.1", "lines": ["Task killed due to the node running "
                                                                              "low on memory."]}, said)
     assert capsys.readouterr().out == ""
