@@ -32,6 +32,7 @@ from cluster.driver.batch import (
     save_batch,
 )
 from cluster.driver.collector import Collector
+from cluster.driver.engine_weights import EngineWeights
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
@@ -46,7 +47,7 @@ from cluster.launch.placement import (
     wait_ready,
 )
 from cluster.launch.ray_cluster import pin_network_interface, start_ray
-from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, actor_error, wait_dead, wait_for
+from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, wait_dead, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import LEARNER_KEYS, MFU_KEY, MetricsLogger, first_eval, perf_metrics, write_plots
@@ -89,17 +90,12 @@ def actor_name(placement_row: dict) -> str:
             "reward": f"reward model {placement_row.get('model', index)}"}.get(kind, role)
 
 
-# A weight update (or the transfer's init) that an engine failed goes again; tried at most this many times.
-# A partition Ray ends by marking the host dead took 3 here: the transfer cut, the next init's call to the
-# engine unanswered (reach_actors' bound) while the pool waited for Ray's verdict, then the update without it.
-ENGINE_UPDATE_TRIES = 4
-
-
 class Trainer:
     learner_params: int | None = None  # the model's parameter count, as learner rank 0 reports it (perf/mfu)
     feeder: PipelineFeeder | None = None  # trainer.mode=pipeline (cluster/driver/pipeline.py), made in _setup
     actors: Actors | None = None  # made in _setup; None again after _teardown
     pool: RolloutPool | None = None
+    weights: EngineWeights | None = None  # the weights on the engines (cluster/driver/engine_weights.py), made in _setup
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
@@ -132,7 +128,6 @@ class Trainer:
         self.resume_from = ResumePoint()  # where the run (re)starts: read before any actor starts
         self.log: MetricsLogger | None = None
         self.step = self.version = 0
-        self.engine_version = 0  # the version every engine is known to hold (set after each sync)
         self.resumed_batch: Batch | None = None  # the next step's batch, from an async run's checkpoint
         self.position_before_pending: dict = {}  # the data position before the batch being collected
         # pipeline: the data position when the feeder stopped (with the prompts it had in flight), what the
@@ -332,59 +327,13 @@ class Trainer:
         return m
 
     def _sync_weights(self) -> dict:
-        """Broadcast the learner's weights (verified); an engine that fails it is handled in _update_engines."""
+        """Broadcast the learner's weights (verified); an engine that fails it costs only the update
+        (cluster/driver/engine_weights.py)."""
         try:
-            return self._update_engines()
+            return self.weights.update()
         except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
             raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
                                  f"checkpoints so far are in {self.run_dir}.") from None
-
-    def _update_engines(self, send: bool = True, rebuild: bool = False) -> dict:
-        """Send weights `self.version` to the live engines, verified (`send=False`: only connect); `rebuild`:
-        the transfer group is built anew first, as it is after an engine left or an attempt failed.
-
-        An engine that fails on the way (it died, left with its host, or Ray found the learner's connection
-        to it cut) is revived or taken out of the fleet by the pool, and the whole update goes again, at
-        most ENGINE_UPDATE_TRIES times. A revived engine is sent the weights from inside the pool too
-        (_resync_after_restart); the update again costs one more transfer, on a rare path. Raised: a
-        fingerprint mismatch, and a failure no engine explains (a learner rank's death: Trainer.run)."""
-        with self._engines_lock:
-            for attempt in range(1, ENGINE_UPDATE_TRIES + 1):
-                try:
-                    if rebuild or self.pool.fleet_changed:
-                        self.learners.init_weight_sync(self.pool.live_handles, self.backend, self.cfg.rollout.bucket_mb,
-                                                       self.cfg.rollout.tensor_parallel_size)
-                        self.pool.fleet_changed = False
-                    if not send:
-                        return {}
-                    out = self.learners.sync_weights(self.version, watch=self._engine_host_lost)
-                    self.engine_version = self.version
-                    return out
-                except SyncMismatch:
-                    raise
-                except Exception as e:
-                    from ray.exceptions import RayActorError, RayTaskError
-
-                    # The learner's own call to an engine failed (Ray types its error as the cause's): an engine
-                    # that lives but whose connection was cut answers the next call. A learner rank's death
-                    # (ActorFailed) is not that; it goes again only if the pool found an engine changed.
-                    cut = isinstance(e, RayActorError)
-                    if attempt == ENGINE_UPDATE_TRIES or not (self.pool.recover_all() or cut):
-                        raise
-                    what = f"sending weights version {self.version}" if send else "connecting"
-                    why = actor_error(e.cause if isinstance(e, RayTaskError) else e)
-                    print(f"{what} to the rollout engines failed ({why}); the engines were checked (a dead one revived, "
-                          f"a lost one out of the fleet) and it goes again ({attempt + 1}/{ENGINE_UPDATE_TRIES})", flush=True)
-                    rebuild = True
-            raise AssertionError("unreachable")
-
-    def _engine_host_lost(self) -> str | None:
-        """While the weights travel: an engine whose host was lost (a partition: no connection reset reaches
-        the sender) would hold the transfer until its timeout; named, the transfer is given up on (PeerLost),
-        the engine leaves the fleet and the update goes to the others (_update_engines)."""
-        lost = [a for a in self.hosts.check() if a.startswith("rollout worker ") and int(a.rsplit(" ", 1)[1]) in self.pool.live]
-        return (f"{', '.join(lost)} was lost with its host during the transfer, which would wait for it until its "
-                f"timeout (trainer.actor_timeout_s={self.cfg.trainer.actor_timeout_s:.0f}s)") if lost else None
 
     def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
         """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner
@@ -439,8 +388,8 @@ class Trainer:
             old.update({**info, "threads": self.threads[info["role"]]})
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
-        self.collector.learners = self.learners
-        self._update_engines(send=False, rebuild=True)
+        self.collector.learners = self.weights.learners = self.learners
+        self.weights.update(send=False, rebuild=True)
         self._make_feeder()  # pipeline: the kept engines' loops start again with _train
         self._resume(resync_engines=True)
 
@@ -492,11 +441,14 @@ class Trainer:
         for p in self.placement:
             self.hosts.place(actor_name(p), p.get("node_id"))
         r = cfg.rollout
-        self.pool = RolloutPool(self.actors.rollouts, cfg.trainer.actor_timeout_s, self._resync_after_restart,
-                                [p["pid"] for p in self.placement if p["role"].startswith("rollout")],
-                                on_rejoin=self._sync_rejoined, hosts=self.hosts, min_live=r.min_live_workers(),
-                                node_wait_s=cfg.ray.node_wait_s,
-                                bundle={"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})})
+        self.weights = EngineWeights(cfg, lambda: self.version, resolve_backend(r.weight_transfer_backend, r.num_gpus),
+                                     self.actors.rollouts, self.threads, self.hosts, self._engines_lock)
+        self.pool = self.weights.pool = RolloutPool(
+            self.actors.rollouts, cfg.trainer.actor_timeout_s, self.weights.restarted,
+            [p["pid"] for p in self.placement if p["role"].startswith("rollout")], on_rejoin=self.weights.rejoined,
+            hosts=self.hosts, min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s,
+            bundle={"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})})
+        self.weights.learners = self.learners
         ref = cfg.reference
         self.restarts = RestartWatch(self.hosts, cfg.ray.node_wait_s,
                                      {"reference actor": {"CPU": ref.num_cpus, **({"GPU": ref.num_gpus} if ref.num_gpus else {})}},
@@ -504,39 +456,11 @@ class Trainer:
         self.collector = Collector(
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
             lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
-            engine_version=lambda: self.engine_version, eos_id=self.tokenizer.eos_token_id,
+            engine_version=lambda: self.weights.sent, eos_id=self.tokenizer.eos_token_id,
             env_notes=self.env_notes, run_dir=self.run_dir, restarts=self.restarts)
         self._make_feeder()
-        self.backend = resolve_backend(cfg.rollout.weight_transfer_backend, cfg.rollout.num_gpus)
-        self._update_engines(send=False, rebuild=True)
+        self.weights.update(send=False, rebuild=True)
         self._resume()
-
-    def _resync_after_restart(self, worker_index: int, new_process: bool = True) -> None:
-        """A restarted engine holds the base weights (one whose call was lost with its connection may have
-        missed an update): rebuild the transfer group and send the current ones.
-
-        Runs with the engines lock held. If the learner is mid-step, Ray queues these calls after
-        it, so the engine may get weights one step newer than `version` says; the loss still uses
-        the behaviour log-probs of what actually sampled (TIS), so this stays correct."""
-        print(f"rollout worker {worker_index} " + ("restarted" if new_process else "answers again as the same process "
-              "(a call of it was lost, or it missed an update)") + f"; re-syncing weights version {self.version}", flush=True)
-        self._resync_engines(worker_index)
-
-    def _sync_rejoined(self, worker_index: int) -> None:
-        """An engine that left with its host is back (Ray placed it on a node with room): its threads, the
-        transfer group rebuilt with it, the current weights sent; the sync checks every engine's
-        fingerprint (a mismatch raises) before the engine is given prompts."""
-        print(f"rollout worker {worker_index} is back; sending it weights version {self.version}", flush=True)
-        self._resync_engines(worker_index)
-
-    def _resync_engines(self, worker_index: int | None = None) -> None:
-        """The transfer group rebuilt with the live engines and the current weights sent to them (verified);
-        `worker_index`: a new engine process, which gets its thread count first."""
-        with self._engines_lock:
-            if worker_index is not None:
-                wait_for(self.actors.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
-                         f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
-            self._update_engines(rebuild=True)
 
     def _resume(self, resync_engines: bool = False) -> None:
         """`resync_engines`: the engines were kept across a learner restart and hold newer weights than the
@@ -547,11 +471,11 @@ class Trainer:
             self.stream.load_state({"epoch": 0, "index": 0})
             self.position_after_feeder = None
             if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
-                self._update_engines()
+                self.weights.update()
             # New engines hold the base weights, kept ones were just sent them. Left at the version the run
             # reached before the restart, every engine's answer would look stale ("restarted: base weights")
             # and be revived and re-sent for ever.
-            self.engine_version = self.version
+            self.weights.sent = self.version
             return
         self.learners.load(str(path), checkpoint.LEARNER_TAG)
         self.step, self.version = state["step"], state["weight_version"]
@@ -559,7 +483,7 @@ class Trainer:
         self.position_after_feeder = None
         self.regenerated_on_resume = len(state["data"].get("in_flight", []))
         checkpoint.set_rng_state(state["rng"])
-        self._update_engines()
+        self.weights.update()
         self.resumed_batch = load_batch(path)
         G, ranks = self.cfg.trainer.group_size, self.cfg.learner.num_ranks
         b = self.resumed_batch

@@ -23,6 +23,7 @@ from cluster.config import RunConfig
 from cluster.data.dataset import Example
 from cluster.driver.batch import Batch, CollectStats, EnvironmentNotes, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.driver.collector import Collector
+from cluster.driver.engine_weights import EngineWeights
 from cluster.driver.trainer import Trainer
 from cluster.driver.worker_groups import RolloutPool, Stopwatch
 from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, PIPELINE_KEYS, STEP_KEYS, MetricsLogger
@@ -98,11 +99,13 @@ def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, ski
     cfg.trainer.dynamic_sampling, cfg.trainer.max_extra_prompts = dynamic, extra
     cfg.learner.num_ranks = ranks
     t = Trainer.__new__(Trainer)  # no Ray, no data files: only what collecting and the loop's side touch
-    t.cfg, t.run_dir, t.version, t.engine_version, t.step = cfg, "/tmp/run", 5, 5, 0
+    t.cfg, t.run_dir, t.version, t.step = cfg, "/tmp/run", 5, 0
     t.stream, t.pool, t.scorer = FakeStream(rewards_per_prompt), FakePool(skip), FakeScorer()
+    t.weights = EngineWeights(cfg, lambda: t.version, "gloo", [], {}, hosts=None, lock=threading.RLock())
+    t.weights.pool, t.weights.sent = t.pool, 5  # its learners: set by the tests that train
     t.collector = Collector(cfg, t.stream, t.scorer, t.pool, reference=None, learners=None, lend={},
                             engines_lock=threading.RLock(), weight_version=lambda: t.version,
-                            engine_version=lambda: t.engine_version, eos_id=9,
+                            engine_version=lambda: t.weights.sent, eos_id=9,
                             env_notes=EnvironmentNotes(cfg.rollout.max_model_len), run_dir=t.run_dir)
     return t
 
@@ -290,7 +293,7 @@ def checkpointing_trainer(tmp_path, rewards_per_prompt):
     t.log = MetricsLogger(tmp_path, 10, tensorboard=False)  # the checkpoint carries its rows
     t.learners = SimpleNamespace(save=lambda d, tag: (Path(d) / "learner.bin").write_text("w"),
                                  load=lambda d, tag: None, sync_weights=lambda v, watch=None: {})
-    t._engines_lock = threading.RLock()
+    t.weights.learners = t.learners
     t.cfg.checkpoint.resume = "auto"
     return t, checkpoint
 
@@ -448,6 +451,6 @@ def test_a_restart_before_the_first_checkpoint_expects_the_base_weights_of_the_e
     r.stream.load_state = lambda state: None
     r.resume_from = resume_point(r.cfg, restarting=True)
     assert r.resume_from.path is None  # no checkpoint yet
-    r.step, r.version, r.engine_version = 3, 3, 3  # where the run was when the rank died
+    r.step, r.version, r.weights.sent = 3, 3, 3  # where the run was when the rank died
     r._resume()
-    assert (r.step, r.version, r.engine_version) == (0, 0, 0)
+    assert (r.step, r.version, r.weights.sent) == (0, 0, 0)

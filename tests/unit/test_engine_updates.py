@@ -1,4 +1,4 @@
-"""A weight update that an engine fails (cluster/driver/trainer.py Trainer._update_engines), and how the
+"""A weight update that an engine fails (cluster/driver/engine_weights.py EngineWeights.update), and how the
 driver tells a learner rank's death from a learner whose own call to an engine failed.
 
 The case CI met (issue 39): a partition of an engine's host healed before Ray marked the host dead. The
@@ -16,7 +16,7 @@ import pytest
 import actors.runtime.waits as waits
 from actors.runtime.waits import actor_died
 from cluster.config import RunConfig
-from cluster.driver.trainer import ENGINE_UPDATE_TRIES, Trainer
+from cluster.driver.engine_weights import ENGINE_UPDATE_TRIES, EngineWeights
 from cluster.launch.waits import ActorFailed
 
 
@@ -71,18 +71,17 @@ class Pool:
         return self.changed
 
 
-def trainer(learners, pool) -> Trainer:
-    t = Trainer.__new__(Trainer)
-    t.cfg, t.learners, t.pool, t.backend = RunConfig(), learners, pool, "gloo"
-    t.version, t.engine_version, t._engines_lock, t.hosts = 4, 3, threading.RLock(), SimpleNamespace(check=lambda: [])
-    return t
+def weights(learners, pool) -> EngineWeights:
+    w = EngineWeights(RunConfig(), lambda: 4, "gloo", [], {}, SimpleNamespace(check=lambda: []), threading.RLock())
+    w.learners, w.pool, w.sent = learners, pool, 3
+    return w
 
 
 def test_an_engine_connection_cut_under_the_learner_goes_again_with_no_learner_restart(capsys):
     learners, pool = Learners([("init", raised_by_the_learner(unavailable()))]), Pool(changed=False)
-    t = trainer(learners, pool)
-    out = t._update_engines(rebuild=True)
-    assert out["verified"] and t.engine_version == 4
+    w = weights(learners, pool)
+    out = w.update(rebuild=True)
+    assert out["verified"] and w.sent == 4
     assert learners.calls == ["init", "init", "sync"] and pool.checked == 1  # the engines were checked first
     said = capsys.readouterr().out
     assert "sending weights version 4 to the rollout engines failed" in said and "Connection reset by peer" in said
@@ -91,8 +90,7 @@ def test_an_engine_connection_cut_under_the_learner_goes_again_with_no_learner_r
 
 def test_a_failed_transfer_is_rebuilt_before_it_goes_again():
     learners = Learners([("sync", RuntimeError("the weight sender gave up")), ])
-    t = trainer(learners, Pool(changed=True))  # the pool revived (or dropped) an engine
-    t._update_engines()
+    weights(learners, Pool(changed=True)).update()  # the pool revived (or dropped) an engine
     assert learners.calls == ["sync", "init", "sync"]  # the failed group is gone: a new init first
 
 
@@ -100,7 +98,7 @@ def test_a_learner_ranks_death_is_raised_for_the_restart_not_retried():
     died = ActorFailed("learner rank 0", "sending weights version 4 to the engines", died=True, detail="killed")
     learners, pool = Learners([("sync", died)]), Pool(changed=False)
     with pytest.raises(ActorFailed) as e:
-        trainer(learners, pool)._update_engines()
+        weights(learners, pool).update()
     assert e.value is died and learners.calls == ["sync"] and pool.checked == 1
 
 
@@ -109,12 +107,12 @@ def test_an_error_no_engine_explains_is_raised_and_a_lasting_cut_stops_after_the
 
     learners = Learners([("init", ValueError("bad bucket size"))])
     with pytest.raises(ValueError):
-        trainer(learners, Pool())._update_engines(send=False, rebuild=True)
+        weights(learners, Pool()).update(send=False, rebuild=True)
     assert learners.calls == ["init"]
     cut = raised_by_the_learner(unavailable())
     learners = Learners([("init", cut)] * ENGINE_UPDATE_TRIES)
     with pytest.raises(ActorUnavailableError):
-        trainer(learners, Pool())._update_engines(send=False, rebuild=True)
+        weights(learners, Pool()).update(send=False, rebuild=True)
     assert learners.calls == ["init"] * ENGINE_UPDATE_TRIES
 
 

@@ -8,7 +8,6 @@ collecting fakes of test_collect.py (no Ray, no engines)."""
 from __future__ import annotations
 
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,7 +98,7 @@ def loop(tmp_path, rewards_per_prompt, steps=3, halt_after=2):
     t.trained = []
     t.learners = SimpleNamespace(train=lambda batch: t.trained.append(batch) or {"tokens": 1},
                                  sync_weights=lambda version, watch=None: {"bytes": 1, "verified": True}, train_calls=0)
-    t._engines_lock = threading.RLock()
+    t.weights.learners = t.learners
     t.save_checkpoint = lambda pending=None, finished=False: tmp_path / f"step-{t.step:08d}"
     return t
 
