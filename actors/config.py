@@ -13,9 +13,9 @@ class RolloutConfig:
     """vLLM rollout engines (one per RolloutWorker actor)."""
 
     num_workers: int = 1
-    # The fewest engines the run generates with after a host holding some of them was lost (the rest
-    # come back when a node with room joins; README, "When a host dies or joins"). None: num_workers,
-    # i.e. a lost engine is waited for (ray.node_wait_s), as before there was an elastic fleet.
+    # The fewest engines the run generates with: after a host holding some of them was lost, and at start
+    # when there is no room for all (the rest join when a node with room does; README, "When a host dies or
+    # joins"). None: num_workers, i.e. every engine placed at start and a lost one waited for (ray.node_wait_s).
     min_workers: int | None = None
     tensor_parallel_size: int = 1  # GPU only: vLLM's own TP across the GPUs of one node
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU

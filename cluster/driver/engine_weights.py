@@ -100,10 +100,11 @@ class EngineWeights:
         self.resync(worker_index)
 
     def rejoined(self, worker_index: int) -> None:
-        """The pool's `on_rejoin`: an engine that left with its host is back (Ray placed it on a node with
-        room): its threads, the transfer group rebuilt with it, the current weights sent; the sync checks
-        every engine's fingerprint (a mismatch raises) before the engine is given prompts."""
-        print(f"rollout worker {worker_index} is back; sending it weights version {self.version()}", flush=True)
+        """An engine that left with its host is back (Ray placed it on a node with room), or one an elastic
+        start had no room for has started: its threads, the transfer group rebuilt with it, the current
+        weights sent; the sync checks every engine's fingerprint (a mismatch raises) before the engine is
+        given prompts."""
+        print(f"rollout worker {worker_index} is up; sending it weights version {self.version()}", flush=True)
         self.resync(worker_index)
 
     def resync(self, worker_index: int | None = None) -> None:
@@ -111,6 +112,9 @@ class EngineWeights:
         `worker_index`: a new engine process, which gets its thread count first."""
         with self.lock:
             if worker_index is not None:
-                wait_for(self.rollouts[worker_index].set_threads.remote(self.threads[f"rollout-{worker_index}"]),
+                # An engine an elastic start had no room for has no share of the thread plan: its bundle's CPUs
+                threads = self.threads.setdefault(f"rollout-{worker_index}",
+                                                  self.cfg.rollout.threads or max(1, round(self.cfg.rollout.num_cpus)))
+                wait_for(self.rollouts[worker_index].set_threads.remote(threads),
                          f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
             self.update(rebuild=True)

@@ -7,9 +7,9 @@
   to the engines that survive, in the same call, so the step is neither lost nor redone. The run goes
   on while at least `rollout.min_workers` engines are live; below that it waits (ray.node_wait_s) for
   a node with room, saying so, and then fails naming what was missing;
-- an engine that left comes back when Ray has placed it again (its placement-group bundle moves to a
-  node with room, e.g. one that joins): before it generates, `on_rejoin` sends it the current weights
-  and checks their fingerprint, then it takes its share again.
+- an engine that left comes back when Ray has placed it again (on a node with room, e.g. one that joins),
+  and an engine an elastic start had no room for joins the same way: before it generates, `on_rejoin`
+  sends it the current weights and checks their fingerprint, then it takes its share.
 Prompts carry their own seeds, so which engine serves a prompt does not change its completions.
 """
 from __future__ import annotations
@@ -25,21 +25,23 @@ REJOIN_ANSWER_S = 30.0  # an engine Ray reports ALIVE again must answer info() w
 
 
 class RolloutPool:
-    def __init__(self, handles: list, timeout_s: float, on_restart, pids: list[int], *, on_rejoin=None,
+    def __init__(self, handles: list, timeout_s: float, on_restart, pids: list[int | None], *, on_rejoin=None,
                  hosts: HostWatch | None = None, min_live: int | None = None, node_wait_s: float = 300.0,
-                 bundle: dict | None = None):
+                 bundle: dict | None = None, live: list[int] | None = None):
         """`on_restart(worker_index, new_process)`: a worker came back (as a new process on its host, or the
         same one answering again after its call was lost with its connection), before its prompts are
         re-sent (the driver re-syncs weights there). `on_rejoin(worker_index)`: a worker that left
-        with its host is back; the driver sends it the current weights (fingerprint verified) before it
-        generates. `pids` identify the live processes, to notice a restart. `hosts`: where each engine
-        runs (the pool adds what it learns); `min_live`: rollout.min_workers; `bundle`: one engine's
-        resources, named in the waits for a node with room."""
+        with its host, or never had room (an elastic start), is there (`info`: its answer to info()); the driver
+        sends it the current weights (fingerprint verified) before it generates. `pids` identify the live
+        processes, to notice a restart (None: not started). `hosts`: where each engine runs (the pool adds what
+        it learns); `min_live`: rollout.min_workers; `bundle`: one engine's resources, named in the waits for
+        a node with room; `live`: the engines that generate from the start (default: all)."""
         self.handles, self.timeout_s, self.on_restart, self.pids = handles, timeout_s, on_restart, list(pids)
         self.on_rejoin, self.hosts = on_rejoin, hosts or HostWatch()
         self.min_live = len(handles) if min_live is None else min_live
         self.node_wait_s, self.bundle = node_wait_s, bundle or {}
-        self.live: list[int] = list(range(len(handles)))  # the engines that generate
+        self.live: list[int] = list(range(len(handles))) if live is None else list(live)  # the engines that generate
+        self.joined: set[int] = set(self.live)  # those that ever generated (the others: an elastic start's)
         self.restarts = 0
         self.fleet_changed = False  # an engine left since the transfer group was built: rebuild before a sync
 
@@ -193,7 +195,7 @@ class RolloutPool:
         weights, fingerprint verified (`on_rejoin`), before it generates. Returns those that came back."""
         back = []
         for w in [w for w in range(len(self.handles)) if w not in self.live]:
-            if actor_state(self.handles[w])[0] != "ALIVE":
+            if self.handles[w] is None or actor_state(self.handles[w])[0] != "ALIVE":
                 continue
             name = f"rollout worker {w}"
             try:
@@ -204,10 +206,12 @@ class RolloutPool:
             self.hosts.place(name, info.get("node_id"))
             self.live = sorted([*self.live, w])
             self.fleet_changed = True
-            self.on_rejoin(w)
+            self.on_rejoin(w, info)
             self.fleet_changed = False  # on_rejoin rebuilt the transfer group with it
-            print(f"rollout worker {w} rejoined on {self.hosts.describe(name)} with the current "
-                  f"weights, fingerprint verified: {len(self.live)} of {len(self.handles)} engine(s) generate", flush=True)
+            print(f"rollout worker {w} {'rejoined' if w in self.joined else 'joined the fleet'} on "
+                  f"{self.hosts.describe(name)} with the current weights, fingerprint verified: {len(self.live)} of "
+                  f"{len(self.handles)} engine(s) generate", flush=True)
+            self.joined.add(w)
             back.append(w)
         return back
 

@@ -44,6 +44,7 @@ from cluster.launch.placement import (
     create_actors,
     restart_learners,
     shutdown_actors,
+    start_waiting_rollouts,
     wait_ready,
 )
 from cluster.launch.ray_cluster import pin_network_interface, start_ray
@@ -402,6 +403,18 @@ class Trainer:
         row.update({k: info[k] for k in ("pid", "node_id") if k in info})
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
 
+    def _engine_up(self, worker_index: int, info: dict) -> None:
+        """The pool's `on_rejoin`: an engine that left with its host is back, or one an elastic start had no
+        room for has started; its process and node in placement.json, then the current weights (verified)."""
+        role = f"rollout-{worker_index}"
+        row = next((p for p in self.placement if p["role"] == role), None)
+        if row is None:
+            self.placement.append(row := {"role": role})
+        row.update({k: info[k] for k in ("pid", "node_id", "hostname") if k in info})
+        self.weights.rejoined(worker_index)
+        row["threads"] = self.threads[role]
+        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+
     def _make_feeder(self) -> None:
         """trainer.mode=pipeline: the feeder that keeps the engines generating (cluster/driver/pipeline.py)."""
         if self.cfg.trainer.mode == "pipeline":
@@ -443,10 +456,12 @@ class Trainer:
         r = cfg.rollout
         self.weights = EngineWeights(cfg, lambda: self.version, resolve_backend(r.weight_transfer_backend, r.num_gpus),
                                      self.actors.rollouts, self.threads, self.hosts, self._engines_lock)
+        start_waiting_rollouts(self.actors, cfg)  # an elastic start's engines with no room yet: pending on Ray
+        pids = {int(p["role"].split("-")[1]): p["pid"] for p in self.placement if p["role"].startswith("rollout-")}
         self.pool = self.weights.pool = RolloutPool(
             self.actors.rollouts, cfg.trainer.actor_timeout_s, self.weights.restarted,
-            [p["pid"] for p in self.placement if p["role"].startswith("rollout")], on_rejoin=self.weights.rejoined,
-            hosts=self.hosts, min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s,
+            [pids.get(w) for w in range(r.num_workers)], on_rejoin=self._engine_up, hosts=self.hosts,
+            min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s, live=sorted(pids),
             bundle={"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})})
         self.weights.learners = self.learners
         ref = cfg.reference

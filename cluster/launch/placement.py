@@ -7,6 +7,10 @@ own resources on its bundle's node (node affinity). A placement group that lost 
 makes Ray 2.60's GCS retry without pause (a core busy until a node with room joins, every other GCS call
 slowed: ray-project/ray#65007); actors on their own are restarted by Ray where a node has room, without
 that. `colocate` keeps the group: learner rank i and engine i share one bundle's GPU.
+
+An elastic start (separate placement, sync or async, rollout.min_workers below num_workers): with no room
+for every engine, the group is tried with one engine fewer, down to min_workers; the engines left out ask
+Ray for room on their own (`start_waiting_rollouts`) and join the fleet when a node with room does.
 """
 from __future__ import annotations
 
@@ -25,6 +29,9 @@ from cluster.launch.waits import HOST_DEATH_WAIT_S, wait_dead, wait_for
 from learner.reference import ReferenceActor
 from learner.worker import LearnerWorker
 
+# An elastic start tries the placement with one engine fewer when this passed with no room for it
+ELASTIC_TRY_S = 5.0
+
 
 @dataclass
 class Actors:
@@ -41,6 +48,8 @@ class Actors:
     master_hostname: str = ""
     learner_bundles: list = field(default_factory=list)  # the placement-group bundle of each learner rank
     learner_nodes: list = field(default_factory=list)  # the Ray node id each learner rank was placed on
+    # An elastic start: the engines with no room at start (their handle None until start_waiting_rollouts)
+    waiting_rollouts: list = field(default_factory=list)
 
 
 def scheduling(pg, bundle: int, node_id: str, soft: bool):
@@ -70,33 +79,47 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
     def res(cpus, gpus):
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
-    bundles, rollout_bundle, learner_bundle = [], [], []
     colocate = cfg.ray.placement == "colocate"
-    for i in range(lrn.num_ranks):
-        if colocate and i < r.num_workers:
-            bundles.append(res(lrn.num_cpus + r.num_cpus, lrn.num_gpus + r.num_gpus))
+
+    def plan(engines: int):
+        bundles, rollout_bundle, learner_bundle = [], [], []
+        for i in range(lrn.num_ranks):
+            if colocate and i < engines:
+                bundles.append(res(lrn.num_cpus + r.num_cpus, lrn.num_gpus + r.num_gpus))
+                rollout_bundle.append(len(bundles) - 1)
+            else:
+                bundles.append(res(lrn.num_cpus, lrn.num_gpus))
+            learner_bundle.append(len(bundles) - 1)
+        for _ in range(len(rollout_bundle), engines):
+            bundles.append(res(r.num_cpus, r.num_gpus))
             rollout_bundle.append(len(bundles) - 1)
-        else:
-            bundles.append(res(lrn.num_cpus, lrn.num_gpus))
-        learner_bundle.append(len(bundles) - 1)
-    for _ in range(len(rollout_bundle), r.num_workers):
-        bundles.append(res(r.num_cpus, r.num_gpus))
-        rollout_bundle.append(len(bundles) - 1)
-    if with_reference:
-        bundles.append(res(ref.num_cpus, ref.num_gpus))
-    reference_bundle = len(bundles) - 1
-    rm_bundle = []
-    for _ in reward_models:
-        bundles.append(res(cfg.reward.model_num_cpus, cfg.reward.model_num_gpus))
-        rm_bundle.append(len(bundles) - 1)
-    pg = placement_group(bundles, strategy=cfg.ray.strategy)
-    try:
-        ray.get(pg.ready(), timeout=cfg.trainer.actor_timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(
-            f"Ray could not place {len(bundles)} bundles {bundles} within {cfg.trainer.actor_timeout_s:.0f}s: "
-            f"the cluster has {ray.cluster_resources()}; lower the num_cpus/num_gpus of rollout/learner/reference"
-        ) from None
+        if with_reference:
+            bundles.append(res(ref.num_cpus, ref.num_gpus))
+        reference_bundle = len(bundles) - 1
+        rm_bundle = []
+        for _ in reward_models:
+            bundles.append(res(cfg.reward.model_num_cpus, cfg.reward.model_num_gpus))
+            rm_bundle.append(len(bundles) - 1)
+        return bundles, rollout_bundle, learner_bundle, reference_bundle, rm_bundle
+
+    # An elastic start (separate placement, sync or async): with no room for every engine now, the run starts
+    # with as many as fit, at least rollout.min_workers; the others join when a node with room does.
+    fewest = r.min_live_workers() if not colocate and cfg.trainer.mode != "pipeline" else r.num_workers
+    for engines in range(r.num_workers, fewest - 1, -1):
+        bundles, rollout_bundle, learner_bundle, reference_bundle, rm_bundle = plan(engines)
+        pg = placement_group(bundles, strategy=cfg.ray.strategy)
+        last = engines == fewest
+        try:
+            ray.get(pg.ready(), timeout=cfg.trainer.actor_timeout_s if last else ELASTIC_TRY_S)
+            break
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            if last:
+                raise RuntimeError(
+                    f"Ray could not place {len(bundles)} bundles {bundles} within {cfg.trainer.actor_timeout_s:.0f}s: "
+                    f"the cluster has {ray.cluster_resources()}; lower the num_cpus/num_gpus of rollout/learner/"
+                    "reference" + (", or rollout.min_workers to start with fewer engines" if not colocate else "")
+                ) from None
 
     if cfg.ray.address:  # a joined cluster: every node that got a bundle must share the storage (before any load)
         try:
@@ -119,8 +142,8 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
         return scheduling(pg, i, nodes[i], soft=restart_elsewhere)
 
     out = Actors(placement_group=pg, learner_port=free_port(), master_address=master, master_hostname=master_host,
-                 learner_nodes=[nodes[b] for b in learner_bundle])
-    for i in range(r.num_workers):
+                 learner_nodes=[nodes[b] for b in learner_bundle], waiting_rollouts=list(range(engines, r.num_workers)))
+    for i in range(engines):
         # Restarted by Ray when they die; the driver re-syncs weights and re-sends their prompts.
         # max_task_retries=0: the call in flight fails (RayActorError) so the driver knows.
         out.rollouts.append(
@@ -152,7 +175,31 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
             .remote(path, rw)
         )
         out.reward_model_paths[spec] = path
+    out.rollouts += [None] * len(out.waiting_rollouts)  # started by start_waiting_rollouts once the others hold their room
     return out
+
+
+def start_waiting_rollouts(actors: Actors, cfg) -> None:
+    """The engines an elastic start had no room for: each asks Ray for its resources on any node and waits
+    (pending) until a node with room joins; the pool then gives it the current weights and takes it into the
+    fleet (RolloutPool.rejoin). Started only after every placed actor holds its own resources: started
+    earlier, one could take the room meant for them."""
+    import ray
+
+    r = cfg.rollout
+    if not actors.waiting_rollouts:
+        return
+    for i in actors.waiting_rollouts:
+        actors.rollouts[i] = (
+            ray.remote(RolloutWorker)
+            .options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=r.max_restarts, max_task_retries=0)
+            .remote(cfg.model.path, r, worker_index=i, max_lora_rank=cfg.learner.vllm_max_lora_rank(),
+                    chat_template_kwargs=dict(cfg.data.chat_template_kwargs)))
+    need = {"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})}
+    started = r.num_workers - len(actors.waiting_rollouts)
+    print(f"no room yet for rollout worker(s) {', '.join(map(str, actors.waiting_rollouts))} ({need} each): the run "
+          f"starts with {started} of {r.num_workers} engine(s) (rollout.min_workers={r.min_live_workers()}); each joins "
+          "the fleet, with the current weights, when a node with room does", flush=True)
 
 
 def start_learners(cfg, where: list, master: str, port: int, master_host: str) -> list:
@@ -268,12 +315,12 @@ def wait_ready(actors: Actors, timeout_s: float) -> list[dict]:
     """Wait until every actor has built its model; returns their info (node, pid) for logs and tests."""
     # Said before the first wait: Ray's own start-up lines go to RUN_DIR/logs, and the first waiting line
     # comes WAITING_LINE_EVERY_S into the wait, so the console would otherwise be quiet from ray.init on.
-    roles = [f"{len(actors.rollouts)} rollout engine(s)", f"{len(actors.learners)} learner rank(s)"] + \
+    roles = [f"{sum(h is not None for h in actors.rollouts)} rollout engine(s)", f"{len(actors.learners)} learner rank(s)"] + \
         (["the reference actor"] if actors.reference is not None else []) + \
         ([f"{len(actors.reward_models)} reward model(s)"] if actors.reward_models else [])
     print(f"starting {', '.join(roles)}; each says what it waits on while it loads", flush=True)
     waits = [(h, f"rollout worker {i}", "starting its vLLM engine", {"role": f"rollout-{i}"})
-             for i, h in enumerate(actors.rollouts)]
+             for i, h in enumerate(actors.rollouts) if h is not None]
     waits += [(h, f"learner rank {i}", "starting DeepSpeed", {"role": f"learner-{i}"}) for i, h in enumerate(actors.learners)]
     if actors.reference is not None:
         waits.append((actors.reference, "reference actor", "loading the model", {"role": "reference"}))
@@ -312,7 +359,7 @@ def apply_thread_budget(actors: Actors, placement: list[dict], cfg) -> dict[str,
 
 def actor_roles(actors: Actors) -> dict:
     """Every actor by its placement.json role."""
-    return {**{f"rollout-{i}": h for i, h in enumerate(actors.rollouts)},
+    return {**{f"rollout-{i}": h for i, h in enumerate(actors.rollouts) if h is not None},
             **{f"learner-{i}": h for i, h in enumerate(actors.learners)},
             **({"reference": actors.reference} if actors.reference is not None else {}),
             **{f"reward-{i}": h for i, h in enumerate(actors.reward_models.values())}}

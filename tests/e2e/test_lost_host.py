@@ -7,7 +7,9 @@ started as a user starts them, and a host "lost" by SIGKILLing every process of 
   reference saying so), every step scored by the reward model, and the lost engine comes back there, with
   verified weights;
 - a learner rank on the lost host: the learner ranks restart from the newest checkpoint once a node
-  with room joins (the run waits for it, saying so), the engine is kept, each step is logged once.
+  with room joins (the run waits for it, saying so), the engine is kept, each step is logged once;
+- an elastic start: room for one engine of two, rollout.min_workers=1: the run starts with one and adds
+  the other, with verified weights, when a node with room joins.
 
 Each node runs its own raylet (its own temp dir and session): its processes are found by session id
 and process tree, never by name. Every node is on this machine's address; a partition (a host's link
@@ -271,3 +273,36 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
     assert after["rollout-0"]["pid"] == before["rollout-0"]["pid"]  # the engine was kept, not restarted
     assert after[on_b[0]]["pid"] != before[on_b[0]]["pid"]
     assert all(r["sync_verified"] for r in train_rows) and all(r["rollout/live_engines"] == 1 for r in train_rows)
+
+
+@pytest.mark.timeout(1500)
+def test_a_run_with_room_for_one_engine_starts_with_it_and_adds_the_other_when_a_node_joins(cluster, tiny_model_dir,
+                                                                                            tmp_path):
+    """An elastic start: the head alone has room for the learner rank and one engine of two; with
+    rollout.min_workers=1 the run starts with that one, saying what the other waits for, and takes the other
+    into the fleet (the current weights sent and verified first) when a node with room joins."""
+    gcs, add_node = cluster
+    run_dir, console = tmp_path / "run", tmp_path / "train.log"
+    with training(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
+                                                       "checkpoint.every=50"], console) as proc:
+        wait_rows(proc, run_dir, 2, console)
+        said = console.read_text()
+        assert "no room yet for rollout worker(s) 1 (" in said and \
+            "the run starts with 1 of 2 engine(s) (rollout.min_workers=1)" in said, said[-3000:]
+        joined_at = len(rows(run_dir))
+        add_node(cpus=1)
+        wait_until(lambda: "rollout worker 1 joined the fleet on" in console.read_text()
+                   and rows(run_dir)[-1]["rollout/live_engines"] == 2, proc, console, 900)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
+    text, train_rows = finished(console, run_dir)
+    assert "fingerprint verified: 2 of 2 engine(s) generate" in text
+    assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))
+    live = [r["rollout/live_engines"] for r in train_rows]
+    assert live[:joined_at] == [1] * joined_at and live[-1] == 2, live
+    assert all(r["sync_verified"] for r in train_rows) and all(r["trained_groups"] == 4 for r in train_rows)
+    assert all(r["rollout_restarts"] == 0 for r in train_rows)
+    placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+    # in placement.json, on the node that joined
+    assert placement["rollout-1"]["node_id"] not in {placement["rollout-0"]["node_id"], None}, placement
+    assert "restarting" not in text and "resumed from" not in text

@@ -70,14 +70,15 @@ def fakes(monkeypatch):
     return states
 
 
-def pool_of(n, hosts, min_live, events, node_wait_s=300.0):
+def pool_of(n, hosts, min_live, events, node_wait_s=300.0, live=None):
     engines = [Engine(i, 100 + i) for i in range(n)]
     def restarted(w, new_process):
         events.append(("restart" if new_process else "answers again", w))
 
-    return engines, RolloutPool(engines, 10.0, restarted, [e.pid for e in engines],
-                                on_rejoin=lambda w: events.append(("rejoin", w)), hosts=hosts, min_live=min_live,
-                                node_wait_s=node_wait_s, bundle={"CPU": 1})
+    pids = [e.pid if live is None or i in live else None for i, e in enumerate(engines)]
+    return engines, RolloutPool(engines, 10.0, restarted, pids,
+                                on_rejoin=lambda w, info: events.append(("rejoin", w, info["pid"])), hosts=hosts,
+                                min_live=min_live, node_wait_s=node_wait_s, bundle={"CPU": 1}, live=live)
 
 
 def test_an_engine_lost_with_its_host_leaves_and_its_prompts_go_to_the_survivors(fakes, capsys):
@@ -97,7 +98,7 @@ def test_an_engine_lost_with_its_host_leaves_and_its_prompts_go_to_the_survivors
     # Ray placed it again on a node that joined: it gets the weights before it is given prompts
     engines[1].dead, engines[1].pid, fakes[1] = False, 555, "ALIVE"
     pool.generate([[0], [1]], 1, [30, 31])
-    assert events == [("rejoin", 1)] and pool.live == [0, 1] and pool.pids[1] == 555
+    assert events == [("rejoin", 1, 555)] and pool.live == [0, 1] and pool.pids[1] == 555
     assert engines[0].served[-1] == [30] and engines[1].served[-1] == [31]
     assert "rollout worker 1 rejoined on 127.0.0.1" in capsys.readouterr().out
 
@@ -157,3 +158,19 @@ def test_a_call_lost_with_its_connection_is_not_counted_as_a_restart(fakes, monk
     out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
     assert len(out) == 4 and events == [("answers again", 0)] and pool.live == [0, 1] and pool.pids[0] == 100
     assert engines[0].served[-1] == [0, 1] and pool.restarts == 0
+
+
+def test_an_elastic_start_takes_an_engine_into_the_fleet_when_it_starts(fakes, capsys):
+    """An engine an elastic start had no room for (cluster/launch/placement.py) is pending on Ray: the run
+    generates without it; once a node with room joins and it starts, it gets the weights, then its share."""
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events, live=[0])
+    fakes[1] = "PENDING_CREATION"
+    pool.generate([[0], [1]], 1, [10, 11])
+    assert engines[0].served == [[10, 11]] and engines[1].served == [] and pool.live == [0] and events == []
+    fakes[1] = "ALIVE"  # a node with room joined; its vLLM engine loaded
+    pool.generate([[0], [1]], 1, [20, 21])
+    assert events == [("rejoin", 1, 101)] and pool.live == [0, 1] and pool.pids[1] == 101
+    assert engines[0].served[-1] == [20] and engines[1].served == [[21]]
+    assert "rollout worker 1 joined the fleet on 127.0.0.1" in capsys.readouterr().out
+    assert pool.restarts == 0
