@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error, no_answer, say_waiting
+from actors.runtime.waits import WAITING_LINE_EVERY_S, ActorFailed, actor_error, no_answer, say_waiting, wait_for
 from cluster.launch.hosts import HostWatch
 from cluster.launch.waits import HOST_DEATH_WAIT_S
 
@@ -108,3 +108,15 @@ class RestartWatch:
         self.on_back(name, info)
         print(f"{name} restarted on {self.hosts.describe(name)} {time.monotonic() - t0:.0f}s after its host was "
               "lost; its call runs again there", flush=True)
+
+
+def reference_logprobs(restarts: RestartWatch | None, reference, prompt_ids: list, completion_ids: list,
+                       timeout_s: float) -> list:
+    """The reference actor's log-probs of the completions (the collector's and the pipeline's one call to
+    it): waited on by `restarts`, its lost host said and waited out, where the driver has one; else a plain
+    bounded wait (a collector made on its own, as in tests)."""
+    def call():
+        return reference.logprobs.remote(prompt_ids, completion_ids)
+
+    what = ("reference actor", "computing reference log-probs", timeout_s)
+    return restarts.wait(call, reference, *what) if restarts is not None else wait_for(call(), *what)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
+from cluster.driver.actor_restarts import reference_logprobs
 from cluster.driver.batch import (
     Batch,
     CollectStats,
@@ -26,7 +27,6 @@ from cluster.driver.batch import (
     trim_to_ranks,
 )
 from cluster.driver.worker_groups import Stopwatch
-from cluster.launch.waits import wait_for
 
 if TYPE_CHECKING:
     import threading
@@ -76,11 +76,8 @@ class Collector:
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.
             t0 = time.perf_counter()
-            def call():
-                return self.reference.logprobs.remote(batch.prompt_ids, batch.completion_ids)
-            what = ("reference actor", "computing reference log-probs", t.actor_timeout_s)
-            batch.ref_logp = (self.restarts.wait(call, self.reference, *what) if self.restarts is not None
-                              else wait_for(call(), *what))
+            batch.ref_logp = reference_logprobs(self.restarts, self.reference, batch.prompt_ids, batch.completion_ids,
+                                                t.actor_timeout_s)
             stats.ref_s = time.perf_counter() - t0
         if self.lend and lend_to is not None:  # collected before that train call ended: lend it the cores
             self.learners.lend_threads(lend_to, self.lend)

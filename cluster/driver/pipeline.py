@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from cluster.driver.actor_restarts import reference_logprobs
 from cluster.driver.batch import Batch, CollectStats, score_groups, trim_to_ranks
 from cluster.launch.waits import ActorFailed, wait_for
 
@@ -312,12 +313,7 @@ class PipelineFeeder:
                 t0 = time.perf_counter()
                 rows = [r for g, _ in kept for r in g.rollout.training_rows()]
                 prompts, completions = [r[0] for r in rows], [r[1] for r in rows]
-
-                def call(prompts=prompts, completions=completions):
-                    return self.reference.logprobs.remote(prompts, completions)
-                what = ("reference actor", "computing reference log-probs", t.actor_timeout_s)
-                logp = (self.restarts.wait(call, self.reference, *what) if self.restarts is not None
-                        else wait_for(call(), *what))
+                logp = reference_logprobs(self.restarts, self.reference, prompts, completions, t.actor_timeout_s)
                 G = t.group_size
                 refs = [logp[i * G:(i + 1) * G] for i in range(len(kept))]
                 kept[0][1].ref_s += time.perf_counter() - t0

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import cluster.driver.collector as collector_module
+import cluster.driver.actor_restarts as actor_restarts
 from actors.completions import Completion, PromptRollout
 from actors.multiturn.trajectories import MultiTurnRollout, Trajectory
 from actors.rewards.base import FunctionStats
@@ -132,7 +132,7 @@ def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatc
                 calls.append(len(completion_ids))
                 return [[-0.5] * len(c) for c in completion_ids]
 
-    monkeypatch.setattr(collector_module, "wait_for", lambda refs, *what: refs)
+    monkeypatch.setattr(actor_restarts, "wait_for", lambda refs, *what: refs)
     t = trainer([[1, 0], [1, 1], [0, 1], [0, 0]], dynamic=True)
     t.collector.reference = FakeReference()
     b = t.collector.collect(step=0)
