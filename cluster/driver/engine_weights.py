@@ -25,6 +25,8 @@ ENGINE_UPDATE_TRIES = 4
 
 
 class EngineWeights:
+    """What the engines hold and how they get the learner's weights (module docstring)."""
+
     def __init__(self, cfg, version: Callable[[], int], backend: str, rollouts: list, threads: dict,
                  hosts: HostWatch, lock: threading.RLock):
         """`version()`: the learner's weight version now; `backend`: the transfer backend (actors/transport/

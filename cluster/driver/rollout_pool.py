@@ -30,7 +30,7 @@ class RolloutPool:
                  bundle: dict | None = None, live: list[int] | None = None):
         """`on_restart(worker_index, new_process)`: a worker came back (as a new process on its host, or the
         same one answering again after its call was lost with its connection), before its prompts are
-        re-sent (the driver re-syncs weights there). `on_rejoin(worker_index)`: a worker that left
+        re-sent (the driver re-syncs weights there). `on_rejoin(worker_index, info)`: a worker that left
         with its host, or never had room (an elastic start), is there (`info`: its answer to info()); the driver
         sends it the current weights (fingerprint verified) before it generates. `pids` identify the live
         processes, to notice a restart (None: not started). `hosts`: where each engine runs (the pool adds what
