@@ -132,6 +132,8 @@ def trl_settings(cfg, model: str, threads: int) -> dict:
             "temperature": r.temperature, "top_p": r.top_p, "top_k": max(0, r.top_k), "grad_clip": lrn.grad_clip,
             "weight_decay": lrn.weight_decay, "adam_beta1": lrn.adam_beta1, "adam_beta2": lrn.adam_beta2,
             "adam_eps": lrn.adam_eps, "seed": t.seed, "threads": threads,
+            # learner.dtype=bfloat16: TRL trains in its bf16 mode too (autocast over float32 weights)
+            "bf16": lrn.dtype == "bfloat16",
             "data": {"train": cfg.data.train, "eval": cfg.data.eval, "num_eval": cfg.data.num_eval,
                      "task_digits": cfg.data.task_digits}}
 
@@ -217,7 +219,7 @@ def trl_main(spec_path: str, out_path: str) -> int:
     model = AutoModelForCausalLM.from_pretrained(s["model"], dtype=torch.float32)
     out_dir = tempfile.mkdtemp(prefix="trl-bench-")
     args = GRPOConfig(
-        output_dir=out_dir, use_cpu=True, report_to=[], bf16=False, fp16=False, seed=s["seed"],
+        output_dir=out_dir, use_cpu=True, report_to=[], bf16=s.get("bf16", False), fp16=False, seed=s["seed"],
         per_device_train_batch_size=s["micro_batch_size"], gradient_accumulation_steps=s["grad_accum"],
         num_generations=s["group_size"], max_completion_length=s["max_new_tokens"], max_steps=s["steps"],
         learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=s["weight_decay"],

@@ -41,6 +41,11 @@ def test_model_setting_runs_the_schedules_and_trl_on_a_default_micro_batch(tmp_p
     st = trl.trl_settings(cfg, "/m", threads=2)
     assert st["micro_batch_size"] * st["grad_accum"] == 16 and st["micro_batch_size"] == cfg.learner.micro_batch_size
     assert (st["max_new_tokens"], st["min_new_tokens"], st["data"]["train"]) == (32, 32, "/d.jsonl")
+    # learner.dtype=bfloat16: TRL trains in its bf16 mode too, so the ratio compares like with like
+    assert st["bf16"] is False
+    bf16 = load_config(None, [*s.overrides, "model.path=/m", "data.train=/d.jsonl", "learner.dtype=bfloat16"],
+                       validate_paths=False)
+    assert trl.trl_settings(bf16, "/m", threads=2)["bf16"] is True
 
 
 def test_the_missing_fixture_is_not_an_error_but_a_missing_directory_is(tmp_path):
