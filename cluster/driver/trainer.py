@@ -42,6 +42,7 @@ from cluster.launch.placement import (
     actor_roles,
     apply_thread_budget,
     create_actors,
+    resources,
     restart_learners,
     shutdown_actors,
     start_waiting_rollouts,
@@ -387,7 +388,7 @@ class Trainer:
                      "setting its threads", cfg.trainer.actor_timeout_s)
             old = next(p for p in self.placement if p["role"] == info["role"])
             old.update({**info, "threads": self.threads[info["role"]]})
-        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        self._write_placement()
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.collector.learners = self.weights.learners = self.learners
         self.weights.update(send=False, rebuild=True)
@@ -401,7 +402,7 @@ class Trainer:
         handle = actor_roles(self.actors)[row["role"]]
         wait_for(handle.set_threads.remote(row["threads"]), name, "setting its threads", self.cfg.trainer.actor_timeout_s)
         row.update({k: info[k] for k in ("pid", "node_id") if k in info})
-        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        self._write_placement()
 
     def _engine_up(self, worker_index: int, info: dict) -> None:
         """The pool's `on_rejoin`: an engine that left with its host is back, or one an elastic start had no
@@ -413,6 +414,10 @@ class Trainer:
         row.update({k: info[k] for k in ("pid", "node_id", "hostname") if k in info})
         self.weights.rejoined(worker_index)
         row["threads"] = self.threads[role]
+        self._write_placement()
+
+    def _write_placement(self) -> None:
+        """placement.json: where each actor runs (its process, node, threads), as of now."""
         (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
 
     def _make_feeder(self) -> None:
@@ -447,7 +452,7 @@ class Trainer:
         self.scorer.attach(self.actors.reward_models, cfg.trainer.actor_timeout_s)  # it calls their handles itself
         self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
                      for p in self.placement if "threads_when_collecting_idles" in p}
-        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        self._write_placement()
         self.learner_params = next((p.get("total_params") for p in self.placement if p["role"] == "learner-0"), None)
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.hosts = HostWatch()
@@ -462,11 +467,11 @@ class Trainer:
             self.actors.rollouts, cfg.trainer.actor_timeout_s, self.weights.restarted,
             [pids.get(w) for w in range(r.num_workers)], on_rejoin=self._engine_up, hosts=self.hosts,
             min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s, live=sorted(pids),
-            bundle={"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})})
+            bundle=resources(r.num_cpus, r.num_gpus))
         self.weights.learners = self.learners
         ref = cfg.reference
         self.restarts = RestartWatch(self.hosts, cfg.ray.node_wait_s,
-                                     {"reference actor": {"CPU": ref.num_cpus, **({"GPU": ref.num_gpus} if ref.num_gpus else {})}},
+                                     {"reference actor": resources(ref.num_cpus, ref.num_gpus)},
                                      self._actor_back)
         self.collector = Collector(
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,

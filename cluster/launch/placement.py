@@ -52,6 +52,24 @@ class Actors:
     waiting_rollouts: list = field(default_factory=list)
 
 
+def resources(cpus: float, gpus: float) -> dict:
+    """An actor's Ray resources as a bundle ({"CPU": 1.0}, with "GPU" only when it asks for GPUs)."""
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
+def start_engine(cfg, index: int, scheduling_strategy=None):
+    """Rollout worker `index`. Restarted by Ray when it dies; the driver re-syncs weights and re-sends its
+    prompts. max_task_retries=0: the call in flight fails (RayActorError) so the driver knows."""
+    import ray
+
+    r = cfg.rollout
+    return (ray.remote(RolloutWorker)
+            .options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=r.max_restarts, max_task_retries=0,
+                     scheduling_strategy=scheduling_strategy)
+            .remote(cfg.model.path, r, worker_index=index, max_lora_rank=cfg.learner.vllm_max_lora_rank(),
+                    chat_template_kwargs=dict(cfg.data.chat_template_kwargs)))
+
+
 def scheduling(pg, bundle: int, node_id: str, soft: bool):
     """Where an actor runs: its bundle of `pg` (colocate), else its node. `soft`: when that node is gone,
     Ray restarts the actor on any node with room (engines, the reference, reward models)."""
@@ -76,29 +94,26 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
     r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
     reward_models = reward_models or {}
 
-    def res(cpus, gpus):
-        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-
     colocate = cfg.ray.placement == "colocate"
 
     def plan(engines: int):
         bundles, rollout_bundle, learner_bundle = [], [], []
         for i in range(lrn.num_ranks):
             if colocate and i < engines:
-                bundles.append(res(lrn.num_cpus + r.num_cpus, lrn.num_gpus + r.num_gpus))
+                bundles.append(resources(lrn.num_cpus + r.num_cpus, lrn.num_gpus + r.num_gpus))
                 rollout_bundle.append(len(bundles) - 1)
             else:
-                bundles.append(res(lrn.num_cpus, lrn.num_gpus))
+                bundles.append(resources(lrn.num_cpus, lrn.num_gpus))
             learner_bundle.append(len(bundles) - 1)
         for _ in range(len(rollout_bundle), engines):
-            bundles.append(res(r.num_cpus, r.num_gpus))
+            bundles.append(resources(r.num_cpus, r.num_gpus))
             rollout_bundle.append(len(bundles) - 1)
         if with_reference:
-            bundles.append(res(ref.num_cpus, ref.num_gpus))
+            bundles.append(resources(ref.num_cpus, ref.num_gpus))
         reference_bundle = len(bundles) - 1
         rm_bundle = []
         for _ in reward_models:
-            bundles.append(res(cfg.reward.model_num_cpus, cfg.reward.model_num_gpus))
+            bundles.append(resources(cfg.reward.model_num_cpus, cfg.reward.model_num_gpus))
             rm_bundle.append(len(bundles) - 1)
         return bundles, rollout_bundle, learner_bundle, reference_bundle, rm_bundle
 
@@ -143,16 +158,7 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
 
     out = Actors(placement_group=pg, learner_port=free_port(), master_address=master, master_hostname=master_host,
                  learner_nodes=[nodes[b] for b in learner_bundle], waiting_rollouts=list(range(engines, r.num_workers)))
-    for i in range(engines):
-        # Restarted by Ray when they die; the driver re-syncs weights and re-sends their prompts.
-        # max_task_retries=0: the call in flight fails (RayActorError) so the driver knows.
-        out.rollouts.append(
-            ray.remote(RolloutWorker)
-            .options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=r.max_restarts, max_task_retries=0,
-                     scheduling_strategy=at(rollout_bundle[i]))
-            .remote(cfg.model.path, r, worker_index=i, max_lora_rank=lrn.vllm_max_lora_rank(),
-                    chat_template_kwargs=dict(cfg.data.chat_template_kwargs))
-        )
+    out.rollouts = [start_engine(cfg, i, at(rollout_bundle[i])) for i in range(engines)]
     out.learner_bundles = learner_bundle
     # Hard: rank 0's node is the address every peer was told (learner ranks are never restarted by Ray).
     out.learners = start_learners(cfg, [at(b, restart_elsewhere=False) for b in learner_bundle], master,
@@ -184,18 +190,12 @@ def start_waiting_rollouts(actors: Actors, cfg) -> None:
     (pending) until a node with room joins; the pool then gives it the current weights and takes it into the
     fleet (RolloutPool.rejoin). Started only after every placed actor holds its own resources: started
     earlier, one could take the room meant for them."""
-    import ray
-
     r = cfg.rollout
     if not actors.waiting_rollouts:
         return
     for i in actors.waiting_rollouts:
-        actors.rollouts[i] = (
-            ray.remote(RolloutWorker)
-            .options(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=r.max_restarts, max_task_retries=0)
-            .remote(cfg.model.path, r, worker_index=i, max_lora_rank=cfg.learner.vllm_max_lora_rank(),
-                    chat_template_kwargs=dict(cfg.data.chat_template_kwargs)))
-    need = {"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {})}
+        actors.rollouts[i] = start_engine(cfg, i)
+    need = resources(r.num_cpus, r.num_gpus)
     started = r.num_workers - len(actors.waiting_rollouts)
     print(f"no room yet for rollout worker(s) {', '.join(map(str, actors.waiting_rollouts))} ({need} each): the run "
           f"starts with {started} of {r.num_workers} engine(s) (rollout.min_workers={r.min_live_workers()}); each joins "
@@ -235,7 +235,7 @@ def restart_learners(actors: Actors, cfg, hosts) -> None:
         for rank, h in enumerate(actors.learners):
             wait_dead(h, f"learner rank {rank}", HOST_DEATH_WAIT_S)
     lrn, pg = cfg.learner, actors.placement_group
-    need = {"CPU": lrn.num_cpus, **({"GPU": lrn.num_gpus} if lrn.num_gpus else {})}
+    need = resources(lrn.num_cpus, lrn.num_gpus)
     if pg is not None:
         for rank, b in enumerate(actors.learner_bundles):
             wait_bundle_placed(pg, b, f"learner rank {rank}", need, cfg.ray.node_wait_s, hosts)
