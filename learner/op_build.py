@@ -6,6 +6,13 @@ directory with a `lock` file and every other builder polls until the file goes; 
 leaves it behind, and every later learner then waits in its constructor, silently, for a lock nobody
 holds. `check_shm_op_build` runs before that: it says what is compiling and why, and names a stale lock.
 
+The build runs `ninja` from PATH. pip installs one beside this environment's Python (DeepSpeed needs it),
+and a machine may have another (Debian's 1.11 here, pip's 1.13): ninja 1.12 changed the hash it keeps
+of each build command, so a build by one and a load by the other rebuild the op every time they
+alternate. That is a user who runs with the environment activated one day and not the next (the
+SLURM script activates it, `make demo` does not). `environment_ninja` makes every build take the
+environment's own.
+
 A lock is stale when no process on this host works in the build directory (ninja and the compiler run
 with it as their working directory) and the lock is older than LOCK_GRACE_S (the moment between
 taking the lock and starting ninja).
@@ -13,7 +20,9 @@ taking the lock and starting ninja).
 from __future__ import annotations
 
 import os
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from torch.utils.cpp_extension import _get_build_directory
@@ -68,3 +77,21 @@ def check_shm_op_build(directory: Path, say=print, now=time.time, builders=proce
         f"several on a busy machine): DeepSpeed builds it when a CPU learner rank first starts; cached in {directory}",
         flush=True)
     return "building"
+
+
+@contextmanager
+def environment_ninja(bin_dir: Path | None = None):
+    """While inside: this Python environment's own bin directory first on PATH when it holds a `ninja`,
+    so that the op is built (and found up to date) by the same ninja whether or not the environment
+    is activated. Nothing changes where the environment has no ninja of its own."""
+    bin_dir = Path(sys.executable).parent if bin_dir is None else bin_dir
+    before = os.environ.get("PATH")
+    if (bin_dir / "ninja").is_file():
+        os.environ["PATH"] = os.pathsep.join([str(bin_dir), *(before or "").split(os.pathsep)]).rstrip(os.pathsep)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before

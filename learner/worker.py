@@ -32,7 +32,7 @@ from learner.config import AlgoConfig, LearnerConfig
 from learner.export import write_hf_dir
 from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
 from learner.lora import adapter_config_json, param_counts, write_adapter_dir
-from learner.op_build import build_dir, check_shm_op_build
+from learner.op_build import build_dir, check_shm_op_build, environment_ninja
 from learner.rank_setup import build_ds_config, build_model, init_process_group, param_groups, scheduler_factory, seed_everything
 from learner.sequences import PromptSharingUnsupported
 
@@ -75,8 +75,9 @@ class LearnerWorker:
         if not self.on_gpu:  # DeepSpeed compiles its shared-memory op here once: say so; a stale lock is an error
             check_shm_op_build(build_dir())
         # DeepSpeed adopts the group made above (it initializes torch.distributed only if nobody did)
-        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
-                                   rank=rank, world_size=world_size, verbose=False)
+        with environment_ninja():
+            deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
+                                       rank=rank, world_size=world_size, verbose=False)
         seed_everything(seed)  # the same seed on every rank: any random init must agree across ranks
 
         self.ds_config = build_ds_config(cfg, world_size=world_size, on_gpu=self.on_gpu)

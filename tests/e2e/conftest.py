@@ -8,7 +8,7 @@ from filelock import FileLock
 from finished_run import finish_a_run
 
 from cluster.launch.ray_cluster import worker_runtime_env
-from learner.op_build import build_dir, check_shm_op_build
+from learner.op_build import build_dir, check_shm_op_build, environment_ninja
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,7 +40,8 @@ def deepspeed_shm_op():
     directory.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory.parent / ".raygrpo-tests-shm-op.lock")):
         check_shm_op_build(directory)  # a stale lock from an earlier killed build: StaleBuildLock, naming it
-        ShareMemCommBuilder().load(verbose=False)
+        with environment_ninja():  # the ninja the learners build with (learner/op_build.py)
+            ShareMemCommBuilder().load(verbose=False)
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,10 @@ def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(tmp
     (proj / "my_rewards.py").write_text(BREVITY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # no key, no mode: a new user's
     env["HOME"] = str(tmp_path / "home")  # and no ~/.netrc from an earlier `wandb login`
+    # ... but the caches a machine that ran raygrpo before has (a user's ~/.cache): without them the learner
+    # compiles DeepSpeed's op (about a minute of CPU) and vLLM inspects the model in a subprocess again
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ".cache").symlink_to(Path.home() / ".cache", target_is_directory=True)
     out = subprocess.run(
         [str(BIN / "raygrpo"), "train", str(ROOT / "examples" / "cpu_demo.yaml"), f"model.path={tiny_model_dir}",
          "trainer.run_dir=runs/progress", "trainer.steps=4", "trainer.prompts_per_step=2", "trainer.group_size=2",

@@ -5,12 +5,13 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
 from cluster.launch import ray_cluster
 from cluster.launch.ray_cluster import RayStartFailed, child_pids, start_with_retries, stop_processes
-from learner.op_build import SHM_OP, StaleBuildLock, check_shm_op_build, processes_working_in
+from learner.op_build import SHM_OP, StaleBuildLock, check_shm_op_build, environment_ninja, processes_working_in
 
 RAY_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet failed to "
                "startup or the GCS has become overloaded.")
@@ -119,3 +120,26 @@ def test_the_embedded_cluster_is_always_new_and_a_jobs_ray_address_is_joined(mon
     assert "RAY_ADDRESS=10.0.0.5:6379 is set" in capsys.readouterr().out
     ray_cluster.start_ray("auto", num_cpus=8)  # an explicit ray.address wins over the environment
     assert joined == ["10.0.0.5:6379", "auto"]
+
+
+def test_the_op_is_built_with_the_environments_own_ninja_activated_or_not(tmp_path, monkeypatch):
+    """Two ninjas (pip's beside this Python, the system's on PATH) hash build commands differently since
+    ninja 1.12: whichever did not build the op rebuilt it. Inside environment_ninja the environment's
+    own comes first; PATH is given back after; an environment without a ninja changes nothing."""
+    env_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
+    for d in (env_bin, system_bin):
+        d.mkdir()
+        (d / "ninja").write_text(f"#!/bin/sh\necho {d.name}\n")
+        (d / "ninja").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{system_bin}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    assert subprocess.run(["ninja"], capture_output=True, text=True).stdout.strip() == "usr-bin"
+    with environment_ninja(env_bin):
+        assert subprocess.run(["ninja"], capture_output=True, text=True).stdout.strip() == "venv-bin"
+    assert os.environ["PATH"] == f"{system_bin}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    with environment_ninja(tmp_path / "no-ninja-here"):
+        assert subprocess.run(["ninja"], capture_output=True, text=True).stdout.strip() == "usr-bin"
+    # the default: this Python's own bin directory (where pip put the ninja DeepSpeed needs)
+    with environment_ninja():
+        first = os.environ["PATH"].split(os.pathsep)[0]
+    assert first == (str(Path(sys.executable).parent) if (Path(sys.executable).parent / "ninja").is_file()
+                     else str(system_bin))
