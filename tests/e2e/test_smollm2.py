@@ -117,8 +117,11 @@ def test_full_fine_tuning_on_two_zero2_ranks_keeps_the_engine_equal_to_the_learn
 
 
 # `vllm.LLM` on the export, as a user serves it: prompt log-probs of a chat transcript, and a greedy chat answer.
+# The engine in this process (vLLM's default spawns an engine-core and a worker process, each importing
+# vLLM again: ~20 s of CPU): what is checked is the model, not vLLM's process layout.
 VLLM_ON_THE_EXPORT = """
-import json, sys
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 export, ids = sys.argv[1], json.loads(sys.argv[2])
