@@ -4,8 +4,8 @@ of every process that started meanwhile, summed by kind (a Ray actor's class, `r
 Python script's name), with the machine's busy CPU seconds over the same time and how busy it was.
 `python tests/cpu_by_process.py OUT.json` prints the table of an earlier run again.
 
-Why by process and not by test: on 2 cores the suite keeps both busy (90% of the time on a quiet machine), so its wall time is
-its CPU time over 2, and CPU time is what a change has to remove. A process's CPU is read last while it
+Why by process and not by test: on 2 cores the suite keeps both busy (90% of its time on a quiet
+machine), so its wall time is its CPU time over 2, and CPU time is what a change has to remove. A process's CPU is read last while it
 lives (up to a second is lost per process); a process that lives under a second may be missed.
 """
 from __future__ import annotations
