@@ -19,10 +19,11 @@ def test_processes_are_named_by_what_they_are():
 
 
 def test_a_watched_command_has_its_childs_cpu_counted(tmp_path):
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass\n"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 3.0: pass\n"
     run = cpu.watch([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"])
-    assert run["rc"] == 0 and run["wall"] >= 1.5 and run["busy"] >= 1.0
-    assert max(c for c, _, cmd in run["procs"].values() if "process_time" in cmd) >= 1.0  # the child, read while it ran
+    assert run["rc"] == 0 and run["wall"] >= 3.0 and run["busy"] >= 2.0
+    # the child, read while it ran (its last second may be missed)
+    assert max(c for c, _, cmd in run["procs"].values() if "process_time" in cmd) >= 1.0
     assert "python" in cpu.report(run)
     out = subprocess.run([sys.executable, str(Path(cpu.__file__)), str(tmp_path / "missing.json"), "x"],
                          capture_output=True, text=True)
