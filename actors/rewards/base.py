@@ -114,6 +114,10 @@ class KindRunner:
         """The actor the driver started for `spec` (RewardKind.actor_path), waited on at most timeout_s."""
         raise TypeError(f"the reward function {spec} takes no actor")
 
+    def restarted_actors(self) -> list[str]:
+        """The entries whose actor answered from a new process (Ray restarted it) since the last call."""
+        return []
+
     def close(self) -> None:
         pass
 

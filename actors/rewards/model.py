@@ -84,6 +84,7 @@ class RewardModels(KindRunner):
         self.timeout_s = 0.0
         self.pids: dict[str, int] = {}
         self.restarts = 0
+        self._restarted: list[str] = []  # appended on the scoring threads, taken by the driver's (restarted_actors)
         self._executor = ThreadPoolExecutor(max(1, len(specs)), thread_name_prefix="reward-model")
 
     def attach(self, spec: str, handle, timeout_s: float) -> None:
@@ -136,8 +137,13 @@ class RewardModels(KindRunner):
             self.restarts += 1
             print(f"reward model {path} was restarted (process {self.pids[spec]} -> {out['pid']}); "
                   "Ray ran the lost call again, nothing was skipped", flush=True)
+            self._restarted.append(spec)
         self.pids[spec] = out["pid"]
         return out
+
+    def restarted_actors(self) -> list[str]:
+        taken, self._restarted = self._restarted, []
+        return taken
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -159,6 +159,11 @@ class RewardScorer:
         for spec, handle in handles.items():
             self.runners[self.kinds[spec].name].attach(spec, handle, timeout_s)
 
+    def restarted_actors(self) -> list[str]:
+        """The entries whose actor Ray restarted since the last call (the driver gives each its threads again
+        and updates placement.json)."""
+        return [spec for runner in self.runners.values() for spec in runner.restarted_actors()]
+
     @property
     def restarts(self) -> int:
         """Calls answered by a restarted actor (Ray restarted a dead reward model and ran the call again)."""

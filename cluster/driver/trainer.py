@@ -245,6 +245,7 @@ class Trainer:
             row = self._step_metrics(batch, m, sw) | engines
             self.log.log_step(row)
             self.log.log_completions(self.step, batch.stats.samples)
+            self._reward_models_back()
             self._check_health(row, batch, pending)
             if self.stop.requested:
                 raise RunStopped(self.stop.signum, self.step, str(self.save_checkpoint(pending=pending)))
@@ -395,9 +396,21 @@ class Trainer:
         self._make_feeder()  # pipeline: the kept engines' loops start again with _train
         self._resume(resync_engines=True)
 
+    def _reward_models_back(self) -> None:
+        """Reward models Ray restarted during the step (their process died, or their host): like the reference
+        actor, each gets its threads again and its new process and node in placement.json, and the console
+        says where it runs now."""
+        for spec in self.scorer.restarted_actors():
+            name = f"reward model {self.actors.reward_model_paths[spec]}"
+            info = wait_for(self.actors.reward_models[spec].info.remote(), name, "answering after its restart",
+                            self.cfg.trainer.actor_timeout_s)
+            self.hosts.place(name, info.get("node_id"))
+            self._actor_back(name, info)
+            print(f"{name} runs again on {self.hosts.describe(name)}, with its threads", flush=True)
+
     def _actor_back(self, name: str, info: dict) -> None:
-        """The reference actor restarted on another node after its host was lost (RestartWatch): its threads
-        again, its new process and node in placement.json."""
+        """A restarted actor (the reference after a lost host, RestartWatch; a reward model, _reward_models_back):
+        its threads again, its new process and node in placement.json."""
         row = next(p for p in self.placement if actor_name(p) == name)
         handle = actor_roles(self.actors)[row["role"]]
         wait_for(handle.set_threads.remote(row["threads"]), name, "setting its threads", self.cfg.trainer.actor_timeout_s)

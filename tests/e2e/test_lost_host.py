@@ -233,6 +233,9 @@ def test_an_engine_the_reference_and_a_reward_model_lost_with_their_host_cost_no
     assert after["reference"]["pid"] != placement["reference"]["pid"]
     assert after["reference"]["node_id"] != placement["reference"]["node_id"]
     assert after["reference"]["node_id"] not in {placement["reference"]["node_id"], placement["learner-0"]["node_id"]}
+    # The reward model, likewise: its new process and node in placement.json, where it runs said
+    assert after[on_b[1]]["pid"] != placement[on_b[1]]["pid"] and after[on_b[1]]["node_id"] != placement[on_b[1]]["node_id"]
+    assert re.search(r"reward model \S+ runs again on \S+ \(\S+, Ray node \w+\), with its threads", text), text[-5000:]
     # Ray's raw raylet lines (the node's death, the dead raylet's last log lines) stay in the run's logs
     assert "has been marked dead because" not in text and "Raylet is terminated" not in text
     assert "restarting every actor" not in text and "resumed from" not in text
