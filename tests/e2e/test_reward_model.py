@@ -2,8 +2,10 @@
 a run scored by a reward model alone logs its per-function metrics, and survives its actor SIGKILLed."""
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import signal
 import threading
 
@@ -49,7 +51,8 @@ def test_the_actor_scores_as_transformers_does(addition_rm, ray_cluster):
     assert sum(r > w for r, w in zip(right, wrong)) >= len(right) * 0.6
 
 
-def test_a_run_scored_by_a_reward_model_survives_its_actor_killed(tiny_model_dir, addition_rm, ray_cluster, tmp_path):
+def test_a_run_scored_by_a_reward_model_survives_its_actor_killed(tiny_model_dir, addition_rm, ray_cluster, tmp_path,
+                                                                   capsys):
     """Reward = the reward model alone. Its actor is SIGKILLed while it scores step 2: Ray restarts it, runs
     the call again, and every step is logged once with its per-function metrics."""
     run_dir = tmp_path / "rm-run"
@@ -70,6 +73,10 @@ def test_a_run_scored_by_a_reward_model_survives_its_actor_killed(tiny_model_dir
     summary = trainer.run()
     assert killed and summary["checkpoint"].endswith("step-00000003")
     assert summary["reward_model_restarts"] == 1  # the driver saw an answer come from a new process
+    # placement.json names the new process (it got its threads again), and the console says where it runs
+    row = next(p for p in json.loads((run_dir / "placement.json").read_text()) if p["role"] == "reward-0")
+    assert row["pid"] not in killed and row["threads"] >= 1
+    assert re.search(rf"reward model \S*{addition_rm.name} runs again on .*, with its threads", capsys.readouterr().out)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     name = addition_rm.name
