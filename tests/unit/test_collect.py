@@ -92,6 +92,9 @@ class FakeScorer:
     def timeout_setting(self, name):
         return "reward.timeout_s=3"
 
+    def restarted_actors(self):
+        return []  # no reward-model actors here
+
 
 def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, skip=()):
     cfg = RunConfig()
