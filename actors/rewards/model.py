@@ -84,7 +84,7 @@ class RewardModels(KindRunner):
         self.timeout_s = 0.0
         self.pids: dict[str, int] = {}
         self.restarts = 0
-        self._restarted: list[str] = []  # appended on the scoring threads, taken by the driver's (restarted_actors)
+        self._restarted: list[str] = []  # appended on the scoring threads, taken by the driver (restarted_actors)
         self._executor = ThreadPoolExecutor(max(1, len(specs)), thread_name_prefix="reward-model")
 
     def attach(self, spec: str, handle, timeout_s: float) -> None:
