@@ -42,10 +42,11 @@ def read_process(pid: str) -> tuple[float, str, str] | None:
 
 
 def kind(comm: str, cmd: str) -> str:
-    """What a process is, for the table: Ray's title (ray::RolloutWorker), else a Python script's or
-    module's name, else the executable's name."""
-    if comm.startswith("ray::") or cmd.startswith("ray::"):
-        return (cmd if cmd.startswith("ray::") else comm).split()[0].split(".")[0]
+    """What a process is, for the table: a Ray worker's process name (`ray::RolloutWor`: the kernel keeps 15
+    characters of the title Ray gives it, and its command line is not always retitled), else a Python
+    script's or module's name, else the executable's name."""
+    if comm.startswith("ray::"):
+        return comm
     if comm.startswith("python"):
         m = re.search(r"(?:^|\s)-m\s+(\S+)|(\S+\.py)\b", cmd)
         return "python " + (m[1] or os.path.basename(m[2])) if m else "python"

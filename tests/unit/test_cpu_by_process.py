@@ -9,7 +9,8 @@ import cpu_by_process as cpu  # noqa: E402
 
 
 def test_processes_are_named_by_what_they_are():
-    assert cpu.kind("ray::RolloutWor", "ray::RolloutWorker.generate") == "ray::RolloutWorker"
+    assert cpu.kind("ray::RolloutWor", "ray::RolloutWorker.generate") == "ray::RolloutWor"
+    assert cpu.kind("ray::RolloutWor", "/v/bin/python /v/ray/_private/workers/default_worker.py") == "ray::RolloutWor"
     assert cpu.kind("ray::IDLE", "ray::IDLE") == "ray::IDLE"
     assert cpu.kind("python", "/v/bin/python -m cluster.cli train c.yaml") == "python cluster.cli"
     assert cpu.kind("python", "/v/bin/python -u /v/ray/_private/log_monitor.py --x") == "python log_monitor.py"
