@@ -5,8 +5,9 @@ Python script's name), with the machine's busy CPU seconds over the same time an
 `python tests/cpu_by_process.py OUT.json` prints the table of an earlier run again.
 
 Why by process and not by test: on 2 cores the suite keeps both busy (90% of its time on a quiet
-machine), so its wall time is its CPU time over 2, and CPU time is what a change has to remove. A process's CPU is read last while it
-lives (up to a second is lost per process); a process that lives under a second may be missed.
+machine), so its wall time is its CPU time over 2, and CPU time is what a change has to remove.
+A process's CPU is read last while it lives (up to a second is lost per process); a process that
+lives under a second may be missed.
 """
 from __future__ import annotations
 

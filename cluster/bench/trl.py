@@ -219,7 +219,7 @@ def trl_main(spec_path: str, out_path: str) -> int:
     model = AutoModelForCausalLM.from_pretrained(s["model"], dtype=torch.float32)
     out_dir = tempfile.mkdtemp(prefix="trl-bench-")
     args = GRPOConfig(
-        output_dir=out_dir, use_cpu=True, report_to=[], bf16=s.get("bf16", False), fp16=False, seed=s["seed"],
+        output_dir=out_dir, use_cpu=True, report_to=[], bf16=s["bf16"], fp16=False, seed=s["seed"],
         per_device_train_batch_size=s["micro_batch_size"], gradient_accumulation_steps=s["grad_accum"],
         num_generations=s["group_size"], max_completion_length=s["max_new_tokens"], max_steps=s["steps"],
         learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=s["weight_decay"],

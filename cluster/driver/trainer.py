@@ -401,7 +401,7 @@ class Trainer:
         actor, each gets its threads again and its new process and node in placement.json, and the console
         says where it runs now."""
         for spec in self.scorer.restarted_actors():
-            name = f"reward model {self.actors.reward_model_paths[spec]}"
+            name = actor_name(next(p for p in self.placement if p.get("model") == self.actors.reward_model_paths[spec]))
             info = wait_for(self.actors.reward_models[spec].info.remote(), name, "answering after its restart",
                             self.cfg.trainer.actor_timeout_s)
             self.hosts.place(name, info.get("node_id"))
