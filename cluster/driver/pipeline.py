@@ -11,9 +11,16 @@ sync pauses each engine between two steps, actors/rollout.py); every token carri
 sampled it. A group whose oldest token is more than `trainer.max_staleness` versions behind the
 learner is dropped at `next_batch` and its prompt generated again (counted: stale_groups).
 
-An engine that died is revived by the pool (weights re-synced), always from the training loop's
-thread (`next_batch`, or the weight sync that failed on it), and the groups submitted to its old
-process are sent again. A checkpoint records the data position past every prompt taken so far and the prompts
+The engines fed are the pool's live ones, an elastic fleet as in the other schedules
+(cluster/driver/rollout_pool.py), changed only from the training loop's thread (`next_batch`, or the
+weight sync that failed on an engine): an engine that died is revived by the pool (weights re-synced)
+and the groups submitted to its old process are sent again; one lost with its host leaves the fleet and
+its groups are generated on the others; one that comes back or joins (a node with room) gets the
+current weights, fingerprint verified, before it is given a group. The feeding thread leaves an engine
+alone from its first failed call until the loop's thread has dealt with it (a call to an engine whose
+host is gone could wait out trainer.actor_timeout_s).
+
+A checkpoint records the data position past every prompt taken so far and the prompts
 taken and not trained on, in the order taken (`checkpoint_state`); not their partial generations, whose
 tokens came from weights a resume no longer has: a resumed run generates those prompts again first (said
 and counted then, `pipeline/regenerated_on_resume`), so it asks for the prompts the stopped run had in flight.
@@ -59,7 +66,8 @@ class PipelineFeeder:
         self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
         self.reference, self.eos_id, self.weight_version, self.restarts = reference, eos_id, weight_version, restarts
         t, m = cfg.trainer, cfg.metrics
-        self.target = math.ceil(in_flight_bound(t) / len(pool.handles))
+        self._feeding: list[int] = list(pool.live)  # the engines supplied: the pool's live ones, once up to date
+        self._failed: set[int] = set()  # engines a call found dead, not yet revived or out of the fleet
         self.samples_per_group = math.ceil(m.completions_per_step / t.prompts_per_step) if m.log_completions else 0
         self._cv = threading.Condition()
         self._arrived: list = []  # (example, rollout) taken from the engines, not yet scored
@@ -73,7 +81,7 @@ class PipelineFeeder:
         self._next_key = 0
         self._unclaimed = CollectStats()  # groups scored and not trained on (dynamic sampling, stale)
         self.requeued = 0  # groups lost with an engine that died, generated again
-        self._revive = False  # an engine died or came back as another process: next_batch revives it
+        self._revive = False  # an engine died or came back as another process: next_batch deals with it
         self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": 0}
         self._last_engine: list[dict] = [{} for _ in pool.handles]
         self._stop = False
@@ -83,8 +91,8 @@ class PipelineFeeder:
 
     # ------------------------------------------------------------------ the loop's side
     def start(self) -> None:
-        for w, h in enumerate(self.pool.handles):
-            wait_for(h.pipeline_start.remote(), f"rollout worker {w}", "starting its engine loop",
+        for w in self._feeding:
+            wait_for(self.pool.handles[w].pipeline_start.remote(), f"rollout worker {w}", "starting its engine loop",
                      self.cfg.trainer.actor_timeout_s)
         for th in self._threads:
             th.start()
@@ -95,13 +103,13 @@ class PipelineFeeder:
         t, version = self.cfg.trainer, self.weight_version()
         want, taken, stale = t.prompts_per_step, [], 0
         deadline = time.monotonic() + timeout_s
+        self._check_fleet()  # an engine back, or new on a node that joined, is fed from this batch on
         with self._cv:
             while len(taken) < want:
-                if self._revive:  # from this thread only: the weight sync revives engines here too
-                    self._revive = False
+                if self._revive:  # from this thread only: the weight sync changes the fleet here too
                     self._cv.release()
                     try:
-                        self.pool.restarted_workers()
+                        self._check_fleet()
                     finally:
                         self._cv.acquire()
                     continue
@@ -132,7 +140,7 @@ class PipelineFeeder:
                     row["prompt_index"] = i
                 stats.merge(st)
             stats.samples = stats.samples[:self.cfg.metrics.completions_per_step]
-            stats.gen_s = self.engine["busy_s"] / len(self.pool.handles)  # an engine's mean seconds generating
+            stats.gen_s = self.engine["busy_s"] / max(1, len(self._feeding))  # an engine's mean seconds generating
             state = self.stream.state()
             engine = self._engine_since_last()
         batch = Batch.from_groups(groups, state, stats, version_if_empty=version,
@@ -140,6 +148,38 @@ class PipelineFeeder:
         if self.reference is not None and groups:
             batch.ref_logp = [row for _, ref, _ in taken for row in ref]
         return batch, {"stale_groups": stale, **engine}
+
+    def _check_fleet(self) -> None:
+        """From the loop's thread: every engine whose host was lost leaves the fleet (below rollout.min_workers
+        the pool waits for room, or raises); one a call found dead is revived where Ray restarted it, or leaves
+        with its host; one that came back as another process between calls is re-synced; one back or new on a
+        node with room gets the current weights, verified (RolloutPool.rejoin). Then the groups held by engines
+        that left are generated again on the others, and the feeding thread supplies the live engines."""
+        pool = self.pool
+        with self._cv:
+            revive, self._revive = self._revive, False
+            failed = sorted(self._failed)
+        if revive:  # a call failed, or an engine answered as another process
+            for actor in pool.hosts.check():
+                w = int(actor.rsplit(" ", 1)[1]) if actor.startswith("rollout worker ") else -1
+                if w in pool.live:
+                    pool.leave(w)
+            for w in failed:
+                if w in pool.live:
+                    pool.recover(w)
+            pool.restarted_workers([w for w in pool.live if w not in failed])
+        pool.rejoin()
+        with self._cv:
+            for w in self._feeding:
+                if w not in pool.live and self._held[w]:
+                    lost = [ex for ex, _ in self._held[w].values()]
+                    self._held[w].clear()
+                    self._again.extend(lost)
+                    self.requeued += len(lost)
+                    print(f"rollout worker {w} left the fleet; its {len(lost)} group(s) in flight are generated on "
+                          "the others", flush=True)
+            self._feeding = list(pool.live)
+            self._failed -= set(failed)
 
     def checkpoint_state(self) -> dict:
         """The data position past every prompt taken so far, with the prompts taken and not trained on (in an
@@ -168,9 +208,9 @@ class PipelineFeeder:
         for th in self._threads:
             if th.is_alive():
                 th.join(timeout=60)
-        for w, h in enumerate(self.pool.handles):
+        for w in self._supplied():  # not one found dead or out of the fleet: it runs nothing
             try:
-                wait_for(h.pipeline_stop.remote(), f"rollout worker {w}", "stopping its engine loop",
+                wait_for(self.pool.handles[w].pipeline_stop.remote(), f"rollout worker {w}", "stopping its engine loop",
                          self.cfg.trainer.actor_timeout_s)
             except ActorFailed:
                 pass  # a dead engine runs nothing
@@ -180,7 +220,7 @@ class PipelineFeeder:
             raise RuntimeError(f"pipeline feeder failed: {type(self._error).__name__}: {self._error}") from self._error
 
     def _engine_since_last(self) -> dict:
-        e, n = self.engine, len(self.pool.handles)
+        e, n = self.engine, max(1, len(self._feeding))
         self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": e["in_flight"]}
         # (a step is counted when it ends, so a step that straddles two polls could lift the share over 1)
         return {"pipeline/engine_busy_frac": min(1.0, e["busy_s"] / e["wall_s"]) if e["wall_s"] > 0 else float("nan"),
@@ -203,13 +243,22 @@ class PipelineFeeder:
             if not self._poll():
                 time.sleep(POLL_S)
 
+    def _supplied(self) -> list[int]:
+        """The engines the feeding thread calls now: the live ones, less those a call found dead (and those the
+        weight sync took out of the fleet since: next_batch moves their groups)."""
+        with self._cv:
+            return [w for w in self._feeding if w not in self._failed and w in self.pool.live]
+
     def _top_up(self) -> None:
         G = self.cfg.trainer.group_size
-        for w, h in enumerate(self.pool.handles):
+        feeding = self._supplied()
+        target = math.ceil(in_flight_bound(self.cfg.trainer) / max(1, len(feeding)))  # per engine
+        for w in feeding:
+            h = self.pool.handles[w]
             with self._cv:
                 # in flight = in an engine, or back and not yet trained on: the engines run at most this far ahead
-                budget = self.target * len(self.pool.handles) - self._pending() + len(self._again)
-                n = min(self.target - len(self._held[w]), budget)
+                budget = target * len(feeding) - self._pending() + len(self._again)
+                n = min(target - len(self._held[w]), budget)
                 if n <= 0:
                     continue
                 examples = [self._again.popleft() for _ in range(min(n, len(self._again)))]
@@ -229,16 +278,17 @@ class PipelineFeeder:
                     self._held[w][key] = (ex, out["pid"])
 
     def _call(self, w: int, call, what: str):
-        """One call to engine w; None if it died (next_batch has the pool revive it)."""
+        """One call to engine w; None if it died (left alone until next_batch has the pool revive it, or take it
+        out of the fleet with its host)."""
         try:
             return wait_for(call(), f"rollout worker {w}", what, self.cfg.trainer.actor_timeout_s)
         except ActorFailed as e:
             if not e.died:
                 raise
         with self._cv:
+            self._failed.add(w)
             self._revive = True
             self._cv.notify_all()
-        time.sleep(1.0)  # Ray is restarting it
         return None
 
     def _lost_groups(self, w: int, pid: int) -> None:
@@ -255,8 +305,8 @@ class PipelineFeeder:
     def _poll(self) -> bool:
         """Take the finished groups of every engine; True if any came."""
         arrived = []
-        for w, h in enumerate(self.pool.handles):
-            out = self._call(w, h.pipeline_take.remote, "returning finished groups")
+        for w in self._supplied():
+            out = self._call(w, self.pool.handles[w].pipeline_take.remote, "returning finished groups")
             if out is None:
                 continue
             with self._cv:

@@ -94,7 +94,7 @@ class RolloutPool:
                 except ActorFailed as e:
                     if not e.died:
                         raise
-                    if self._recover(w):
+                    if self.recover(w):
                         again[w] = pending[w]
                     else:
                         orphans += pending[w]
@@ -122,7 +122,7 @@ class RolloutPool:
             except ActorFailed as e:
                 if not e.died:
                     raise
-                self._recover(w)
+                self.recover(w)
                 changed = True
                 continue
             if info["pid"] != self.pids[w]:  # restarted between calls
@@ -130,10 +130,11 @@ class RolloutPool:
                 changed = True
         return changed
 
-    def restarted_workers(self) -> list[int]:
-        """Workers whose process changed since we last looked (each waited for), revived."""
+    def restarted_workers(self, workers: list[int] | None = None) -> list[int]:
+        """Of `workers` (default: the live ones), those whose process changed since we last looked (each
+        waited for), revived."""
         out = []
-        for w in list(self.live):
+        for w in list(self.live) if workers is None else workers:
             info = wait_for(self.handles[w].info.remote(), f"rollout worker {w}", "restarting", self.timeout_s)
             if info["pid"] != self.pids[w]:
                 self._revive(w, info)
@@ -141,7 +142,7 @@ class RolloutPool:
         return out
 
     # ------------------------------------------------------------------ a dead engine
-    def _recover(self, w: int) -> bool:
+    def recover(self, w: int) -> bool:
         """Worker w died: True once Ray restarted it in place and it was revived; False when it left
         the fleet with its host (then the fleet is at least min_live again, or this raised)."""
         name, deadline = f"rollout worker {w}", time.monotonic() + self.timeout_s

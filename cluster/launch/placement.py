@@ -8,7 +8,7 @@ makes Ray 2.60's GCS retry without pause (a core busy until a node with room joi
 slowed: ray-project/ray#65007); actors on their own are restarted by Ray where a node has room, without
 that. `colocate` keeps the group: learner rank i and engine i share one bundle's GPU.
 
-An elastic start (separate placement, sync or async, rollout.min_workers below num_workers): with no room
+An elastic start (separate placement, rollout.min_workers below num_workers): with no room
 for every engine, the group is tried with one engine fewer, down to min_workers; the engines left out ask
 Ray for room on their own (`start_waiting_rollouts`) and join the fleet when a node with room does.
 """
@@ -117,9 +117,9 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
             rm_bundle.append(len(bundles) - 1)
         return bundles, rollout_bundle, learner_bundle, reference_bundle, rm_bundle
 
-    # An elastic start (separate placement, sync or async): with no room for every engine now, the run starts
+    # An elastic start (separate placement, any schedule): with no room for every engine now, the run starts
     # with as many as fit, at least rollout.min_workers; the others join when a node with room does.
-    fewest = r.min_live_workers() if not colocate and cfg.trainer.mode != "pipeline" else r.num_workers
+    fewest = r.min_live_workers() if not colocate else r.num_workers
     for engines in range(r.num_workers, fewest - 1, -1):
         bundles, rollout_bundle, learner_bundle, reference_bundle, rm_bundle = plan(engines)
         pg = placement_group(bundles, strategy=cfg.ray.strategy)

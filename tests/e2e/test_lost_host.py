@@ -8,8 +8,9 @@ started as a user starts them, and a host "lost" by SIGKILLing every process of 
   verified weights;
 - a learner rank on the lost host: the learner ranks restart from the newest checkpoint once a node
   with room joins (the run waits for it, saying so), the engine is kept, each step is logged once;
-- an elastic start: room for one engine of two, rollout.min_workers=1: the run starts with one and adds
-  the other, with verified weights, when a node with room joins.
+- an elastic start in pipeline mode: room for one engine of two, rollout.min_workers=1: the run starts
+  with one and feeds the other, with verified weights, when a node with room joins; that node lost, the
+  run goes on with the first. (The sync schedule's rejoin is the first test's; the pool is the same.)
 
 Each node runs its own raylet (its own temp dir and session): its processes are found by session id
 and process tree, never by name. Every node is on this machine's address; a partition (a host's link
@@ -279,33 +280,44 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
 
 
 @pytest.mark.timeout(1500)
-def test_a_run_with_room_for_one_engine_starts_with_it_and_adds_the_other_when_a_node_joins(cluster, tiny_model_dir,
-                                                                                            tmp_path):
-    """An elastic start: the head alone has room for the learner rank and one engine of two; with
-    rollout.min_workers=1 the run starts with that one, saying what the other waits for, and takes the other
-    into the fleet (the current weights sent and verified first) when a node with room joins."""
+def test_a_pipeline_run_with_room_for_one_engine_adds_the_other_when_a_node_joins_and_goes_on_when_it_is_lost(
+        cluster, tiny_model_dir, tmp_path):
+    """An elastic start, in pipeline mode (engines that never stop): the head alone has room for the learner
+    rank and one engine of two; with rollout.min_workers=1 the run starts with that one, saying what the other
+    waits for, and feeds the other (the current weights sent and verified first) once a node with room joins.
+    Then that node is lost: the run goes on with the first engine, no restart, no step redone, every step on
+    full groups (those in flight on the lost engine generated again)."""
     gcs, add_node = cluster
     run_dir, console = tmp_path / "run", tmp_path / "train.log"
-    with training(gcs, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
-                                                       "checkpoint.every=50"], console) as proc:
+    with training(gcs, tiny_model_dir, run_dir, 5000, ["trainer.mode=pipeline", "rollout.num_workers=2",
+                                                       "rollout.min_workers=1", "checkpoint.every=50"], console) as proc:
         wait_rows(proc, run_dir, 2, console)
         said = console.read_text()
         assert "no room yet for rollout worker(s) 1 (" in said and \
             "the run starts with 1 of 2 engine(s) (rollout.min_workers=1)" in said, said[-3000:]
         joined_at = len(rows(run_dir))
-        add_node(cpus=1)
+        host_b = add_node(cpus=1)
         wait_until(lambda: "rollout worker 1 joined the fleet on" in console.read_text()
                    and rows(run_dir)[-1]["rollout/live_engines"] == 2, proc, console, 900)
+        wait_rows(proc, run_dir, len(rows(run_dir)) + 3, console)  # engine 1 is fed (tests/unit/test_pipeline.py)
+        placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+        assert placement["rollout-1"]["pid"] in host_b.pids(), placement
+        lost_at = len(rows(run_dir))
+        host_b.lose()
+        wait_until(lambda: "rollout worker 1 left the fleet with its host" in console.read_text(), proc, console, 300)
+        wait_rows(proc, run_dir, len(rows(run_dir)) + 3, console)  # the run goes on with engine 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
     text, train_rows = finished(console, run_dir)
     assert "fingerprint verified: 2 of 2 engine(s) generate" in text
-    assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))
+    assert re.search(r"lost host \S+ \(\S+, Ray node \w+\): .*it held .*rollout worker 1", text), text[-5000:]
+    assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step once: none redone
     live = [r["rollout/live_engines"] for r in train_rows]
-    assert live[:joined_at] == [1] * joined_at and live[-1] == 2, live
+    assert live[:joined_at] == [1] * joined_at and 2 in live[joined_at:lost_at] and live[-1] == 1, live
     assert all(r["sync_verified"] for r in train_rows) and all(r["trained_groups"] == 4 for r in train_rows)
     assert all(r["rollout_restarts"] == 0 for r in train_rows)
+    assert "restarting every actor" not in text and "has been marked dead because" not in text
+    assert not re.search(r"^resumed from ", text, re.M), text[-5000:]
     placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
     # in placement.json, on the node that joined
     assert placement["rollout-1"]["node_id"] not in {placement["rollout-0"]["node_id"], None}, placement
-    assert "restarting" not in text and "resumed from" not in text

@@ -26,12 +26,51 @@ def group(name: str, versions: list[list[int]]) -> ScoredGroup:
                        [float(i) for i in range(len(versions))])
 
 
-def feeder(version: int, stream=None, **trainer) -> PipelineFeeder:
+class FakePool:
+    """What the feeder uses of RolloutPool (cluster/driver/rollout_pool.py), engines faked: `lost` engines'
+    host is dead in Ray's node table, `joining` ones are placed on a node that joined. `live`: those that
+    generate from the start (an elastic start's fewer)."""
+
+    def __init__(self, engines: int = 1, live: list[int] | None = None):
+        self.handles = [SimpleNamespace(name=f"engine {w}") for w in range(engines)]
+        self.live = list(range(engines)) if live is None else live
+        self.pids = [1] * engines
+        self.lost: set[int] = set()
+        self.joining: set[int] = set()
+        self.events: list = []
+        self.on_rejoin = lambda w: None
+        self.hosts = SimpleNamespace(check=lambda: [f"rollout worker {w}" for w in sorted(self.lost)])
+
+    def leave(self, w):
+        self.live.remove(w)
+        self.events.append(("leave", w))
+
+    def recover(self, w):
+        if w in self.lost:
+            self.leave(w)
+            return False
+        self.events.append(("revive", w))
+        return True
+
+    def restarted_workers(self, workers=None):
+        self.events.append(("restarted?", workers))
+        return []
+
+    def rejoin(self):
+        back = sorted(self.joining)
+        for w in back:  # as RolloutPool.rejoin: live first, then the weights (on_rejoin)
+            self.live = sorted([*self.live, w])
+            self.on_rejoin(w)
+            self.events.append(("rejoin", w))
+        self.joining.clear()
+        return back
+
+
+def feeder(version: int, stream=None, pool=None, **trainer) -> PipelineFeeder:
     cfg = RunConfig()
     cfg.trainer = dataclasses.replace(cfg.trainer, mode="pipeline", group_size=2, prompts_per_step=2, **trainer)
     stream = stream or SimpleNamespace(state=lambda: {"epoch": 0, "index": 7})
-    pool = SimpleNamespace(handles=[object()])
-    return PipelineFeeder(cfg, stream, scorer=None, pool=pool, reference=None, eos_id=None,
+    return PipelineFeeder(cfg, stream, scorer=None, pool=pool or FakePool(), reference=None, eos_id=None,
                           weight_version=lambda: version)
 
 
@@ -265,3 +304,86 @@ def test_the_final_checkpoint_records_what_was_in_flight_when_the_engines_stoppe
     assert r.step == 3 and r.regenerated_on_resume == 2  # the first step's pipeline/regenerated_on_resume
     assert "the 2 group(s) in flight at that checkpoint are generated again first" in capsys.readouterr().out
     assert r.stream.take(2) == [examples[4], examples[2]]
+
+
+def submitting(f: PipelineFeeder, died: set[int] = frozenset()) -> list[int]:
+    """Fakes the engines' calls: each call is recorded by engine; an engine in `died` fails as a dead actor."""
+    called = []
+
+    def call(w, make_call, what):
+        called.append(w)
+        if w in died:
+            with f._cv:
+                f._failed.add(w)
+                f._revive = True
+            return None
+        return {"pid": 1}
+
+    f._call = call
+    return called
+
+
+def test_an_engine_lost_with_its_host_leaves_the_fleet_and_its_groups_go_to_the_others(capsys):
+    """Two engines, 4 groups in flight each (the bound, 8, shared): engine 1's host is lost, and a call
+    to it fails. The feeder calls it no more, and the loop's thread takes it out of the fleet (no revive:
+    its host is gone); its 4 groups are generated again on engine 0, which now takes the whole bound."""
+    examples = [Example(f"p{i}", prompt_ids=[1, i]) for i in range(40)]
+    pool = FakePool(engines=2)
+    f = feeder(version=0, stream=PromptStream(examples, seed=0), pool=pool, pipeline_groups_in_flight=8)
+    called = submitting(f)
+    f._top_up()
+    assert called == [0, 1] and [len(h) for h in f._held] == [4, 4]
+    on_1 = [ex for ex, _ in f._held[1].values()]
+
+    pool.lost.add(1)
+    called = submitting(f, died={1})
+    f._poll = lambda: [f._call(w, None, "returning finished groups") for w in f._supplied()]
+    f._poll()
+    assert f._failed == {1} and f._revive
+    called.clear()
+    f._top_up()
+    f._poll()
+    assert called == [0]  # left alone from its first failed call (engine 0 is full: polled only)
+
+    f._check_fleet()  # what next_batch does first
+    assert pool.live == [0] and ("leave", 1) in pool.events and ("revive", 1) not in pool.events
+    assert f._held[1] == {} and list(f._again) == on_1 and f.requeued == 4 and f._failed == set() and not f._revive
+    assert "rollout worker 1 left the fleet; its 4 group(s) in flight are generated on the others" in capsys.readouterr().out
+    called.clear()
+    f._top_up()
+    assert called == [0] and len(f._held[0]) == 8 and not f._again  # engine 0 takes the lost groups first
+    assert on_1 == [ex for ex, _ in f._held[0].values()][4:]
+
+
+def test_an_engine_that_joins_is_fed_only_once_it_has_the_weights():
+    """An elastic start with 1 of 2 engines: the other is placed when a node joins. The pool puts it in its
+    live list before it sends it the weights (on_rejoin); the feeder gives it groups only after that."""
+    pool = FakePool(engines=2, live=[0])
+    examples = [Example(f"p{i}", prompt_ids=[1, i]) for i in range(40)]
+    f = feeder(version=2, stream=PromptStream(examples, seed=0), pool=pool, pipeline_groups_in_flight=8)
+    called = submitting(f)
+    f._top_up()
+    assert called == [0] and len(f._held[0]) == 8  # one engine: the whole bound
+    fed_while_syncing = []
+    pool.on_rejoin = lambda w: fed_while_syncing.append(f._supplied())
+    pool.joining.add(1)
+    f._check_fleet()
+    assert pool.events[-1] == ("rejoin", 1) and fed_while_syncing == [[0]]
+    assert f._supplied() == [0, 1]
+    f._held[0].clear()  # engine 0 finished its groups
+    called.clear()
+    f._top_up()
+    assert called == [0, 1] and [len(h) for h in f._held] == [4, 4]  # the bound shared again
+
+
+def test_a_killed_engine_whose_host_lives_is_revived_and_fed_again():
+    """A call found engine 0 dead while its host lives: the loop's thread has the pool revive it (Ray restarts
+    it in place, the pool re-syncs it) and it is fed again; the other engines are asked whether they changed."""
+    pool = FakePool(engines=2)
+    f = feeder(version=0, pool=pool)
+    submitting(f, died={0})
+    f._call(0, None, "taking prompts")
+    assert f._supplied() == [1]
+    f._check_fleet()
+    assert ("revive", 0) in pool.events and ("restarted?", [1]) in pool.events and pool.live == [0, 1]
+    assert f._supplied() == [0, 1]
