@@ -87,8 +87,10 @@ def build_ds_config(cfg: LearnerConfig, *, world_size: int, on_gpu: bool) -> dic
         "optimizer": {
             "type": "AdamW",
             # torch.optim.AdamW: DeepSpeed's fused/CPU Adam need compiled ops (and a GPU for fused).
+            # torch's own fused kernel (CPU and CUDA): DeepSpeed passes foreach=None, which on CPU means
+            # one tensor at a time, 0.52 s a step for SmolLM2's 134.5M parameters against 0.066 s fused.
             "params": {"lr": cfg.lr, "betas": [cfg.adam_beta1, cfg.adam_beta2], "eps": cfg.adam_eps,
-                       "weight_decay": cfg.weight_decay, "torch_adam": True},
+                       "weight_decay": cfg.weight_decay, "torch_adam": True, "fused": True},
         },
         "zero_optimization": zero,
         "bf16": {"enabled": bf16},
