@@ -8,7 +8,7 @@ import torch
 
 from learner import grpo
 from learner.batch import MicroBatch
-from learner.sequences import shared_prompt_logits
+from learner.sequences import logits_to_keep, shared_prompt_logits
 
 
 def completion_logits(model, mb: MicroBatch, device, share_prompts: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,11 +19,15 @@ def completion_logits(model, mb: MicroBatch, device, share_prompts: bool) -> tup
     else one pass per sequence, the log-softmax then taken over the completion positions only."""
     if share_prompts and mb.shared.saves_work():
         return shared_prompt_logits(model, mb.shared, device), mb.shared.completion_ids.to(device)
-    out = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
-                position_ids=mb.position_ids.to(device), use_cache=False)
-    logits = out.logits[:, :-1]  # row t scores token t+1
+    width = mb.input_ids.shape[1]
+    # Logits from the first completion position on (row t scores token t+1): the prompts' are never read.
+    keep = logits_to_keep(model, width - int(mb.comp_index[:, 0].min()))
+    logits = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
+                   position_ids=mb.position_ids.to(device), use_cache=False, **keep).logits
     index = mb.comp_index.to(device)
-    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    # padding's index 0 would fall before the kept positions: it points anywhere, its loss is masked out
+    at = (index - (width - logits.shape[1])).clamp(min=0)
+    picked = logits.gather(1, at.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     return picked, mb.input_ids[:, 1:].to(device).gather(1, index)
 
 

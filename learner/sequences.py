@@ -20,6 +20,7 @@ prompt tokens cost 1/G of the compute. Short completions after long prompts gain
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -107,6 +108,17 @@ def pack_shared(prompt_ids: list[list[int]], completion_ids: list[list[int]], pa
         one_pass_width=max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)))
 
 
+def logits_to_keep(model, keep: int | torch.Tensor) -> dict:
+    """The forward's keyword that has the LM head score only the last `keep` positions (or the positions
+    listed), where the model under `model` (DeepSpeed's engine, a peft wrapper) takes it, as transformers'
+    causal LMs do (TRL passes it too): the logits of positions never read are a good share of the step
+    for a large vocabulary and the step's largest tensor ([n, T, V]). Empty where it is not taken; the
+    caller reads which positions came back from the logits' width."""
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(inner.forward).parameters else {}
+
+
 def shared_prompt_logits(model, sp: SharedPrompts, device) -> torch.Tensor:
     """[n, C, V] logits, row j scoring completion token j, with each distinct prompt through `model`
     (a HF causal LM, or DeepSpeed's engine around one) once. Differentiable: the gradient of a
@@ -121,8 +133,10 @@ def shared_prompt_logits(model, sp: SharedPrompts, device) -> torch.Tensor:
     rows = sp.row_prompt.to(device)
     prompt_mask = sp.prompt_mask.to(device)
     positions = torch.arange(sp.prompt_ids.shape[1], device=device).expand(sp.prompt_ids.shape[0], -1)
+    # Of the prompt pass only each prompt's last position is scored: the LM head runs on those alone.
+    last_positions, column = torch.unique(sp.prompt_last.to(device), return_inverse=True)
     out = model(input_ids=sp.prompt_ids.to(device), attention_mask=prompt_mask, position_ids=positions,
-                use_cache=True)
+                use_cache=True, **logits_to_keep(model, last_positions))
     layers = getattr(out.past_key_values, "layers", None)
     if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
         raise PromptSharingUnsupported(f"the model's cache is {type(out.past_key_values).__name__} with layers "
@@ -131,7 +145,8 @@ def shared_prompt_logits(model, sp: SharedPrompts, device) -> torch.Tensor:
     logits = model(input_ids=sp.completion_ids.to(device),
                    attention_mask=torch.cat([prompt_mask.index_select(0, rows), sp.completion_mask.to(device)], 1),
                    position_ids=sp.completion_pos.to(device), past_key_values=cache, use_cache=True).logits
-    last = out.logits[torch.arange(len(sp.prompt_last), device=device), sp.prompt_last.to(device)]
+    kept = out.logits.shape[1] == len(last_positions) < sp.prompt_ids.shape[1]  # else every position came back
+    last = out.logits[torch.arange(len(sp.prompt_last), device=device), column if kept else sp.prompt_last.to(device)]
     return torch.cat([last.index_select(0, rows).unsqueeze(1), logits[:, :-1]], 1)
 
 
@@ -188,12 +203,14 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
                             out[i] = lp[r, :len(completion_ids[i])].tolist()
                         continue
             ids, mask, pos, comp = pack_sequences([prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], pad_id)
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                           position_ids=pos.to(device)).logits
-            # Only the completion positions go through the log-softmax (row t scores token t+1).
-            keep = comp[:, 1:].to(device)
+            width = ids.shape[1]  # logits from the first completion position on (row t scores token t+1)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                           **logits_to_keep(model, width - min(len(prompt_ids[i]) for i in rows) + 1)).logits
+            # Only the completion positions go through the log-softmax.
+            keep = comp[:, 1:][:, width - logits.shape[1]:].to(device)
             # [K, 1, V]: the chunks of token_logprobs then bound the float32 copy (a row per token).
-            lp = token_logprobs(logits[:, :-1][keep].unsqueeze(1), ids[:, 1:].to(device)[keep].unsqueeze(1))[:, 0]
+            targets = ids[:, 1:][:, width - logits.shape[1]:].to(device)
+            lp = token_logprobs(logits[:, :-1][keep].unsqueeze(1), targets[keep].unsqueeze(1))[:, 0]
             for i, row in zip(rows, lp.cpu().split(keep.sum(1).tolist())):
                 out[i] = row.tolist()
     return out

@@ -7,6 +7,8 @@ import pytest
 import torch
 from prompt_sharing_cases import groups, one_pass_logprobs
 
+from learner.batch import MicroBatch, TrainBatch
+from learner.forward import completion_logits
 from learner.grpo import token_logprobs
 from learner.sequences import PromptSharingUnsupported, completion_logprobs, pack_shared, shared_prompt_logits
 
@@ -66,3 +68,40 @@ def test_a_cache_that_cannot_be_shared_falls_back_to_one_pass_per_sequence():
     got = completion_logprobs(model, prompt_ids, completion_ids, micro_batch_size=8)
     one = completion_logprobs(model, prompt_ids, completion_ids, micro_batch_size=8, share_prompts=False)
     assert all(a == pytest.approx(b, abs=1e-6) for a, b in zip(got, one))
+
+
+@pytest.mark.parametrize("make", [qwen2, gpt2], ids=["qwen2", "gpt2"])
+def test_the_lm_head_scores_only_the_positions_whose_log_probs_are_read(make):
+    """transformers' `logits_to_keep`: one pass per sequence scores from the first completion position on,
+    the prompt pass of prompt sharing only each prompt's last position; the log-probs and the gradients
+    are those of scoring every position."""
+    model = make()
+    model.train()
+    scored = []
+    model.lm_head.register_forward_hook(lambda m, args, out: scored.append(args[0].shape[0] * args[0].shape[1]))
+    prompt_ids, completion_ids = groups()
+    n = len(prompt_ids)
+    mb = MicroBatch.build(TrainBatch(prompt_ids, completion_ids, [0.0] * n, [[0.0] * len(c) for c in completion_ids]),
+                          range(n))
+    mask = mb.mask
+    one = one_pass_logprobs(model, prompt_ids, completion_ids)
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = torch.linspace(-1, 1, mask.numel()).reshape(mask.shape)
+    g_one = torch.autograd.grad((one * mask * weights).sum(), params)
+    width, shortest_prompt = mb.input_ids.shape[1], min(map(len, prompt_ids))
+    for share in (False, True):
+        scored.clear()
+        logits, targets = completion_logits(model, mb, torch.device("cpu"), share)
+        lp = token_logprobs(logits, targets)
+        if share:  # the prompt pass: the 3 prompts' last positions (lengths 5, 2 and 8); then every completion row
+            assert scored[0] == 3 * 3 and scored[1] == n * mb.shared.completion_ids.shape[1], scored
+        else:
+            assert scored == [n * (width - shortest_prompt + 1)] and scored[0] < n * width
+        assert torch.allclose(lp * mask, one * mask, atol=1e-5), (lp * mask - one * mask).abs().max()
+        for a, b in zip(torch.autograd.grad((lp * mask * weights).sum(), params), g_one):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
+    scored.clear()
+    plain = completion_logprobs(model.eval(), prompt_ids, completion_ids, micro_batch_size=n, share_prompts=False)
+    assert scored == [n * (width - shortest_prompt + 1)]
+    for row, c, ref in zip(plain, completion_ids, one):
+        assert row == pytest.approx(ref[:len(c)].tolist(), abs=1e-5)
