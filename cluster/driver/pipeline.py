@@ -167,7 +167,13 @@ class PipelineFeeder:
             for w in failed:
                 if w in pool.live:
                     pool.recover(w)
-            pool.restarted_workers([w for w in pool.live if w not in failed])
+            for w in [w for w in pool.live if w not in failed]:
+                try:
+                    pool.restarted_workers([w])
+                except ActorFailed as e:  # it died since: as if a call had found it so
+                    if not e.died:
+                        raise
+                    pool.recover(w)
         pool.rejoin()
         with self._cv:
             for w in self._feeding:

@@ -14,6 +14,7 @@ from cluster.data.dataset import Example, PromptStream
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.trainer import version_metrics
+from cluster.launch.waits import ActorFailed
 from cluster.run.resume import resume_point
 from learner.config import AlgoConfig
 from learner.grpo import LossInputs, decoupled_weights, no_correction, policy_loss, tis_weights
@@ -387,3 +388,22 @@ def test_a_killed_engine_whose_host_lives_is_revived_and_fed_again():
     f._check_fleet()
     assert ("revive", 0) in pool.events and ("restarted?", [1]) in pool.events and pool.live == [0, 1]
     assert f._supplied() == [0, 1]
+
+
+def test_an_engine_found_dead_while_the_others_are_asked_is_recovered_not_raised():
+    """While the loop's thread asks the live engines whether they changed process, one that died meanwhile
+    (its host lost before any call of the feeder failed) is recovered like one a call found dead: out of the
+    fleet with its host, its groups generated again, the run going on."""
+    pool = FakePool(engines=2)
+    f = feeder(version=0, pool=pool)
+
+    def restarted_workers(workers=None):
+        if workers == [1]:
+            pool.lost.add(1)
+            raise ActorFailed("rollout worker 1", "restarting", died=True)
+        return []
+
+    pool.restarted_workers = restarted_workers
+    f._revive = True  # engine 0 answered as another process
+    f._check_fleet()
+    assert pool.live == [0] and ("leave", 1) in pool.events and f._supplied() == [0]
