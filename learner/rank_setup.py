@@ -130,7 +130,9 @@ def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: i
 
     timeout = default_pg_timeout  # what deepspeed.init_distributed would use
     if rank == 0:
-        store = listening_store(master_addr, master_port, timeout)
+        # Alone, no peer needs the port the driver picked: any free one (another process may have taken that
+        # one since; it cost every actor a restart in a test run).
+        store = listening_store(master_addr, master_port if world_size > 1 else 0, timeout)
     else:
         if connect_timeout_s is not None:
             reach(master_addr, master_port, connect_timeout_s, f"learner rank {rank}",

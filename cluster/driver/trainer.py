@@ -201,10 +201,12 @@ class Trainer:
         checkpoint's copy). TensorBoard and metrics.jsonl write here, so a full disk is named before
         any actor starts."""
         cfg = self.cfg
-        if self.log is not None:  # a restart after a dead learner rank
+        wandb_run = None
+        if self.log is not None:  # a restart after a dead learner rank: the same W&B run goes on
+            wandb_run = self.log.detach_wandb()
             self.log.close()
         self.resume_from = resume_point(cfg, restarting=self.learner_restarts > 0)
-        self.log = MetricsLogger(self.run_dir, cfg.trainer.steps, self.resume_from.step,
+        self.log = MetricsLogger(self.run_dir, cfg.trainer.steps, self.resume_from.step, wandb_run=wandb_run,
                                  tensorboard=cfg.metrics.tensorboard, wandb_init=cfg.metrics.wandb_init(),
                                  config=cfg.to_dict(), show_staleness=cfg.trainer.mode != "sync",
                                  show_kl=cfg.algo.beta > 0, carried_rows=self.resume_from.carried_rows(),

@@ -94,8 +94,9 @@ class MetricsLogger:
     def __init__(self, run_dir: str | Path, total_steps: int, start_step: int = 0, *, tensorboard: bool = True,
                  wandb_init: dict | None = None, config: dict | None = None, show_staleness: bool = False,
                  show_kl: bool = True, extra_keys: tuple[str, ...] = (), carried_rows: list[dict] = (),
-                 eval_every: int = 0, evaluates: bool = False):
+                 eval_every: int = 0, evaluates: bool = False, wandb_run=None):
         """wandb_init: wandb.init's keywords (project, name, entity, tags); None: no W&B.
+        wandb_run: a W&B run to go on with instead (the one of the logger before a restart, `detach_wandb`).
         show_staleness: the progress line says how many weight versions behind each batch was (async).
         show_kl: the progress line shows the KL (not in a run without a KL term, algo.beta = 0).
         extra_keys: this run's keys beside STEP_KEYS (the per-reward-function ones).
@@ -132,7 +133,9 @@ class MetricsLogger:
             purge = start_step + 1 if start_step > 0 else 0
             with naming_save_errors(self._tb_dir):  # it writes (and fails on a full disk) at once
                 self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge)
-        if wandb_init is not None:
+        if wandb_run is not None:
+            self._wandb = wandb_run
+        elif wandb_init is not None:
             self._wandb = start_wandb(wandb_init, self.run_dir, config or {})
         if sys.stderr.isatty():
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
@@ -229,6 +232,13 @@ class MetricsLogger:
         """Copy the rows of steps <= through_step into a checkpoint being written in `directory`."""
         rows = [line for line, row in _parsed_lines(self.path) if row is not None and row["step"] <= through_step]
         (Path(directory) / CHECKPOINT_ROWS).write_text("".join(rows))
+
+    def detach_wandb(self):
+        """The W&B run, which `close` then leaves running: the logger after a restart within the same command goes
+        on with it (one W&B run per `raygrpo train`, not one per start of the actors). W&B ignores rows of a step
+        it already has: the redone steps keep their first rows there (metrics.jsonl keeps the new ones)."""
+        run, self._wandb = self._wandb, None
+        return run
 
     def close(self) -> None:
         if self._bar is not None:

@@ -156,6 +156,30 @@ def test_completions_go_to_jsonl_tensorboard_and_a_wandb_table_with_the_run_name
     assert text.step == 1 and b"reward 1.000 (exact_match 1.000)" in text.tensor_proto.string_val[0]
 
 
+def test_a_restart_within_one_command_goes_on_with_the_same_wandb_run(tmp_path, monkeypatch):
+    """Trainer._open_log after a dead learner rank: the new logger takes over the W&B run (a second wandb.init
+    made a second offline run in the same run dir, seen in an e2e run whose learner's port was taken)."""
+    class Recording(FakeWandb):
+        finished = 0
+
+        def finish(self):
+            self.finished += 1
+
+    fake = Recording()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    init = MetricsConfig(wandb=True).wandb_init()
+    first = MetricsLogger(tmp_path, total_steps=4, tensorboard=False, wandb_init=init)
+    first.log_step({"step": 1, "reward": 0.5})
+    run = first.detach_wandb()
+    first.close()
+    assert run is fake and fake.finished == 0  # closing the first logger left the run going
+    second = MetricsLogger(tmp_path, total_steps=4, start_step=1, tensorboard=False, wandb_init=init, wandb_run=run)
+    second.log_step({"step": 2, "reward": 0.75})
+    second.close()
+    assert len(fake.inits) == 1 and fake.finished == 1
+    assert [(step, data["train/reward"]) for step, data in fake.logged] == [(1, 0.5), (2, 0.75)]
+
+
 def test_a_resume_moves_completions_of_redone_steps_aside(tmp_path):
     log = MetricsLogger(tmp_path, total_steps=3, tensorboard=False)
     for step in (1, 2, 3):
