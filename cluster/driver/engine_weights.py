@@ -85,7 +85,7 @@ class EngineWeights:
         """While the weights travel: an engine whose host was lost (a partition: no connection reset reaches
         the sender) would hold the transfer until its timeout; named, the transfer is given up on (PeerLost),
         the engine leaves the fleet and the update goes to the others (`update`)."""
-        lost = [a for a in self.hosts.check() if a.startswith("rollout worker ") and int(a.rsplit(" ", 1)[1]) in self.pool.live]
+        lost = [f"rollout worker {w}" for w in self.pool.lost_with_host()]
         return (f"{', '.join(lost)} was lost with its host during the transfer, which would wait for it until its "
                 f"timeout (trainer.actor_timeout_s={self.cfg.trainer.actor_timeout_s:.0f}s)") if lost else None
 

@@ -160,20 +160,12 @@ class PipelineFeeder:
             revive, self._revive = self._revive, False
             failed = sorted(self._failed)
         if revive:  # a call failed, or an engine answered as another process
-            for actor in pool.hosts.check():
-                w = int(actor.rsplit(" ", 1)[1]) if actor.startswith("rollout worker ") else -1
-                if w in pool.live:
-                    pool.leave(w)
-            for w in failed:
+            for w in pool.lost_with_host():
+                pool.leave(w)
+            for w in failed:  # first: asked again, one whose host is gone would hold the call until Ray says so
                 if w in pool.live:
                     pool.recover(w)
-            for w in [w for w in pool.live if w not in failed]:
-                try:
-                    pool.restarted_workers([w])
-                except ActorFailed as e:  # it died since: as if a call had found it so
-                    if not e.died:
-                        raise
-                    pool.recover(w)
+            pool.recover_all("answering after a call of the pipeline failed or came from a new process")
         pool.rejoin()
         with self._cv:
             for w in self._feeding:

@@ -111,14 +111,14 @@ class RolloutPool:
             pending = again
         return [results[i] for i in range(n)]
 
-    def recover_all(self) -> bool:
-        """After a weight update failed: every live engine is checked; a dead one is revived or leaves the
-        fleet with its host. True when any engine changed (the update is then sent again by the caller)."""
+    def recover_all(self, activity: str = "answering after a failed weight update") -> bool:
+        """After a call failed (a weight update; pipeline mode: a call of the feeder): every live engine is
+        checked; a dead one is revived or leaves the fleet with its host, one that answers as another process
+        (restarted between calls) is revived. True when any engine changed (a failed update then goes again)."""
         changed = False
         for w in list(self.live):
             try:
-                info = wait_for(self.handles[w].info.remote(), f"rollout worker {w}", "answering after a failed "
-                                "weight update", self.timeout_s)
+                info = wait_for(self.handles[w].info.remote(), f"rollout worker {w}", activity, self.timeout_s)
             except ActorFailed as e:
                 if not e.died:
                     raise
@@ -130,16 +130,10 @@ class RolloutPool:
                 changed = True
         return changed
 
-    def restarted_workers(self, workers: list[int] | None = None) -> list[int]:
-        """Of `workers` (default: the live ones), those whose process changed since we last looked (each
-        waited for), revived."""
-        out = []
-        for w in list(self.live) if workers is None else workers:
-            info = wait_for(self.handles[w].info.remote(), f"rollout worker {w}", "restarting", self.timeout_s)
-            if info["pid"] != self.pids[w]:
-                self._revive(w, info)
-                out.append(w)
-        return out
+    def lost_with_host(self) -> list[int]:
+        """The live engines whose host Ray has marked dead now (each lost host said once, HostWatch.check)."""
+        lost = [a for a in self.hosts.check() if a.startswith("rollout worker ")]
+        return [w for w in (int(a.rsplit(" ", 1)[1]) for a in lost) if w in self.live]
 
     # ------------------------------------------------------------------ a dead engine
     def recover(self, w: int) -> bool:

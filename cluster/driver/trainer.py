@@ -373,9 +373,8 @@ class Trainer:
         rank = dead.removeprefix("learner rank ")
         if rank.isdigit():  # Ray may call it unavailable (its socket closed) before its host is known dead:
             wait_dead(self.actors.learners[int(rank)], dead, HOST_DEATH_WAIT_S)  # then the lost host is said and waited for
-        for actor in self.hosts.check():
-            if actor.startswith("rollout worker ") and int(actor.rsplit(" ", 1)[1]) in self.pool.live:
-                self.pool.leave(int(actor.rsplit(" ", 1)[1]))
+        for w in self.pool.lost_with_host():
+            self.pool.leave(w)
         return bool(self.pool.live)
 
     def _restart_learners(self) -> None:

@@ -14,7 +14,6 @@ from cluster.data.dataset import Example, PromptStream
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.trainer import version_metrics
-from cluster.launch.waits import ActorFailed
 from cluster.run.resume import resume_point
 from learner.config import AlgoConfig
 from learner.grpo import LossInputs, decoupled_weights, no_correction, policy_loss, tis_weights
@@ -29,33 +28,40 @@ def group(name: str, versions: list[list[int]]) -> ScoredGroup:
 
 class FakePool:
     """What the feeder uses of RolloutPool (cluster/driver/rollout_pool.py), engines faked: `lost` engines'
-    host is dead in Ray's node table, `joining` ones are placed on a node that joined. `live`: those that
-    generate from the start (an elastic start's fewer)."""
+    host is dead in Ray's node table, `dying` ones die while recover_all asks them (their host lost, not yet
+    marked dead), `joining` ones are placed on a node that joined. `live`: those that generate from the start
+    (an elastic start's fewer)."""
 
     def __init__(self, engines: int = 1, live: list[int] | None = None):
         self.handles = [SimpleNamespace(name=f"engine {w}") for w in range(engines)]
         self.live = list(range(engines)) if live is None else live
         self.pids = [1] * engines
         self.lost: set[int] = set()
+        self.dying: set[int] = set()
         self.joining: set[int] = set()
         self.events: list = []
         self.on_rejoin = lambda w: None
-        self.hosts = SimpleNamespace(check=lambda: [f"rollout worker {w}" for w in sorted(self.lost)])
+
+    def lost_with_host(self):
+        return [w for w in sorted(self.lost) if w in self.live]
 
     def leave(self, w):
         self.live.remove(w)
         self.events.append(("leave", w))
 
     def recover(self, w):
-        if w in self.lost:
+        if w in self.lost or w in self.dying:  # RolloutPool.recover waits until Ray marks the host dead
             self.leave(w)
             return False
         self.events.append(("revive", w))
         return True
 
-    def restarted_workers(self, workers=None):
-        self.events.append(("restarted?", workers))
-        return []
+    def recover_all(self, activity):
+        """As RolloutPool.recover_all: every live engine asked; one that died since is recovered."""
+        self.events.append(("recover_all", tuple(self.live)))
+        for w in [w for w in self.live if w in self.dying]:
+            self.recover(w)
+        return False
 
     def rejoin(self):
         back = sorted(self.joining)
@@ -379,14 +385,15 @@ def test_an_engine_that_joins_is_fed_only_once_it_has_the_weights():
 
 def test_a_killed_engine_whose_host_lives_is_revived_and_fed_again():
     """A call found engine 0 dead while its host lives: the loop's thread has the pool revive it (Ray restarts
-    it in place, the pool re-syncs it) and it is fed again; the other engines are asked whether they changed."""
+    it in place, the pool re-syncs it) and it is fed again; then every engine is asked whether it changed."""
     pool = FakePool(engines=2)
     f = feeder(version=0, pool=pool)
     submitting(f, died={0})
     f._call(0, None, "taking prompts")
     assert f._supplied() == [1]
     f._check_fleet()
-    assert ("revive", 0) in pool.events and ("restarted?", [1]) in pool.events and pool.live == [0, 1]
+    assert ("revive", 0) in pool.events and ("recover_all", (0, 1)) in pool.events and pool.live == [0, 1]
+    assert pool.events.index(("revive", 0)) < pool.events.index(("recover_all", (0, 1)))
     assert f._supplied() == [0, 1]
 
 
@@ -396,14 +403,7 @@ def test_an_engine_found_dead_while_the_others_are_asked_is_recovered_not_raised
     fleet with its host, its groups generated again, the run going on."""
     pool = FakePool(engines=2)
     f = feeder(version=0, pool=pool)
-
-    def restarted_workers(workers=None):
-        if workers == [1]:
-            pool.lost.add(1)
-            raise ActorFailed("rollout worker 1", "restarting", died=True)
-        return []
-
-    pool.restarted_workers = restarted_workers
+    pool.dying.add(1)
     f._revive = True  # engine 0 answered as another process
     f._check_fleet()
     assert pool.live == [0] and ("leave", 1) in pool.events and f._supplied() == [0]
