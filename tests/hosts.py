@@ -177,13 +177,11 @@ def two_hosts(mounts: dict[str, dict[str, str]] | None = None):
 # ---------------------------------------------------------------- Ray on the hosts, as a user starts it
 
 # A user's environment: no RAY_* variable, the venv not on PATH (its `ray` is called by path). The head
-# then runs with token authentication (Ray 2.60 does whenever ~/.ray/auth_token exists).
+# then runs with token authentication if ~/.ray/auth_token exists when it starts (Ray 2.60; any earlier
+# ray.init on the machine writes one), and without it on a fresh machine.
 USER_ENV = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
 USER_ENV["PATH"] = os.pathsep.join(p for p in USER_ENV.get("PATH", "/usr/bin:/bin").split(os.pathsep)
                                    if p and Path(p).resolve() != BIN.resolve())
-# A node joining a token-authenticated head needs RAY_AUTH_MODE=token (Ray 2.60 switches it on by
-# itself only for a head and for ray.init; Ray's docs: "configured consistently on every node").
-WORKER_NODE_ENV = {**USER_ENV, "RAY_AUTH_MODE": "token"}
 GCS_PORT, DASHBOARD_PORT = 6379, 8265  # Ray's defaults: every host has its own ports
 
 
@@ -213,7 +211,23 @@ def ray_head(host: Host, temp_dir: str, log, num_cpus: int = 3) -> None:
 
 def ray_worker(host: Host, head: Host, temp_dir: str, log, num_cpus: int = 3) -> None:
     ray_start(host, [f"--address={head.address}:{GCS_PORT}", f"--num-cpus={num_cpus}"], temp_dir, log,
-              WORKER_NODE_ENV)
+              joining_env(USER_ENV, head_auth_mode(host, head)))
+
+
+def joining_env(env: dict, head_mode: str | None) -> dict:
+    """The environment of a node joining a head that runs `head_mode`: RAY_AUTH_MODE=token for a token
+    head (Ray 2.60 switches token mode on by itself only on a head and in ray.init; its docs: "configured
+    consistently on every node"), nothing added otherwise: a joining node in token mode with no token
+    fails ("Token authentication is enabled but no authentication token was found"), as on a fresh
+    machine whose head started before any ray.init wrote ~/.ray/auth_token."""
+    return {**env, "RAY_AUTH_MODE": "token"} if head_mode == "token" else dict(env)
+
+
+def head_auth_mode(host: Host, head: Host) -> str | None:
+    """The mode the head runs, 'token' or 'disabled', asked from `host` (cluster/launch/auth.py)."""
+    probe = f"from cluster.launch.auth import gcs_auth_mode; print(gcs_auth_mode('{head.address}:{GCS_PORT}'))"
+    out = host.run([sys.executable, "-c", probe], env=USER_ENV, timeout=120)
+    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def dashboard(head: Host) -> str:

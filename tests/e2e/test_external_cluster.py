@@ -108,7 +108,12 @@ def hand_started_head(ports_given: dict | None = None):
 
 @pytest.fixture(scope="module")
 def head():
-    """One hand-started head for the module's tests."""
+    """One hand-started head for the module's tests, with token authentication: where no ray.init has
+    written ~/.ray/auth_token yet (a fresh machine), the user's step for a token cluster in Ray's docs
+    makes one first (`ray get-auth-token --generate`); the head then switches token mode on by itself."""
+    if not (Path.home() / ".ray" / "auth_token").is_file():
+        subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=user_env(), check=True,
+                       capture_output=True, timeout=120)
     with hand_started_head() as addresses:
         yield addresses
 

@@ -31,8 +31,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hosts import joining_env
 
 from actors.runtime.sockets import free_port
+from cluster.launch.auth import gcs_auth_mode
 from cluster.launch.ray_cluster import NODE_START_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +43,7 @@ BIN = Path(sys.executable).parent
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
 ENV["PATH"] = os.pathsep.join(p for p in ENV.get("PATH", "/usr/bin:/bin").split(os.pathsep)
                               if p and Path(p).resolve() != BIN.resolve())
-NODE_ENV = {**ENV, **NODE_START_ENV, "RAY_AUTH_MODE": "token"}  # a node joining a token-authenticated head
+NODE_ENV = {**ENV, **NODE_START_ENV}  # the head's; a joining node's: hosts.joining_env
 
 
 STARTED = "block forever until terminated"  # what `ray start --block` says once its raylet has registered
@@ -52,7 +54,7 @@ class Node:
     On a loaded machine Ray's fixed 30 s for a raylet to register can run out ("The current node timed out
     during startup", docs/DESIGN.md); the start is then tried again, at most 3 times."""
 
-    def __init__(self, make_args, log_dir: Path, name: str):
+    def __init__(self, make_args, log_dir: Path, name: str, env: dict):
         """`make_args()`: the `ray start` arguments, made anew for each try (fresh free ports: on a shared
         machine another process may take one between free_port() and Ray's bind)."""
         self.log_path = log_dir / f"ray_{name}.log"
@@ -61,7 +63,7 @@ class Node:
             self.temp_dir = tempfile.mkdtemp(prefix="rg-lost-")
             with open(self.log_path, "a") as log:
                 self.proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", f"--temp-dir={self.temp_dir}",
-                                              "--disable-usage-stats", *args], env=NODE_ENV, cwd=self.temp_dir,
+                                              "--disable-usage-stats", *args], env=env, cwd=self.temp_dir,
                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 if self._started():
@@ -171,14 +173,15 @@ def cluster(tmp_path):
     gcs_port, nodes = free_port(), []
 
     def add_node(cpus: int = 1) -> Node:
+        env = joining_env(NODE_ENV, gcs_auth_mode(f"127.0.0.1:{gcs_port}"))
         nodes.append(Node(lambda: [f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1",
-                                   f"--num-cpus={cpus}"], tmp_path, f"node{len(nodes)}"))
+                                   f"--num-cpus={cpus}"], tmp_path, f"node{len(nodes)}", env))
         return nodes[-1]
 
     try:
         nodes.append(Node(lambda: ["--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
                                    "--include-dashboard=false", "--num-cpus=3", f"--ray-client-server-port={free_port()}"],
-                          tmp_path, "head"))
+                          tmp_path, "head", NODE_ENV))
         yield f"127.0.0.1:{gcs_port}", add_node
     finally:
         for node in reversed(nodes):
