@@ -24,11 +24,14 @@ WORKER_ENV = {
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 # Every Ray node raygrpo starts (the embedded cluster here; the test clusters, docker/compose.yaml,
-# docker/slurm.sbatch) gets these. The raylet gives its dashboard agent 30 s to register (Ray's
-# default) and then dies with "Timed out waiting for file .../dashboard_agent_listen_port_..."; on a
-# loaded machine the agent's start (imports, a Python per agent) takes longer. README says the same
-# to users who start nodes themselves.
-NODE_START_ENV = {"RAY_agent_register_timeout_ms": "300000"}
+# docker/slurm.sbatch) gets these.
+# - The raylet gives its dashboard agent 30 s to register (Ray's default) and then dies with "Timed out
+#   waiting for file .../dashboard_agent_listen_port_..."; on a loaded machine the agent's start (imports,
+#   a Python per agent) takes longer. README says the same to users who start nodes themselves.
+# - When the first driver connects, the raylet starts idle Python workers for tasks without a runtime env
+#   (`prestart_worker_first_driver`; 2 on a 2-core machine, ~1.4 CPU-s each). Every actor of a run has the
+#   run's runtime env (worker_runtime_env), so none of them is ever used: they only cost each start CPU.
+NODE_START_ENV = {"RAY_agent_register_timeout_ms": "300000", "RAY_prestart_worker_first_driver": "0"}
 
 
 def worker_runtime_env(extra_env: dict[str, str] | None = None, more: dict | None = None) -> dict:

@@ -53,7 +53,10 @@ def ray_cluster():
     """
     import ray
 
-    ray.init(num_cpus=8, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True)
+    # No idle workers prestarted (cluster/launch/ray_cluster.py NODE_START_ENV: as raygrpo's own clusters; as a
+    # system config here, so that no variable reaches the CLI runs this process starts)
+    ray.init(num_cpus=8, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True,
+             _system_config={"prestart_worker_first_driver": False})
     yield ray
     ray.shutdown()
 

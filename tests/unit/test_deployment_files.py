@@ -103,22 +103,25 @@ def test_the_slurm_scripts_allocation_holds_the_example_it_names():
     assert gpus <= nodes * int(opts["gpus-per-node"]) and cpus <= nodes * int(opts["cpus-per-task"])
 
 
-def test_every_ray_node_raygrpo_starts_gets_the_agent_registration_timeout(monkeypatch):
-    assert ray_cluster.NODE_START_ENV == {"RAY_agent_register_timeout_ms": "300000"}
-    (key, value), = ray_cluster.NODE_START_ENV.items()
-    assert f"export {key}=${{{key}:-{value}}}" in "\n".join(sbatch_lines())
-    for name in ("compose.yaml", "compose.host.yaml"):
-        compose = yaml.safe_load((ROOT / "docker" / name).read_text())
-        assert compose["x-node"]["environment"][key] == value, name
+def test_every_ray_node_raygrpo_starts_gets_the_node_start_environment(monkeypatch):
+    assert ray_cluster.NODE_START_ENV == {"RAY_agent_register_timeout_ms": "300000",
+                                          "RAY_prestart_worker_first_driver": "0"}
+    for key, value in ray_cluster.NODE_START_ENV.items():
+        assert f"export {key}=${{{key}:-{value}}}" in "\n".join(sbatch_lines()), key
+        for name in ("compose.yaml", "compose.host.yaml"):
+            compose = yaml.safe_load((ROOT / "docker" / name).read_text())
+            assert compose["x-node"]["environment"][key] == value, (name, key)
 
     seen = {}
     fake = types.SimpleNamespace(is_initialized=lambda: False,
                                  init=lambda **kw: seen.update(env=dict(__import__("os").environ)))
     monkeypatch.setitem(sys.modules, "ray", fake)
-    monkeypatch.delenv(key, raising=False)
+    for key in ray_cluster.NODE_START_ENV:
+        monkeypatch.delenv(key, raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # set, start_ray joins that cluster instead
     ray_cluster.start_ray("", num_cpus=8)  # the embedded cluster: its raylet reads the driver's environment
-    assert seen["env"][key] == value
+    assert {k: seen["env"][k] for k in ray_cluster.NODE_START_ENV} == ray_cluster.NODE_START_ENV
+    key = "RAY_agent_register_timeout_ms"
     monkeypatch.setenv(key, "900000")  # the user's own setting wins
     ray_cluster.start_ray("", num_cpus=8)
     assert seen["env"][key] == "900000"
