@@ -28,7 +28,7 @@ from actors.config import RolloutConfig
 from actors.multiturn.env_pool import EnvPool
 from actors.multiturn.trajectories import ChatTokens, run_trajectories
 from actors.pipeline import EngineLoop
-from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
+from actors.runtime.devices import eager_cpu_engine_env, on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.sockets import network_view
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
@@ -60,6 +60,8 @@ class RolloutWorker:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads or max(1, int(cfg.num_cpus))))
             os.environ[PACK_ABOVE_ENV] = str(cfg.cpu_pack_above_elements)  # read by actors/transport/vllm_plugin.py
+            for k, v in eager_cpu_engine_env(cfg.enforce_eager, gpu).items():  # read where vLLM decorates
+                os.environ.setdefault(k, v)
         # Until the driver's thread budget arrives (set_threads); vLLM's CPU worker turns
         # torch.set_num_threads into a no-op once it starts, use_threads goes around that.
         self._threads = cfg.threads or (0 if gpu else int(os.environ["OMP_NUM_THREADS"]))

@@ -2,7 +2,7 @@
 import torch
 
 from actors.config import RolloutConfig
-from actors.runtime.devices import on_gpu, resolve_dtype, resolve_enforce_eager
+from actors.runtime.devices import eager_cpu_engine_env, on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.transport.registry import resolve_backend
 from actors.transport.vllm_plugin import PACK_ABOVE_ENV, _computes_live
 from cluster.config import load_config
@@ -51,3 +51,10 @@ def test_small_float32_cpu_layers_compute_from_the_live_weight(monkeypatch):
     assert not _computes_live(torch.empty(16, 16, 4))  # not a linear weight
     monkeypatch.setenv(PACK_ABOVE_ENV, "0")  # pack every layer, as vLLM does
     assert not _computes_live(torch.empty(2, 2))
+
+
+def test_an_eager_cpu_engine_runs_vllms_compiled_sampler_functions_eagerly():
+    assert eager_cpu_engine_env(None, gpu=False) == {"TORCHDYNAMO_DISABLE": "1"}  # CPU's default: eager
+    assert eager_cpu_engine_env(True, gpu=False) == {"TORCHDYNAMO_DISABLE": "1"}
+    assert eager_cpu_engine_env(False, gpu=False) == {}  # the user asked vLLM to compile: leave torch.compile on
+    assert eager_cpu_engine_env(None, gpu=True) == {} and eager_cpu_engine_env(True, gpu=True) == {}
