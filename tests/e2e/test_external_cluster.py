@@ -1,8 +1,14 @@
 """A Ray cluster started by hand, exactly as a user does (README, "On a cluster"):
 
     .venv/bin/ray start --head --node-ip-address 127.0.0.1 --port P --dashboard-host 127.0.0.1 ...
-    raygrpo submit examples/cpu_demo.yaml --address http://127.0.0.1:D model.path=... trainer.steps=4
+    raygrpo submit my-project/train.yaml --address http://127.0.0.1:D
+    raygrpo submit examples/cpu_demo.yaml --address http://127.0.0.1:D model.path=...
     raygrpo train examples/cpu_demo.yaml model.path=... ray.address=127.0.0.1:P
+
+One submit trains (a user's own directory, outside the checkout); the submit of a config inside the
+checkout is refused by the job itself at its config check, which is all that mode needs of the job
+that the training submit does not already show (test_multinode.py trains a checkout submit on two
+hosts, where network namespaces can be made).
 
 The head is the venv's `ray` started by its path, with the venv NOT on PATH and no `RAY_*`
 variable in the environment of the head, the client or the test (Ray 2.60 then runs the head
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -118,19 +125,27 @@ def head():
         yield addresses
 
 
-@pytest.mark.timeout(900)
-def test_submit_to_a_head_started_by_hand(head, tiny_model_dir, tmp_path):
+@pytest.mark.timeout(600)
+def test_submit_of_a_config_in_the_checkout_uploads_the_checkout_and_runs_there_on_the_clusters_python(head, tmp_path):
+    """`raygrpo submit examples/cpu_demo.yaml` from the checkout: the checkout itself is the job's working
+    dir (no code beside it), `sh cluster/job_entry.sh` runs from the job's copy of it on the cluster's
+    Python, and the CLI there reads the config from that copy. A relative model.path that names no model
+    makes the job's own config check refuse it (no actor starts), naming the path it resolved in the
+    job's copy: the training itself is what the user-directory submit below shows."""
     _, dashboard = head
-    run_dir = tmp_path / "run"
     out = subprocess.run([str(BIN / "raygrpo"), "submit", "examples/cpu_demo.yaml", "--address", dashboard,
-                          *tiny_run(tiny_model_dir, run_dir, 4)],
-                         cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=800)
+                          "model.path=no-such-model", f"trainer.run_dir={tmp_path / 'run'}"],
+                         cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=500)
     print(out.stdout[-5000:], out.stderr[-3000:])
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "submitted job" in out.stdout and "SUCCEEDED" in out.stdout
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # the job FAILED, not the submit
+    assert "submitted job" in out.stdout and "FAILED" in out.stdout
+    assert "raygrpo's code beside it" not in out.stdout  # a config in the checkout: the checkout travels whole
     assert f"driver runs on {BIN / 'python'}" in out.stdout  # the cluster's Python, not the first on PATH
-    assert train_steps(run_dir) == [1, 2, 3, 4]
-    assert (run_dir / "hf_model" / "config.json").exists()
+    (resolved,) = re.findall(r"model\.path '([^']*)' is not a model directory", out.stdout)
+    # examples/cpu_demo.yaml was found (the problem is the model, not the config file) and the job ran
+    # in its copy of the checkout: the relative path resolves there, not in this checkout
+    assert resolved.endswith("/no-such-model") and not resolved.startswith(str(ROOT)), resolved
+    assert not (tmp_path / "run").exists()
 
 
 def listeners(pids: list[int]) -> list[tuple[int, str, int]]:
@@ -249,10 +264,13 @@ metrics: {{tensorboard: false}}
 
 
 @pytest.mark.timeout(900)
-def test_submit_a_users_own_directory_with_its_reward_and_environment_files(head, tiny_chat_model_dir, tmp_path):
-    """`raygrpo submit` of a config outside the checkout: its directory (config, reward file,
-    environment file, data; none of them in the checkout or known to the cluster) travels with the
-    job, raygrpo's own code beside it, and the job loads the files from its copy."""
+def test_submit_a_users_own_directory_trains_on_the_clusters_python_with_its_reward_and_environment_files(
+        head, tiny_chat_model_dir, tmp_path):
+    """`raygrpo submit` of a config outside the checkout to the hand-started head: the job's driver runs
+    on the cluster's Python and trains every step to SUCCEEDED, exporting hf_model/. The config's
+    directory (config, reward file, environment file, data; none of them in the checkout or known to
+    the cluster) travels with the job, raygrpo's own code beside it, and the job loads the files from
+    its copy. (The one training submit of this module: a config inside the checkout is the test above.)"""
     _, dashboard = head
     run_dir = tmp_path / "run"
     project = user_project(tmp_path, tiny_chat_model_dir, run_dir)
@@ -260,8 +278,11 @@ def test_submit_a_users_own_directory_with_its_reward_and_environment_files(head
                          cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=800)
     print(out.stdout[-5000:], out.stderr[-3000:])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"working dir {project}, raygrpo's code beside it" in out.stdout and "SUCCEEDED" in out.stdout
+    assert "submitted job" in out.stdout and "SUCCEEDED" in out.stdout
+    assert f"working dir {project}, raygrpo's code beside it" in out.stdout
+    assert f"driver runs on {BIN / 'python'}" in out.stdout  # the cluster's Python, not the first on PATH
     assert train_steps(run_dir) == [1, 2]
+    assert (run_dir / "hf_model" / "config.json").exists()
     rows = [json.loads(x) for x in (run_dir / "completions.jsonl").read_text().splitlines()]
     # the job's config names the reward file by its absolute path in the job's copy of the directory
     (spec,) = yaml.safe_load((run_dir / "config.yaml").read_text())["reward"]["functions"]

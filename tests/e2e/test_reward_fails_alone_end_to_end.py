@@ -1,6 +1,10 @@
 """Issue 36, item 1, as found: one run whose reward functions are a working built-in, a working verifier
 and six broken ones (a 500, an answer that is not JSON, NaN, strings, booleans, an over-size answer)
 plus a URL where nothing listens; the verifiers are local HTTP servers on 127.0.0.1 started here.
+A user's Python function that raises on every call is one more broken function of the same run (it
+runs in the reward worker processes, the verifiers in the driver): its error is said, and the halt
+names it with its message. (A run whose only function fails every call stops at step 1: the
+hostile-function runs of tests/e2e/test_reward_faults.py.)
 
 Each broken function fails alone: the steps go on with the two that work (their weights renormalised),
 each step's metrics row carries every function's error count, and after `trainer.halt_after` steps in a
@@ -74,21 +78,24 @@ def closed_port() -> int:
 
 BROKEN = {"e500": "HTTP 500", "notjson": "not JSON", "nan": "returned nan", "strings": "returned '1.0'",
           "bool": "returned True", "big": "more than 1 MB (reward.http_max_response_mb=1)",
-          "nolisten": "cannot connect"}
+          "nolisten": "cannot connect", "raises": "boom from user code"}
 
 
 def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, tiny_model_dir):
     home = tmp_path / "user"
     shutil.copytree(tiny_model_dir, home / "model")
+    (home / "my_rewards.py").write_text("def raises(prompt, completion, **kw):\n"
+                                        "    raise RuntimeError('boom from user code')\n")
     servers = Verifiers()
     urls = [f"{servers.base}/{p}" for p in ("ok", "e500", "notjson", "nan", "strings", "bool", "big")]
-    names = ["exact", "ok", "e500", "notjson", "nan", "strings", "bool", "big", "nolisten"]
+    names = ["exact", "ok", "e500", "notjson", "nan", "strings", "bool", "big", "nolisten", "raises"]
     cfg = {"model": {"path": "model"}, "data": {"train": "task:addition", "task_digits": 1, "num_eval": 0},
            "trainer": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "run_dir": "runs/verifiers",
                        "actor_timeout_s": 300, "halt_after": 2},
            "rollout": {"max_model_len": 48, "max_new_tokens": 4, "gpu_memory_utilization": 0.03},
            "learner": {"micro_batch_size": 8}, "metrics": {"tensorboard": False},
-           "reward": {"functions": ["exact_match", *urls, f"http://127.0.0.1:{closed_port()}/nolisten"],
+           "reward": {"functions": ["exact_match", *urls, f"http://127.0.0.1:{closed_port()}/nolisten",
+                                    "my_rewards.py:raises"],
                       "names": names, "http_timeout_s": 10, "http_max_retries": 1, "http_max_batch": 8,
                       "http_max_response_mb": 1}}
     (home / "run.yaml").write_text(yaml.safe_dump(cfg))
@@ -96,7 +103,7 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
         out = run(["train", "run.yaml"], home)
     finally:
         servers.close()
-    out.report("8 reward functions, 7 broken")
+    out.report("10 reward functions, 8 broken")
     text = out.text
     assert out.returncode == 3, text[-4000:]  # halted by the guard, after the checkpoint of step 2
     assert "every reward call failed" not in text and "Traceback" not in text
@@ -117,6 +124,7 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
     for n, why in BROKEN.items():
         assert why in halt[0], (n, halt[0])
     assert "for 2 consecutive steps" in halt[0] and "step-00000002 was saved" in halt[0]
+    assert (home / "runs" / "verifiers" / "config.yaml").exists()  # what was written stays
     assert servers.requests["/e500"] == 2 * 2 * 2  # 2 steps x 2 requests x (1 try + 1 retry: http_max_retries)
     assert servers.requests["/ok"] == 2 * 2
 

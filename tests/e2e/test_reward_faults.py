@@ -1,5 +1,9 @@
 """Hostile and hanging reward code in real runs, through the CLI, as the adversary found them (issue 30):
-a function that kills its parent, one that kills its parent now and then, one that hangs on every call."""
+a function that kills its parent, one that kills its parent now and then, one that hangs on every call.
+
+The one that kills its parent now and then is tested in tests/e2e/test_reward_verifier.py, in the
+verifier's run (one CLI run, with its Ray cluster, engine and learner, serves both): the verifier runs
+in the driver, the function in the worker processes it kills."""
 from __future__ import annotations
 
 import textwrap
@@ -46,26 +50,6 @@ def test_a_reward_that_kills_its_parent_cannot_take_the_driver_down(tiny_model_d
     [row] = read_metrics(tmp_path / "run")  # the step's row, written before the halt
     assert row["step"] == 1 and row["rewards/reward/errors"] == 16 and row["update_skipped"] is True
     assert not (tmp_path / "run" / "raygrpo.lock").exists() and (tmp_path / "run" / "config.yaml").exists()
-
-
-def test_a_reward_that_kills_its_parent_now_and_then_costs_only_those_calls(tiny_model_dir, tmp_path):
-    cfg = write_run(tmp_path, tiny_model_dir, """
-        import os, signal, time
-
-        def reward(prompt, completion, answer, **kw):
-            if prompt[0] in "13":  # prompts "a+b=" with a = 1 or 3: a fifth of them, every call of their group
-                os.kill(os.getppid(), signal.SIGKILL)
-                time.sleep(1)
-            return 1.0 if completion.strip() == answer else 0.0
-    """, "reward: {functions: [my_reward.py:reward, format], num_procs: 2}")
-    out = run_cli("train", cfg, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2]
-    errors = [r["rewards/reward/errors"] for r in rows]
-    assert sum(errors) > 0 and all(e % 4 == 0 for e in errors)  # whole groups: the prompt decides
-    assert all(r["rewards/format/errors"] == 0 for r in rows)
-    assert "reward process died (exit code -9)" in out.stderr
 
 
 def test_a_reward_that_hangs_on_every_call_stops_the_run_naming_it_and_its_timeout(tiny_model_dir, tmp_path):

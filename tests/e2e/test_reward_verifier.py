@@ -1,6 +1,13 @@
 """A remote verifier in a real run, through the CLI, with the verifier started by the test as a user
 starts one (its own process on 127.0.0.1): what it receives, its nulls, its 500s, a hung request,
-and a verifier that refuses raygrpo's credentials."""
+and a verifier that refuses raygrpo's credentials.
+
+The verifier's run also carries a user reward function that kills its parent now and then (issue 30,
+the case of tests/e2e/test_reward_faults.py) and `format`: one run, started once for both claims
+(each CLI run starts its own Ray cluster, engine and learner). The verifier runs in the driver, on
+threads (actors/rewards/http.py); the Python function runs in the isolated worker processes
+(actors/rewards/pool.py) whose keeper it kills, so neither can touch the other. Each test reads its
+own function's metrics (`rewards/<name>/...`), not the run's totals, which add the two."""
 from __future__ import annotations
 
 import json
@@ -9,6 +16,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from cluster.run.metrics import read_metrics
 from tests.e2e.test_train import ROOT, run_cli
@@ -63,7 +72,20 @@ def start(args: list[str]) -> tuple[subprocess.Popen, str]:
     return proc, proc.stdout.readline().split()[-1]
 
 
-def write_config(tmp_path: Path, tiny_model_dir, url: str, *extra: str) -> Path:
+# Kills its parent (its worker's keeper) on every call for prompts "a+b=" with a = 1 or 3 (a fifth of
+# them, every call of their group); scores the others like exact_match (test_reward_faults.py's case).
+KILLER = textwrap.dedent("""
+    import os, signal, time
+
+    def reward(prompt, completion, answer, **kw):
+        if prompt[0] in "13":  # prompts "a+b=" with a = 1 or 3: a fifth of them, every call of their group
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(1)
+        return 1.0 if completion.strip() == answer else 0.0
+""")
+
+
+def write_config(tmp_path: Path, tiny_model_dir, functions: list[str], *extra: str) -> Path:
     cfg = tmp_path / "verifier.yaml"
     cfg.write_text(textwrap.dedent(f"""
         model: {{path: {tiny_model_dir}}}
@@ -73,7 +95,7 @@ def write_config(tmp_path: Path, tiny_model_dir, url: str, *extra: str) -> Path:
         learner: {{micro_batch_size: 8}}
         metrics: {{tensorboard: false}}
         reward:
-          functions: ["{url}"]
+          functions: {json.dumps(functions)}
           http_timeout_s: 3
           http_max_batch: 8
           http_max_retries: 2
@@ -81,14 +103,26 @@ def write_config(tmp_path: Path, tiny_model_dir, url: str, *extra: str) -> Path:
     return cfg
 
 
-def test_a_verifier_gets_the_columns_its_nulls_are_left_out_its_500s_retried_its_hang_counted(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def mixed_run(tiny_model_dir, tmp_path_factory):
+    """One CLI run of 3 steps scored by [the killer, format, the verifier], the verifier started first.
+    (the run's directory, its stderr and return code, the verifier's metric name)"""
+    tmp_path = tmp_path_factory.mktemp("verifier_and_killer")
+    (tmp_path / "my_reward.py").write_text(KILLER)
     log = tmp_path / "requests.jsonl"
     server, port = start(["-c", SERVER, str(log)])
     url = f"http://127.0.0.1:{port}/verify"
+    cfg = write_config(tmp_path, tiny_model_dir, ["my_reward.py:reward", "format", url],
+                       "  num_procs: 2")  # a line of the reward block
     try:
-        out = run_cli("train", write_config(tmp_path, tiny_model_dir, url), cwd=tmp_path)
+        out = run_cli("train", cfg, cwd=tmp_path)
     finally:
         server.kill()
+    return tmp_path, out, log
+
+
+def test_a_verifier_gets_the_columns_its_nulls_are_left_out_its_500s_retried_its_hang_counted(mixed_run):
+    tmp_path, out, log = mixed_run
     assert out.returncode == 0, out.stderr[-3000:]
     requests = [json.loads(line) for line in log.read_text().splitlines()]
     # 3 steps x 16 completions in batches of 8 = 6 batches; the one answered 500 was sent again (after 0.5 s)
@@ -100,13 +134,31 @@ def test_a_verifier_gets_the_columns_its_nulls_are_left_out_its_500s_retried_its
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     name = "127.0.0.1_verify"  # the URL's host and path, "/" as "_"
-    # the null in each request: out of its group and the loss, counted (one per request that answered)
+    # the null in each request: out of its group and the loss, counted (one per request that answered). The
+    # other functions return no null, and the killer fails whole groups (left out of them), so every sample
+    # the run counts unscorable is the verifier's null.
     assert [r["reward_unscorable"] for r in rows] == [r[f"rewards/{name}/unscorable"] for r in rows]
     assert sum(r["reward_unscorable"] for r in rows) == 5  # 6 batches, one hung: 5 answered with a null each
-    # the hung request (4th sent: step 2's second batch): an error for its 8 samples, not retried
-    assert [r["reward_errors"] for r in rows] == [0, 8, 0] and rows[1][f"rewards/{name}/errors"] == 8
+    # the hung request (4th sent: step 2's second batch): an error for its 8 samples, not retried; counted in
+    # the run's total beside the killer's errors
+    assert [r[f"rewards/{name}/errors"] for r in rows] == [0, 8, 0]
+    assert all(r["reward_errors"] == r[f"rewards/{name}/errors"] + r["rewards/reward/errors"]
+               + r["rewards/format/errors"] for r in rows)
     assert "no answer within 3 s (reward.http_timeout_s)" in out.stderr
     assert all(r[f"rewards/{name}/s"] > 0 for r in rows) and rows[1][f"rewards/{name}/s"] >= 3
+
+
+def test_a_reward_that_kills_its_parent_now_and_then_costs_only_those_calls(mixed_run):
+    """(issue 30; the other hostile functions are in tests/e2e/test_reward_faults.py) Each call that kills
+    its worker's keeper is an error for that call alone: the run ends, format never fails."""
+    tmp_path, out, _ = mixed_run
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    errors = [r["rewards/reward/errors"] for r in rows]
+    assert sum(errors) > 0 and all(e % 4 == 0 for e in errors)  # whole groups: the prompt decides
+    assert all(r["rewards/format/errors"] == 0 for r in rows)
+    assert "reward process died (exit code -9)" in out.stderr
 
 
 def test_a_verifier_that_refuses_the_credentials_stops_the_first_step_naming_the_url(tiny_model_dir, tmp_path):
@@ -114,7 +166,7 @@ def test_a_verifier_that_refuses_the_credentials_stops_the_first_step_naming_the
     server, url = start([str(ROOT / "examples" / "verifier_server.py"), "--port", "0", "--token", "s3cret"])
     env = {k: v for k, v in os.environ.items() if k != "RAYGRPO_REWARD_TOKEN"}
     try:
-        out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", str(write_config(tmp_path, tiny_model_dir, url))],
+        out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", str(write_config(tmp_path, tiny_model_dir, [url]))],
                              capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
     finally:
         server.kill()
