@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import random
+import sys
+import types
 
 import numpy as np
 import torch
@@ -150,3 +152,25 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+# DeepSpeed imports its Muon optimizer's module wherever it asks "is this optimizer Muon?" (ZeRO's supported-optimizer
+# check, the ZeRO-1/2/3 and bf16 optimizers' constructors, ZeRO-2's gradient averaging); that module wraps its kernels
+# in torch.compile at import, which imports torch's inductor: about a quarter of a CPU learner rank's start (the
+# import alone: 5.6 CPU-s beside other work, 3.2 with torch.compile off). The learner's optimizer is always torch's
+# AdamW (build_ds_config), so every such check is answered "no" without it: a module of that name whose
+# MuonWithAuxAdam no optimizer is an instance of.
+DEEPSPEED_MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+class NotLoadedMuon:
+    """Stands for DeepSpeed's MuonWithAuxAdam in a learner rank, which never builds one (no optimizer is an instance)."""
+
+
+def skip_deepspeed_muon() -> None:
+    """Before deepspeed.initialize: DeepSpeed's Muon module (see DEEPSPEED_MUON_MODULE) is not imported in this
+    process; where it already is, nothing changes."""
+    if DEEPSPEED_MUON_MODULE not in sys.modules:
+        stub = types.ModuleType(DEEPSPEED_MUON_MODULE, "raygrpo: DeepSpeed's Muon optimizer, not loaded (learner/rank_setup.py)")
+        stub.MuonWithAuxAdam = NotLoadedMuon
+        sys.modules[DEEPSPEED_MUON_MODULE] = stub

@@ -33,7 +33,15 @@ from learner.export import write_hf_dir
 from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
 from learner.lora import adapter_config_json, param_counts, write_adapter_dir
 from learner.op_build import build_dir, check_shm_op_build, environment_ninja
-from learner.rank_setup import build_ds_config, build_model, init_process_group, param_groups, scheduler_factory, seed_everything
+from learner.rank_setup import (
+    build_ds_config,
+    build_model,
+    init_process_group,
+    param_groups,
+    scheduler_factory,
+    seed_everything,
+    skip_deepspeed_muon,
+)
 from learner.sequences import PromptSharingUnsupported
 
 # policy_loss's metrics that are token-weighted means over the whole batch (summed as value * tokens,
@@ -52,6 +60,7 @@ class LearnerWorker:
         frozen copy of the starting model that it holds. `master_host`, `connect_timeout_s`: rank 0's
         hostname and how long another rank waits for rank 0's host to answer at `master_addr`
         (rank_setup.init_process_group; a run passes ray.connect_timeout_s)."""
+        skip_deepspeed_muon()  # before DeepSpeed asks whether the optimizer is Muon (rank_setup.py: why)
         import deepspeed
         from transformers import AutoModelForCausalLM
 
