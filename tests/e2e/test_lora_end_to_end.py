@@ -8,6 +8,7 @@ log-probs (`sequence_logprobs`, adapters on) within 1e-4 in fp32, and differ fro
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from test_train import config, train_rows
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
 from cluster.driver.trainer import Trainer
+from learner import checkpoint
 from learner.config import AlgoConfig, LearnerConfig
 from learner.export import export_checkpoint
 
@@ -42,9 +44,14 @@ def engines(ray_cluster, tiny_model_dir):
         ray.kill(h)
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
-@pytest.mark.parametrize("mode", ["adapter", "merged"])
+@pytest.mark.parametrize(("mode", "zero_stage"), [("adapter", 3), ("merged", 2)])
 def test_lora_sync_matches_the_learners_peft_model(engines, tiny_model_dir, zero_stage, mode):
+    """Each sync mode and each ZeRO stage once (every case starts 2 learner ranks): the pairing that
+    keeps adapter-only sync under ZeRO-3 with gradient checkpointing, the riskiest combination (peft +
+    ZeRO-3 + gradient checkpointing: reentrant checkpointing, input grads, adapter gathers that are
+    collective). Merged sync goes through the ordinary weight-sync path, under ZeRO-2 here. A sync into
+    an engine that already serves an adapter (loaded in place) is the LoRA run below: every step's sync
+    is verified against the engine's fingerprints."""
     ray, handles, seqs, base = engines
     engine = handles[mode]
     # A large LR so one step moves the log-probs far beyond the tolerance (lora_B starts at 0).
@@ -83,13 +90,18 @@ def test_lora_sync_matches_the_learners_peft_model(engines, tiny_model_dir, zero
 def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_cluster, tmp_path):
     """LoRA (adapter mode, beta > 0): no reference actor, sync_bytes a small share of the model,
     a run stopped at step 1 and resumed equals one that never stopped, and the export loads in
-    transformers (merged) and peft (adapter/)."""
+    transformers (merged) and peft (adapter/).
+
+    The stopped run is a copy of the full run's dir cut back to its step-1 checkpoint (the full run
+    checkpoints every step and keeps all three): what a run that stopped after step 1 leaves, for the
+    price of no run. A copied run dir resumes (tests/e2e/test_reliability_runs.py)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     length = tmp_path / "length_reward.py"  # a reward that varies within a group: every step learns
     length.write_text("def reward(prompt, completion, **kw):\n    return len(completion) / 10\n")
-    lora = ["learner.lora_rank=4", "algo.beta=0.05", "learner.lr=1e-2", f"reward.functions=[{length}:reward]"]
+    lora = ["learner.lora_rank=4", "algo.beta=0.05", "learner.lr=1e-2", f"reward.functions=[{length}:reward]",
+            "checkpoint.every=1", "checkpoint.keep=3"]
     full = tmp_path / "full"
     Trainer(config(tiny_model_dir, full, *lora, "trainer.steps=3")).run()
     rows = train_rows(full)
@@ -103,8 +115,17 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
     assert all(0 < r["sync_bytes"] < 0.25 * model_bytes for r in rows)
     assert rows[-1]["kl"] > 0  # the learner's base model (adapters off) served the reference
 
-    part = tmp_path / "part"
-    Trainer(config(tiny_model_dir, part, *lora, "trainer.steps=1")).run()
+    part = tmp_path / "part"  # the full run as it stood after step 1: later checkpoints, rows and export gone
+    shutil.copytree(full, part)
+    assert [p.name for p in sorted((part / "checkpoints").glob("step-*"))] == \
+        [checkpoint.step_dir_name(s) for s in (1, 2, 3)]
+    for s in (2, 3):
+        shutil.rmtree(part / "checkpoints" / checkpoint.step_dir_name(s))
+    shutil.rmtree(part / "hf_model")
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        lines = (part / name).read_text().splitlines(keepends=True)
+        (part / name).write_text("".join(line for line in lines if json.loads(line)["step"] <= 1))
+    assert [r["step"] for r in train_rows(part)] == [1]
     Trainer(config(tiny_model_dir, part, *lora, "trainer.steps=3")).run()  # resume=auto from step 1
     resumed = train_rows(part)
     assert [r["step"] for r in resumed] == [1, 2, 3]

@@ -1,7 +1,10 @@
 """RolloutWorker in Ray with a real vLLM engine on the tiny model.
 
 Two engines for the whole module (starting one costs seconds): `skip` handles over-long
-prompts by skipping them, `strict` by raising.
+prompts by skipping them, `strict` by raising. `strict` also has a stop string that never occurs
+(NEVER), which turns vLLM's own detokenizing on without changing a sampled token: the two engines
+then also serve the fast-text-path check on the tiny model (test_text_without_stop_strings_is_vllms_own),
+and the tests that compare their samples (across engines, a shared batch) still see the same tokens.
 """
 from __future__ import annotations
 
@@ -15,17 +18,19 @@ from cluster.models.tinymodel import build_tokenizer
 EOS = 1  # cluster/models/tinymodel.py
 MAX_NEW = 16
 PROMPTS = ["1+2=", "3+4=", "10+20=", "7*8=", "99-9="]
+NEVER = "\x07never\x07"  # a stop string the samples here never hold (BEL is no character of the tiny vocabulary)
 
 
 @pytest.fixture(scope="module")
 def workers(ray_cluster, tiny_model_dir):
     import ray
 
-    def start(index, long_prompt):
-        cfg = RolloutConfig(max_model_len=128, max_new_tokens=MAX_NEW, cpu_kv_cache_mb=64, long_prompt=long_prompt)
+    def start(index, long_prompt, stop):
+        cfg = RolloutConfig(max_model_len=128, max_new_tokens=MAX_NEW, cpu_kv_cache_mb=64, long_prompt=long_prompt,
+                            stop=stop)
         return ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), cfg, worker_index=index)
 
-    skip, strict = start(0, "skip"), start(1, "error")
+    skip, strict = start(0, "skip", []), start(1, "error", [NEVER])
     ray.get([skip.info.remote(), strict.info.remote()])  # both engines up
     yield ray, skip, strict
     for w in (skip, strict):
@@ -174,32 +179,44 @@ def test_min_new_tokens_keeps_sampling_past_eos(workers, tiny_model_dir):
         ray.kill(w)
 
 
-@pytest.mark.parametrize("model", ["tiny_model_dir", "tiny_chat_model_dir"])
-def test_text_without_stop_strings_is_vllms_own(ray_cluster, model, request):
+def _text_paths_agree(ray, fast, vllm_text, char_level: bool) -> None:
+    """`fast` (no stop strings) and `vllm_text` (a stop string that never occurs) sample the same
+    tokens for the same seeds; their texts must agree as test_text_without_stop_strings_is_vllms_own says."""
+    prompts = ["1+2=", "hello", "10+20=", "what is 7*8?"]
+    a, b = ray.get([w.generate.remote(prompts, 6, seeds=[11, 12, 13, 14], max_new_tokens=48) for w in (fast, vllm_text)])
+    pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra.completions, rb.completions)]
+    assert all(x.token_ids == y.token_ids and x.logprobs == y.logprobs for x, y in pairs)
+    for x, y in pairs:
+        assert x.text == y.text or (x.text.startswith(y.text) and set(x.text[len(y.text):]) == {"\ufffd"}), \
+            (x.text, y.text)
+    assert sum(x.text == y.text for x, y in pairs) >= len(pairs) // 2
+    if char_level:  # no character spans two tokens, so always the same
+        assert [x.text for x, _ in pairs] == [y.text for _, y in pairs]
+    assert sum(len(x.text) for x, _ in pairs) > 100  # real text was compared, not empty strings
+
+
+def test_text_without_stop_strings_is_vllms_own(workers):
     """Without stop strings the engine skips its per-step detokenizing and the worker decodes the
     final ids once (actors/rollout.py): the text must be what vLLM's detokenizer gives, except that a
     completion ending inside a UTF-8 character shows it as U+FFFD (as TRL's and verl's batch decode
-    do) where vLLM's streaming detokenizer leaves it out. A stop string that never occurs turns
-    vLLM's detokenizing back on, for the same seeds and so the same tokens. The chat model is
-    byte-level BPE at random weights: split UTF-8 sequences and special tokens."""
+    do) where vLLM's streaming detokenizer leaves it out. A stop string that never occurs (the module's
+    `strict` engine) turns vLLM's detokenizing back on, for the same seeds and so the same tokens.
+    The tiny model is char-level: the texts are always the same."""
+    ray, skip, strict = workers
+    _text_paths_agree(ray, skip, strict, char_level=True)
+
+
+def test_text_without_stop_strings_is_vllms_own_chat_model(ray_cluster, tiny_chat_model_dir):
+    """As above on the chat model, byte-level BPE at random weights: split UTF-8 sequences and special
+    tokens. It needs engines of its own (another model)."""
     import ray
 
-    model_dir = str(request.getfixturevalue(model))
     make = lambda stop, i: ray.remote(num_cpus=0.5)(RolloutWorker).remote(  # noqa: E731
-        model_dir, RolloutConfig(max_model_len=128, max_new_tokens=48, cpu_kv_cache_mb=64, stop=stop), worker_index=i)
-    fast, vllm_text = make([], 3), make(["\x07never\x07"], 4)
+        str(tiny_chat_model_dir), RolloutConfig(max_model_len=128, max_new_tokens=48, cpu_kv_cache_mb=64, stop=stop),
+        worker_index=i)
+    fast, vllm_text = make([], 3), make([NEVER], 4)
     try:
-        prompts = ["1+2=", "hello", "10+20=", "what is 7*8?"]
-        a, b = ray.get([w.generate.remote(prompts, 6, seeds=[11, 12, 13, 14]) for w in (fast, vllm_text)])
-        pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra.completions, rb.completions)]
-        assert all(x.token_ids == y.token_ids and x.logprobs == y.logprobs for x, y in pairs)
-        for x, y in pairs:
-            assert x.text == y.text or (x.text.startswith(y.text) and set(x.text[len(y.text):]) == {"\ufffd"}), \
-                (x.text, y.text)
-        assert sum(x.text == y.text for x, y in pairs) >= len(pairs) // 2
-        if model == "tiny_model_dir":  # char-level: no character spans two tokens, so always the same
-            assert [x.text for x, _ in pairs] == [y.text for _, y in pairs]
-        assert sum(len(x.text) for x, _ in pairs) > 100  # real text was compared, not empty strings
+        _text_paths_agree(ray, fast, vllm_text, char_level=False)
     finally:
         for w in (fast, vllm_text):
             ray.kill(w)
