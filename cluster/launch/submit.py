@@ -18,6 +18,7 @@ cluster is bounded and says what it waits on (cluster/launch/submit_client.py).
 """
 from __future__ import annotations
 
+import secrets
 import shlex
 import sys
 import time
@@ -36,6 +37,7 @@ SUBMIT_EXCLUDES = [".venv*/", "venv/", "runs/", ".cache/", ".git/", "**/__pycach
                    "*.egg-info/", ".whl/"]
 CODE_PACKAGES = ("actors", "learner", "cluster")  # what py_modules carries in working-dir mode
 NO_AGENT = "No available agent"  # Ray's job head, when no node's job agent answers
+DROPPED = ("Connection aborted", "RemoteDisconnected")  # requests' words for a connection closed before the answer
 # In working-dir mode the job's shell finds job_entry.sh in the py_modules copy of cluster/ through
 # PYTHONPATH (Ray puts every py_module's directory there; their paths are Ray's own, without spaces).
 _ENTRY = JOB_ENTRY.relative_to(PROJECT_ROOT).as_posix()
@@ -106,21 +108,30 @@ def entrypoint(config_rel: Path, overrides: list[str], log_level: str, py_module
 
 def submit_waiting_for_agent(client, address: str, wait_s: float, say=print, sleep=time.sleep, clock=time.monotonic,
                              **job) -> str:
-    """client.submit_job(**job), retried while Ray says no job agent is available, for at most wait_s
-    from its first such answer (Ray's head itself waits a few seconds before giving it)."""
+    """client.submit_job(**job), retried while Ray says no job agent is available, or while the head drops the
+    connection before it answers (a head still starting under load: its job endpoint answered 500 after Ray's own
+    wait for an agent and closed the connection), for at most wait_s from its first such answer (Ray's head itself
+    waits a few seconds before giving it). Every try carries the same submission_id: a try whose answer was lost
+    but whose job was made is not made twice (Ray then says that id exists: that job is ours)."""
+    job.setdefault("submission_id", f"raysubmit_{secrets.token_hex(8)}")
     deadline = None
     while True:
         try:
             return client.submit_job(**job)
         except Exception as e:
-            if NO_AGENT not in str(e):
+            text = str(e)
+            if deadline is not None and job["submission_id"] in text and "already exists" in text:
+                return job["submission_id"]
+            dropped = any(d in text for d in DROPPED)
+            if NO_AGENT not in text and not dropped:
                 raise
             if deadline is None:
                 deadline = clock() + wait_s
-                say(f"the cluster at {address} has no job agent ready yet (Ray: '{NO_AGENT} to submit job'); "
-                    f"waiting up to {wait_s:.0f} s for it", flush=True)
+                why = ("dropped the connection before answering the submission" if dropped else
+                       f"has no job agent ready yet (Ray: '{NO_AGENT} to submit job')")
+                say(f"the cluster at {address} {why}; waiting up to {wait_s:.0f} s for it", flush=True)
             if clock() >= deadline:
-                raise AgentUnavailable(agent_advice(address, wait_s, str(e))) from None
+                raise AgentUnavailable(agent_advice(address, wait_s, text)) from None
             sleep(2.0)
 
 

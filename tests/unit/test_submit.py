@@ -63,12 +63,13 @@ def test_the_working_dir_entrypoint_finds_job_entry_through_pythonpath(tmp_path)
 
 class FakeClient:
     def __init__(self, failures: list[str]):
-        self.failures, self.calls = list(failures), 0
+        self.failures, self.calls, self.ids = list(failures), 0, []
 
     def submit_job(self, **job):
         self.calls += 1
+        self.ids.append(job.get("submission_id"))
         if self.failures:
-            raise RuntimeError(self.failures.pop(0))
+            raise RuntimeError(self.failures.pop(0).format(id=job.get("submission_id")))
         return "raysubmit_1"
 
 
@@ -85,7 +86,26 @@ def test_submit_waits_for_the_job_agent_and_says_so_once():
     job = submit.submit_waiting_for_agent(client, "http://h:8265", 60, say=lambda *a, **k: said.append(a[0]),
                                           sleep=sleep, clock=clock, entrypoint="x")
     assert job == "raysubmit_1" and client.calls == 3
-    assert len(said) == 1 and "waiting up to 60 s" in said[0]
+    assert len(said) == 1 and "no job agent ready yet" in said[0] and "waiting up to 60 s" in said[0]
+
+
+def test_a_connection_dropped_before_the_answer_is_tried_again_under_the_same_submission_id():
+    """Seen under load: the head's job endpoint answered 500 after Ray's own wait for an agent and closed the
+    connection. The retry carries the first try's id; where that try made the job, Ray says so and it is ours."""
+    said = []
+    clock, sleep = clock_and_sleep()
+    dropped = "('Connection aborted.', RemoteDisconnected('Remote end closed connection without response'))"
+    client = FakeClient([dropped])
+    assert submit.submit_waiting_for_agent(client, "http://h:8265", 60, say=lambda *a, **k: said.append(a[0]),
+                                           sleep=sleep, clock=clock, entrypoint="x") == "raysubmit_1"
+    assert client.calls == 2 and client.ids[0] == client.ids[1] and client.ids[0].startswith("raysubmit_")
+    assert len(said) == 1 and "dropped the connection" in said[0]
+    made = FakeClient([dropped, "Job with submission_id {id} already exists. Please use a different submission_id."])
+    job = submit.submit_waiting_for_agent(made, "http://h:8265", 60, say=lambda *a, **k: None, sleep=sleep, clock=clock)
+    assert job == made.ids[0] and made.calls == 2
+    with pytest.raises(RuntimeError, match="already exists"):  # on a first try it is not ours: raised as it is
+        submit.submit_waiting_for_agent(FakeClient(["Job with submission_id {id} already exists."]), "http://h:8265", 60,
+                                        sleep=sleep, clock=clock)
 
 
 def test_an_agent_that_never_comes_is_explained():
