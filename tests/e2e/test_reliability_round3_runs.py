@@ -1,7 +1,7 @@
 """Issue 36's untried cases that need a run (real Ray, vLLM, DeepSpeed), through the CLI: a driver killed
-during the final export (what it leaves in hf_model/; the rerun finishes it, nothing lost), a full disk
-while completions.jsonl is written (a clear error naming the path), and a rollout worker killed in an
-async run which is then stopped by SIGTERM and resumed.
+during the final export (what it leaves in hf_model/; the rerun finishes it, nothing lost) and a full disk
+while completions.jsonl is written (a clear error naming the path). The third, a rollout worker killed in an
+async run then stopped by SIGTERM and resumed, shares its run with the run-dir guards: test_safety.py.
 
 The export cases rerun copies of the session's finished run (tests/e2e/finished_run.py); the other runs start
 as a user starts them (the console script, from the user's directory).
@@ -9,15 +9,11 @@ as a user starts them (the console script, from the user's directory).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 
 import pytest
 import yaml
-from console import RAYGRPO, full_disk_wrapper, run
+from console import full_disk_wrapper, run
 from finished_run import STEPS, copy_run
 
 from learner.hf_dir import hf_dir_problem
@@ -84,58 +80,3 @@ def test_a_full_disk_while_completions_jsonl_is_written_names_the_path(home, tmp
     assert "MiB free on that filesystem" in out.text and "Traceback" not in out.text
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1]
-
-
-def train_steps(run_dir) -> list[int]:
-    """The train steps of metrics.jsonl as written (whole lines only), in file order."""
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")] \
-        if path.exists() else []
-    return [r["step"] for r in rows if r.get("kind") == "train"]
-
-
-def wait_until(what: str, ok, proc, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if ok():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"{what}: never happened (exit code {proc.poll()})")
-
-
-def test_an_async_run_with_a_killed_rollout_worker_then_sigterm_resumes_each_step_once(home, tmp_path):
-    """Untried case: a rollout worker SIGKILLed in an async run (Ray restarts it), then SIGTERM (the step
-    finishes, a checkpoint is saved, exit 143), then the rerun resumes: metrics.jsonl holds each step once."""
-    run_dir = home / "runs" / "async"
-    (home / "async.yaml").write_text(yaml.safe_dump(
-        {**config("runs/async"), "algo": {"beta": 0.0}, "checkpoint": {"every": 1}}
-        | {"trainer": {**config("runs/async")["trainer"], "mode": "async", "steps": 100_000}}))
-    log = open(tmp_path / "first.log", "w")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    proc = subprocess.Popen([RAYGRPO, "train", "async.yaml"], cwd=home, stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
-    try:
-        wait_until("step 1 logged", lambda: 1 in train_steps(run_dir), proc)
-        [worker] = [a for a in json.loads((run_dir / "placement.json").read_text()) if a["role"] == "rollout-0"]
-        os.kill(worker["pid"], signal.SIGKILL)
-        killed_after = train_steps(run_dir)[-1]
-        wait_until("two more steps after the kill", lambda: train_steps(run_dir)[-1] >= killed_after + 2, proc)
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-    out = (tmp_path / "first.log").read_text()
-    assert rc == 128 + signal.SIGTERM, out[-3000:]
-    assert "stopped by SIGTERM after step" in out and "Traceback" not in out, out[-3000:]
-    stopped_at = train_steps(run_dir)[-1]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("rollout_restarts", 0) >= 1 for r in rows if r["kind"] == "train"), "no restart was logged"
-
-    rerun = run(["train", "async.yaml", f"trainer.steps={stopped_at + 1}"], home)
-    rerun.report("async rerun after a killed worker and SIGTERM")
-    assert rerun.returncode == 0, rerun.text[-3000:]
-    assert "resumed from" in rerun.text and "Traceback" not in rerun.text, rerun.text[-3000:]
-    assert train_steps(run_dir) == list(range(1, stopped_at + 2))

@@ -6,15 +6,17 @@ cluster, vLLM, DeepSpeed), through the Trainer where the session's Ray cluster c
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from test_train import ROOT, config, kill_while_learning, run_cli
+from console import RAYGRPO, run
+from test_train import config, kill_while_learning, run_cli
 
 from cluster.driver.trainer import Trainer
 from cluster.launch.waits import ActorFailed
@@ -25,44 +27,70 @@ pytestmark = pytest.mark.timeout(900)
 NEVER_REACHED = 100_000  # trainer.steps of a run that a signal stops
 
 
-def raw_train_steps(run_dir):
-    """The steps of metrics.jsonl as written (not the de-duplicating reader)."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [row["step"] for row in map(json.loads, lines) if row["kind"] == "train"]
+def raw_train_steps(run_dir, so_far=False):
+    """The steps of metrics.jsonl as written (not the de-duplicating reader). `so_far`: of a run still
+    writing it, whose last line may be half written (left out; no file yet: none)."""
+    path = run_dir / "metrics.jsonl"
+    if so_far and not path.exists():
+        return []
+    lines = path.read_text().splitlines(keepends=True)
+    whole = [line for line in lines if line.endswith("\n")] if so_far else lines
+    return [row["step"] for row in map(json.loads, whole) if row["kind"] == "train"]
 
 
-def wait_for_step(run_dir, step, proc, timeout=600):
+def wait_for_steps(run_dir, what, ok, proc, timeout=600):
+    """Until ok(the steps logged so far) while `proc` lives."""
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        if (run_dir / "metrics.jsonl").exists() and step in raw_train_steps(run_dir):
+        if ok(raw_train_steps(run_dir, so_far=True)):
             return
         time.sleep(0.2)
-    raise AssertionError(f"step {step} never logged (exit code {proc.poll()})")
+    raise AssertionError(f"{what}: never happened (exit code {proc.poll()})")
 
 
+@pytest.mark.timeout(1200)  # two stories' work (~350 s alone); 816 s seen on a 2-core machine under load 20-45
 def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir, tmp_path):
-    """SIGTERM mid-run: the step finishes, a checkpoint is saved, exit 143; a second run on the same dir
-    meanwhile is refused; the rerun resumes and the raw metrics.jsonl holds each step exactly once.
-    Then: a changed config, checkpoints that all fail verification, and export into a non-empty dir
-    are each refused with a message, losing nothing."""
-    run_dir = tmp_path / "run"
+    """An async run started as a user starts it (the console script, from the user's directory, paths relative
+    to it). Rollout worker 0 SIGKILLed after step 1: Ray restarts it and the run goes on (a row logs
+    rollout_restarts). A second run on the same dir meanwhile is refused. SIGTERM mid-run: the step finishes,
+    a checkpoint is saved, exit 143; the rerun resumes from it and the raw metrics.jsonl holds each step
+    exactly once. Then: a changed config, export into a non-empty dir, and checkpoints that all fail
+    verification are each refused with a message, losing nothing.
+    One run and its rerun serve two stories: the run-dir guards, and issue 36's untried case (a rollout
+    worker killed in async, then SIGTERM and resume; formerly in test_reliability_round3_runs.py). The runs
+    go through the console script, the refusals (drivers only) through `python -m cluster.cli`: both ways in."""
+    home = tmp_path / "user"
+    home.mkdir()
+    shutil.copytree(tiny_model_dir, home / "model")
+    run_dir = home / "runs" / "async"
     # Far more steps than it will live for: SIGTERM ends it. (A run short enough to finish could end before
     # the second `train` below looks at the lock, on a quiet machine, and then nothing would be tested.)
-    cfg = config(tiny_model_dir, run_dir, f"trainer.steps={NEVER_REACHED}")
-    cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
+    # No periodic checkpoint (checkpoint.every 0, the default): the one at the stopped step is SIGTERM's.
+    (home / "run.yaml").write_text(yaml.safe_dump({
+        "model": {"path": "model"}, "data": {"num_eval": 0, "task_digits": 1}, "algo": {"beta": 0.0},
+        "trainer": {"mode": "async", "steps": NEVER_REACHED, "prompts_per_step": 4, "group_size": 4,
+                    "run_dir": "runs/async", "actor_timeout_s": 300},
+        "rollout": {"max_model_len": 48, "max_new_tokens": 6, "gpu_memory_utilization": 0.03},
+        "learner": {"lr": 1.0e-3, "micro_batch_size": 8}, "reward": {"functions": ["exact_match", "format"]},
+        "metrics": {"tensorboard": False}}))
     log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.cli", "train", str(cfg_file)], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, text=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    proc = subprocess.Popen([RAYGRPO, "train", "run.yaml"], cwd=home, stdout=log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
     try:
-        wait_for_step(run_dir, 1, proc)
-        second = run_cli("train", cfg_file)  # the same run dir while the first run lives
+        wait_for_steps(run_dir, "step 1 logged", lambda steps: 1 in steps, proc)
+        [worker] = [a for a in json.loads((run_dir / "placement.json").read_text()) if a["role"] == "rollout-0"]
+        os.kill(worker["pid"], signal.SIGKILL)
+        killed_after = raw_train_steps(run_dir, so_far=True)[-1]
+        second = run_cli("train", "run.yaml", cwd=home)  # the same run dir while the first run lives
         assert second.returncode == 2 and f"in use by another run: pid {proc.pid}" in second.stderr, second.stderr
+        wait_for_steps(run_dir, "two more steps after the kill", lambda steps: steps[-1] >= killed_after + 2, proc)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         log.close()
     out = (tmp_path / "first.log").read_text()
     assert rc == 128 + signal.SIGTERM, out[-3000:]
@@ -72,28 +100,33 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     end = stopped_at + 2  # the rerun finishes two more steps (a new trainer.steps is not a config change)
     assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(stopped_at))
     assert not (run_dir / "raygrpo.lock").exists()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("rollout_restarts", 0) >= 1 for r in rows if r["kind"] == "train"), "no restart was logged"
 
-    rerun = run_cli("train", cfg_file, f"trainer.steps={end}")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"resumed from {run_dir / 'checkpoints' / checkpoint.step_dir_name(stopped_at)}" in rerun.stdout
+    rerun = run(["train", "run.yaml", f"trainer.steps={end}"], home)
+    rerun.report("async rerun after a killed worker and SIGTERM")
+    assert rerun.returncode == 0, rerun.text[-3000:]
+    assert f"resumed from {run_dir / 'checkpoints' / checkpoint.step_dir_name(stopped_at)}" in rerun.text, \
+        rerun.text[-3000:]
+    assert "Traceback" not in rerun.text, rerun.text[-3000:]
     assert raw_train_steps(run_dir) == list(range(1, end + 1))
 
-    changed = run_cli("train", cfg_file, "learner.lr=0.5")
+    changed = run_cli("train", "run.yaml", "learner.lr=0.5", cwd=home)
     assert changed.returncode == 2 and "learner.lr: 0.001 -> 0.5" in changed.stderr, changed.stderr
 
     final = checkpoint.latest_complete(run_dir / "checkpoints")
     target = tmp_path / "exported"
     target.mkdir()
     (target / "notes.txt").write_text("mine")
-    refused = run_cli("export", final, target)
+    refused = run_cli("export", final, target, cwd=home)
     assert refused.returncode == 2 and "not empty" in refused.stderr and (target / "notes.txt").exists()
-    done = run_cli("export", final, target, "--overwrite")
+    done = run_cli("export", final, target, "--overwrite", cwd=home)
     assert done.returncode == 0, done.stderr
     assert (target / "model.safetensors").exists() and not (target / "notes.txt").exists()
 
     for ckpt in checkpoint.list_checkpoints(run_dir / "checkpoints"):  # every checkpoint broken
         (Path(ckpt) / checkpoint.MANIFEST).unlink()
-    broken = run_cli("train", cfg_file, f"trainer.steps={end + 10}")
+    broken = run_cli("train", "run.yaml", f"trainer.steps={end + 10}", cwd=home)
     assert broken.returncode == 2, broken.stderr
     assert "fails verification" in broken.stderr and "no COMPLETE marker" in broken.stderr
     assert all(c in broken.stderr for c in checkpoint.list_checkpoints(run_dir / "checkpoints"))
