@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,9 @@ import pytest
 from actors.runtime.threads import node_cores
 from cluster.config import load_config
 from cluster.driver.trainer import Trainer
+from cluster.run.completions import COMPLETIONS_FILE
 from cluster.run.metrics import read_metrics
+from learner import checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,6 +93,20 @@ def threads_while_learning(trainer: Trainer, at_step: int) -> dict[str, int]:
     return seen
 
 
+def stopped_copy(run_dir: Path, copy: Path, at_step: int) -> Path:
+    """A copy of the finished `run_dir` as a run stopped after its checkpoint of `at_step` left it: the
+    later checkpoints, the final export and the rows (metrics, completions) of later steps dropped."""
+    shutil.copytree(run_dir, copy)
+    later = [c for c in (copy / "checkpoints").iterdir() if c.name > checkpoint.step_dir_name(at_step)]
+    assert later and (copy / "checkpoints" / checkpoint.step_dir_name(at_step)).is_dir(), "no checkpoint to stop at"
+    for path in [*later, copy / "hf_model"]:
+        shutil.rmtree(path)
+    for name in ("metrics.jsonl", COMPLETIONS_FILE):
+        lines = (copy / name).read_text().splitlines(keepends=True)
+        (copy / name).write_text("".join(line for line in lines if json.loads(line)["step"] <= at_step))
+    return copy
+
+
 def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluster, tmp_path):
     """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal. The
     reference runs on the learner rank (reference.placement auto, on CPU) and gives the KL the
@@ -126,9 +143,12 @@ def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluste
     assert (full / "hf_model" / "config.json").exists()
     assert (full / "config.yaml").exists()
 
-    part = tmp_path / "part"
-    Trainer(config(tiny_model_dir, part, "algo.beta=0.05", "trainer.steps=2")).run()
-    summary = Trainer(config(tiny_model_dir, part, "algo.beta=0.05")).run()  # resume=auto
+    # The run stopped at step 2: a copy of the full run's dir as it stood after step 2 (its step-2
+    # checkpoint is its newest; rows, completions and the export of later steps not written yet).
+    # A run dir moved or copied elsewhere is still the same run, continued with the same config
+    # (cluster/run/rundir.py).
+    part = stopped_copy(full, tmp_path / "part", at_step=2)
+    summary = Trainer(config(tiny_model_dir, part, "algo.beta=0.05", "checkpoint.every=2")).run()  # resume=auto
     assert summary["checkpoint"].endswith("step-00000004")
     resumed = train_rows(part)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
