@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,9 @@ import pytest
 from actors.runtime.threads import node_cores
 from cluster.config import load_config
 from cluster.driver.trainer import Trainer
+from cluster.run.completions import COMPLETIONS_FILE
 from cluster.run.metrics import read_metrics
+from learner import checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,6 +93,20 @@ def threads_while_learning(trainer: Trainer, at_step: int) -> dict[str, int]:
     return seen
 
 
+def stopped_copy(run_dir: Path, copy: Path, at_step: int) -> Path:
+    """A copy of the finished `run_dir` as a run stopped after its checkpoint of `at_step` left it: the
+    later checkpoints, the final export and the rows (metrics, completions) of later steps dropped."""
+    shutil.copytree(run_dir, copy)
+    later = [c for c in (copy / "checkpoints").iterdir() if c.name > checkpoint.step_dir_name(at_step)]
+    assert later and (copy / "checkpoints" / checkpoint.step_dir_name(at_step)).is_dir(), "no checkpoint to stop at"
+    for path in [*later, copy / "hf_model"]:
+        shutil.rmtree(path)
+    for name in ("metrics.jsonl", COMPLETIONS_FILE):
+        lines = (copy / name).read_text().splitlines(keepends=True)
+        (copy / name).write_text("".join(line for line in lines if json.loads(line)["step"] <= at_step))
+    return copy
+
+
 def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluster, tmp_path):
     """A run that never stopped vs one stopped at step 2 and resumed: steps 3..4 are equal. The
     reference runs on the learner rank (reference.placement auto, on CPU) and gives the KL the
@@ -126,9 +143,12 @@ def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluste
     assert (full / "hf_model" / "config.json").exists()
     assert (full / "config.yaml").exists()
 
-    part = tmp_path / "part"
-    Trainer(config(tiny_model_dir, part, "algo.beta=0.05", "trainer.steps=2")).run()
-    summary = Trainer(config(tiny_model_dir, part, "algo.beta=0.05")).run()  # resume=auto
+    # The run stopped at step 2: a copy of the full run's dir as it stood after step 2 (its step-2
+    # checkpoint is its newest; rows, completions and the export of later steps not written yet).
+    # A run dir moved or copied elsewhere is still the same run, continued with the same config
+    # (cluster/run/rundir.py).
+    part = stopped_copy(full, tmp_path / "part", at_step=2)
+    summary = Trainer(config(tiny_model_dir, part, "algo.beta=0.05", "checkpoint.every=2")).run()  # resume=auto
     assert summary["checkpoint"].endswith("step-00000004")
     resumed = train_rows(part)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
@@ -189,18 +209,25 @@ def test_malformed_dataset_line_is_named_and_exits_nonzero(tiny_model_dir, tmp_p
     assert f"{data}:2" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_dead_learner_rank_resumes_from_the_last_checkpoint(tiny_model_dir, ray_cluster, tmp_path):
-    """SIGKILL the learner while it trains step 4 (checkpoint at step 2): the driver restarts every
-    actor, resumes at step 2, and the run still ends with exactly steps 1..4 logged once each.
+def test_a_dead_learner_rank_of_two_resumes_exactly_without_waiting_out_the_timeout(tiny_model_dir, ray_cluster,
+                                                                                   tmp_path):
+    """SIGKILL learner rank 1 of 2 while it trains step 4 (checkpoint at step 2): rank 0 is left in a
+    collective with a dead peer, yet the driver sees the death at once (not after trainer.actor_timeout_s,
+    which here would fail the test), restarts the learner ranks, resumes at step 2, and the run still ends
+    with exactly steps 1..4 logged once each.
     Async: checkpoint 2 carries step 3's batch (generated with the weights of step 1), so the redone
-    step 3 trains on the same batch with the same weights as the first time: an exact resume."""
-    run_dir = tmp_path / "learner_dies"
-    trainer = Trainer(config(tiny_model_dir, run_dir, "trainer.mode=async", "checkpoint.every=2",
-                             "trainer.max_learner_restarts=1"))
-    killed = kill_while_learning(trainer, at_step=3, role="learner-0")
+    step 3 trains on the same batch with the same weights as the first time: an exact resume, with the
+    two ranks' gradients reduced as the first time. (One run for both claims: each costs an engine and
+    the learner ranks twice.)"""
+    run_dir = tmp_path / "rank_dies"
+    trainer = Trainer(config(tiny_model_dir, run_dir, "trainer.mode=async", "learner.num_ranks=2", "checkpoint.every=2",
+                             "trainer.max_learner_restarts=1", "trainer.actor_timeout_s=240"))
+    killed = kill_while_learning(trainer, at_step=3, role="learner-1")
+    t0 = time.monotonic()
     summary = trainer.run()
-    assert killed and trainer.learner_restarts == 1
+    assert killed and trainer.learner_restarts == 1 and time.monotonic() - t0 < 200
     assert summary["checkpoint"].endswith("step-00000004")
+    assert [r["step"] for r in train_rows(run_dir)] == [1, 2, 3, 4]
     # the raw file, as written: step 3 was logged before the crash and redone after the resume from step 2;
     # its first row moved to metrics.jsonl.superseded, so each step is there once
     raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -214,18 +241,3 @@ def test_dead_learner_rank_resumes_from_the_last_checkpoint(tiny_model_dir, ray_
     for key in ("grad_norm", "entropy", "logprob_diff_mean"):
         assert first[key] == pytest.approx(again[key], rel=1e-6), key  # equal bit for bit in the runs here
     assert first["grad_norm"] > 0
-
-
-def test_a_dead_rank_of_two_restarts_the_run_without_waiting_out_the_timeout(tiny_model_dir, ray_cluster, tmp_path):
-    """SIGKILL learner rank 1 of 2 while it trains step 4: rank 0 is left in a collective with a dead
-    peer, yet the driver sees the death at once (not after trainer.actor_timeout_s, which here would
-    fail the test), restarts every actor and resumes from step 2."""
-    run_dir = tmp_path / "rank_dies"
-    trainer = Trainer(config(tiny_model_dir, run_dir, "learner.num_ranks=2", "checkpoint.every=2",
-                             "trainer.max_learner_restarts=1", "trainer.actor_timeout_s=240"))
-    killed = kill_while_learning(trainer, at_step=3, role="learner-1")
-    t0 = time.monotonic()
-    summary = trainer.run()
-    assert killed and trainer.learner_restarts == 1 and time.monotonic() - t0 < 200
-    assert summary["checkpoint"].endswith("step-00000004")
-    assert [r["step"] for r in train_rows(run_dir)] == [1, 2, 3, 4]
