@@ -42,13 +42,14 @@ def wait_for_step(run_dir, step, proc, timeout=600):
 
 def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir, tmp_path):
     """SIGTERM mid-run: the step finishes, a checkpoint is saved, exit 143; a second run on the same dir
-    meanwhile is refused; the rerun resumes and the raw metrics.jsonl holds each step exactly once.
-    Then: a changed config, checkpoints that all fail verification, and export into a non-empty dir
-    are each refused with a message, losing nothing."""
+    meanwhile is refused; the rerun resumes and the raw metrics.jsonl holds each step exactly once, and
+    the rerun prints the held-out summary, its 'before' the first run's step-0 evaluation (data.num_eval=2,
+    greedy: a few short generations). Then: a changed config, checkpoints that all fail verification, and
+    export into a non-empty dir are each refused with a message, losing nothing."""
     run_dir = tmp_path / "run"
     # Far more steps than it will live for: SIGTERM ends it. (A run short enough to finish could end before
     # the second `train` below looks at the lock, on a quiet machine, and then nothing would be tested.)
-    cfg = config(tiny_model_dir, run_dir, f"trainer.steps={NEVER_REACHED}")
+    cfg = config(tiny_model_dir, run_dir, f"trainer.steps={NEVER_REACHED}", "data.num_eval=2")
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg.to_dict()))
     log = open(tmp_path / "first.log", "w")
@@ -76,6 +77,7 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     rerun = run_cli("train", cfg_file, f"trainer.steps={end}")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from {run_dir / 'checkpoints' / checkpoint.step_dir_name(stopped_at)}" in rerun.stdout
+    assert "held-out accuracy: " in rerun.stdout and " -> " in rerun.stdout  # 'before' from the first run
     assert raw_train_steps(run_dir) == list(range(1, end + 1))
 
     changed = run_cli("train", cfg_file, "learner.lr=0.5")
