@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 from filelock import FileLock
-from finished_run import finish_a_run
+from finished_run import finish_a_run, once_for_the_session
 
 from cluster.launch.ray_cluster import worker_runtime_env
 from learner.op_build import build_dir, check_shm_op_build, environment_ninja
@@ -64,5 +64,9 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory, tiny_model_dir):
     """(the user's directory, the run dir, its console) of one finished CLI run, shared by the tests that read
-    a finished run (tests/e2e/finished_run.py); a test that changes it works on a copy."""
-    return finish_a_run(tmp_path_factory.mktemp("user"), tiny_model_dir)
+    a finished run (tests/e2e/finished_run.py); a test that changes it works on a copy. Under pytest-xdist
+    (`make test`) its users run in two workers: the run is made once for the session, in the directory the
+    workers' temporary directories share, and read by both."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one pytest process: this session's own run
+        return finish_a_run(tmp_path_factory.mktemp("user"), tiny_model_dir)
+    return once_for_the_session(tmp_path_factory.getbasetemp().parent, tiny_model_dir)

@@ -1,9 +1,12 @@
 """What a TRL or verl user looks at first, through the CLI as they run it (issue 25): the console, the
 completions the model wrote, short runs that end normally, a reward from the environment alone.
 
-Two `raygrpo train` runs in a project directory outside the checkout: a 2-step multi-turn run whose
-only reward is the environment's (reward.functions: []), then the same command resumed to step 3
-with --log-level INFO. Real Ray, vLLM, DeepSpeed; the offline tiny chat model.
+One `raygrpo train` run in a project directory outside the checkout: a 2-step multi-turn run whose
+only reward is the environment's (reward.functions: []). Real Ray, vLLM, DeepSpeed; the offline tiny
+chat model. What a second run here used to show is asserted on runs that start anyway: the third-party
+lines back in the console with --log-level INFO (test_multiturn.py's CLI run), a resumed run saying
+"resumed from" and printing the held-out summary, its 'before' from the first run's step-0 evaluation
+(test_safety.py's rerun after SIGTERM).
 """
 from __future__ import annotations
 
@@ -99,11 +102,3 @@ def test_a_short_multi_turn_run_reads_well_and_logs_what_the_model_wrote(tiny_ch
     assert shown.returncode == 0, shown.stderr
     assert "step 2, 1 of 2 logged completion(s)" in shown.stdout and "reward 0.250 (environment 0.250)" in shown.stdout
     assert "  [user] " in shown.stdout and "  [assistant] " in shown.stdout and "  [tool] lookup: nothing found" in shown.stdout
-
-    # resumed to step 3 with --log-level INFO: the third-party lines are back; the held-out summary is printed
-    second = raygrpo("train", "run.yaml", "trainer.steps=3", "--log-level", "INFO", cwd=proj)
-    console = second.stdout + second.stderr
-    assert second.returncode == 0, console[-5000:]
-    assert "resumed from" in console and "Successfully reset prefix cache" in console
-    assert "held-out accuracy: " in second.stdout and " -> " in second.stdout
-    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]

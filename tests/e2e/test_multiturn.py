@@ -195,7 +195,9 @@ NUDGED_CALCULATOR = textwrap.dedent('''
 
 def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model_dir, tmp_path):
     """`raygrpo train` for 3 steps with a calculator environment. Honest note: turns_mean > 1 here
-    comes from the env's nudge after the first turn, not from the model calling the tool."""
+    comes from the env's nudge after the first turn, not from the model calling the tool.
+    With --log-level INFO: the third-party lines that the default level keeps out of the console
+    (test_console_and_completions.py) are back in it."""
     env_file = tmp_path / "nudged_calculator.py"
     env_file.write_text(NUDGED_CALCULATOR)
     reward_file = tmp_path / "conversation_reward.py"  # sees the whole conversation; varies, so advantages do
@@ -219,9 +221,10 @@ def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model
         metrics: {{tensorboard: false}}
     """))
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", str(cfg)], capture_output=True, text=True,
-                         cwd=root, timeout=900)
+    out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", str(cfg), "--log-level", "INFO"],
+                         capture_output=True, text=True, cwd=root, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "Successfully reset prefix cache" in out.stdout + out.stderr  # vLLM's INFO line, each weight sync
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:

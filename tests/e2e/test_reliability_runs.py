@@ -4,7 +4,9 @@ metrics, resuming it from another model, a full disk under an export.
 One real run (Ray, vLLM, DeepSpeed) for the session (tests/e2e/finished_run.py), started as a user starts
 it: the console script, from the user's directory, with a config there whose paths are relative to it
 (they cross into the actors, so they must be made absolute first). Its model declares no EOS (case 7), so
-the same run shows the warning. The tests that change a run work on copies of it.
+the same run shows the warning. The tests that change a run, or rerun one, work on copies of it: under
+`make test` the tests of test_reliability_round3_runs.py read and copy the same run from the other pytest
+worker at the same time.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from console import full_disk_wrapper, run
-from finished_run import STEPS
+from finished_run import STEPS, copy_run
 
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 from learner import checkpoint
@@ -41,11 +43,13 @@ def test_a_model_without_eos_is_warned_about_and_weights_get_the_runs_permission
 
 def test_a_finished_run_rerun_says_so_and_redoes_nothing(finished):
     """Case 11: rerunning a finished run restarted every actor, redid the final evaluation (logged twice)
-    and rewrote hf_model."""
-    home, run_dir, _ = finished
+    and rewrote hf_model. Rerun on a copy (a copied run dir is the same run, case 10): a rerun takes the run
+    dir's lock and saves its config.yaml again, while other tests may be copying the session's run."""
+    home, finished_dir, _ = finished
+    run_dir = copy_run(home, finished_dir, "rerun")
     before = {f: f.stat().st_mtime_ns for f in run_dir.rglob("*") if f.is_file() and f.name != "config.yaml"}
     metrics = (run_dir / "metrics.jsonl").read_bytes()
-    out = run(["train", "run.yaml"], home)
+    out = run(["train", "run.yaml", f"trainer.run_dir={run_dir.relative_to(home)}"], home)
     out.report("rerun of a finished run")
     assert out.returncode == 0, out.text[-3000:]
     assert f"run dir {run_dir} already finished its {STEPS} steps" in out.text and "nothing to do" in out.text
@@ -55,8 +59,13 @@ def test_a_finished_run_rerun_says_so_and_redoes_nothing(finished):
 
 
 def test_export_never_deletes_a_run_and_overwrite_moves_the_old_target_aside(finished, tmp_path):
-    """Case 1: `raygrpo export RUN/checkpoints/step-1 RUN --overwrite` deleted the whole run and exited 0."""
-    home, run_dir, _ = finished
+    """Case 1: `raygrpo export RUN/checkpoints/step-1 RUN --overwrite` deleted the whole run and exited 0.
+    On a copy of the run in a user's directory of this test's own: the listing of the directory holding the
+    run must stay as it was, and other tests add copies beside the session's run meanwhile."""
+    _, finished_dir, _ = finished
+    home = tmp_path / "user"
+    run_dir = home / "runs" / "first"
+    shutil.copytree(finished_dir, run_dir)
     first = run_dir / "checkpoints" / checkpoint.step_dir_name(1)
     listing = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     for target in (run_dir, home, first, run_dir / "checkpoints"):  # a run dir, one holding it, the checkpoint

@@ -54,7 +54,8 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     to it). Rollout worker 0 SIGKILLed after step 1: Ray restarts it and the run goes on (a row logs
     rollout_restarts). A second run on the same dir meanwhile is refused. SIGTERM mid-run: the step finishes,
     a checkpoint is saved, exit 143; the rerun resumes from it and the raw metrics.jsonl holds each step
-    exactly once. Then: a changed config, export into a non-empty dir, and checkpoints that all fail
+    exactly once, and the rerun prints the held-out summary, its 'before' the first run's step-0 evaluation
+    (data.num_eval=2, greedy: a few short generations). Then: a changed config, export into a non-empty dir, and checkpoints that all fail
     verification are each refused with a message, losing nothing.
     One run and its rerun serve two stories: the run-dir guards, and issue 36's untried case (a rollout
     worker killed in async, then SIGTERM and resume; formerly in test_reliability_round3_runs.py). The runs
@@ -67,7 +68,7 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     # the second `train` below looks at the lock, on a quiet machine, and then nothing would be tested.)
     # No periodic checkpoint (checkpoint.every 0, the default): the one at the stopped step is SIGTERM's.
     (home / "run.yaml").write_text(yaml.safe_dump({
-        "model": {"path": "model"}, "data": {"num_eval": 0, "task_digits": 1}, "algo": {"beta": 0.0},
+        "model": {"path": "model"}, "data": {"num_eval": 2, "task_digits": 1}, "algo": {"beta": 0.0},
         "trainer": {"mode": "async", "steps": NEVER_REACHED, "prompts_per_step": 4, "group_size": 4,
                     "run_dir": "runs/async", "actor_timeout_s": 300},
         "rollout": {"max_model_len": 48, "max_new_tokens": 6, "gpu_memory_utilization": 0.03},
@@ -109,6 +110,7 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     assert f"resumed from {run_dir / 'checkpoints' / checkpoint.step_dir_name(stopped_at)}" in rerun.text, \
         rerun.text[-3000:]
     assert "Traceback" not in rerun.text, rerun.text[-3000:]
+    assert "held-out accuracy: " in rerun.text and " -> " in rerun.text, rerun.text[-3000:]  # 'before': the first run's
     assert raw_train_steps(run_dir) == list(range(1, end + 1))
 
     changed = run_cli("train", "run.yaml", "learner.lr=0.5", cwd=home)
