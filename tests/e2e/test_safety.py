@@ -55,8 +55,8 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     rollout_restarts). A second run on the same dir meanwhile is refused. SIGTERM mid-run: the step finishes,
     a checkpoint is saved, exit 143; the rerun resumes from it and the raw metrics.jsonl holds each step
     exactly once, and the rerun prints the held-out summary, its 'before' the first run's step-0 evaluation
-    (data.num_eval=2, greedy: a few short generations). Then: a changed config, export into a non-empty dir, and checkpoints that all fail
-    verification are each refused with a message, losing nothing.
+    (data.num_eval=2, greedy: a few short generations). Then: a changed config, export into a non-empty dir,
+    and checkpoints that all fail verification are each refused with a message, losing nothing.
     One run and its rerun serve two stories: the run-dir guards, and issue 36's untried case (a rollout
     worker killed in async, then SIGTERM and resume; formerly in test_reliability_round3_runs.py). The runs
     go through the console script, the refusals (drivers only) through `python -m cluster.cli`: both ways in."""
