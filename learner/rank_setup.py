@@ -156,10 +156,10 @@ def seed_everything(seed: int) -> None:
 
 # DeepSpeed imports its Muon optimizer's module wherever it asks "is this optimizer Muon?" (ZeRO's supported-optimizer
 # check, the ZeRO-1/2/3 and bf16 optimizers' constructors, ZeRO-2's gradient averaging); that module wraps its kernels
-# in torch.compile at import, which imports torch's inductor: about a quarter of a CPU learner rank's start (the
-# import alone: 5.6 CPU-s beside other work, 3.2 with torch.compile off). The learner's optimizer is always torch's
-# AdamW (build_ds_config), so every such check is answered "no" without it: a module of that name whose
-# MuonWithAuxAdam no optimizer is an instance of.
+# in torch.compile at import, which imports torch's inductor: about a fifth of a CPU learner rank's construction
+# (10-11 -> 8 CPU-s beside other work on the tiny model; the import alone 5.6 CPU-s, 3.2 with torch.compile off).
+# The learner's optimizer is always torch's AdamW (build_ds_config), so every such check is answered "no" without
+# it: a module of that name whose MuonWithAuxAdam no optimizer is an instance of.
 DEEPSPEED_MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 

@@ -37,7 +37,7 @@ def eager_cpu_engine_env(enforce_eager: bool | None, gpu: bool) -> dict[str, str
     vocabulary, a random sample); on CPU every engine then traces and compiles them with inductor at
     its first request, about 2.4 of its 7.1 CPU-s of construction and warm-up on a loaded 2-core
     machine (a C++ compiler run too, on a cold cache). Eagerly they compute the same values (the same
-    completions and log-probs were checked); an eager engine compiles nothing else. Nothing on a GPU,
+    completions here; the e2e tests compare the engine's log-probs with HF's); an eager engine compiles nothing else. Nothing on a GPU,
     or where the user asked for compilation (rollout.enforce_eager=false)."""
     return {"TORCHDYNAMO_DISABLE": "1"} if not gpu and resolve_enforce_eager(enforce_eager, gpu) else {}
 

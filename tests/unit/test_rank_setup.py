@@ -42,7 +42,7 @@ print(MuonWithAuxAdam.__module__, isinstance(adamw, MuonWithAuxAdam), "torch._in
 
 def test_a_learner_rank_answers_deepspeeds_is_it_muon_without_compiling_muon():
     """DeepSpeed's Muon module compiles its kernels at import (its original_muon.py decorates them with
-    torch.compile), which pulls in torch's inductor: a quarter of a CPU rank's start. After skip_deepspeed_muon
+    torch.compile), which pulls in torch's inductor: a fifth of a CPU rank's construction. After skip_deepspeed_muon
     (what LearnerWorker does first) DeepSpeed's question is answered "no" for the learner's AdamW without it.
     Should DeepSpeed stop compiling at import, the first assertion says the skip can go."""
     muon = Path(importlib.util.find_spec("deepspeed").origin).parent / "runtime" / "zero" / "muon" / "original_muon.py"
