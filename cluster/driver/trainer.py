@@ -390,7 +390,7 @@ class Trainer:
                      "setting its threads", cfg.trainer.actor_timeout_s)
             old = next(p for p in self.placement if p["role"] == info["role"])
             old.update({**info, "threads": self.threads[info["role"]]})
-        self._write_placement()
+        self._network_again([info["role"] for info in infos])
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.collector.learners = self.weights.learners = self.learners
         self.weights.update(send=False, rebuild=True)
@@ -416,7 +416,7 @@ class Trainer:
         handle = actor_roles(self.actors)[row["role"]]
         wait_for(handle.set_threads.remote(row["threads"]), name, "setting its threads", self.cfg.trainer.actor_timeout_s)
         row.update({k: info[k] for k in ("pid", "node_id") if k in info})
-        self._write_placement()
+        self._network_again([row["role"]])
 
     def _engine_up(self, worker_index: int, info: dict) -> None:
         """The pool's `on_rejoin`: an engine that left with its host is back, or one an elastic start had no
@@ -428,6 +428,16 @@ class Trainer:
         row.update({k: info[k] for k in ("pid", "node_id", "hostname") if k in info})
         self.weights.rejoined(worker_index)
         row["threads"] = self.threads[role]
+        self._network_again([role])
+
+    def _network_again(self, roles: list[str]) -> None:
+        """Actors that run in a new process, maybe on another host (restarted, rejoined): their network view
+        (host, advertised address, interface) in placement.json and on the console, as at start; then
+        placement.json is written."""
+        handles = {role: h for role, h in actor_roles(self.actors).items() if role in roles}
+        for line in add_network(handles, [p for p in self.placement if p["role"] in roles], self.actors.master_address,
+                                self.cfg.trainer.actor_timeout_s):
+            print(line, flush=True)
         self._write_placement()
 
     def _write_placement(self) -> None:
