@@ -277,3 +277,49 @@ def test_a_pipeline_run_with_room_for_one_engine_adds_the_other_when_a_node_join
     placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
     # in placement.json, on the node that joined
     assert placement["rollout-1"]["node_id"] not in {placement["rollout-0"]["node_id"], None}, placement
+
+
+@pytest.mark.timeout(1500)
+def test_colocated_placement_a_host_lost_with_a_learner_rank_and_its_engine_resumes_and_both_come_back(
+        cluster, tiny_model_dir, tmp_path):
+    """ray.placement=colocate: learner rank i and engine i share one bundle of the placement group (3 CPUs
+    each here: the head holds bundle 0, host b bundle 1). Host b lost: the run waits for a node with room
+    for the lost bundle, saying so; once one joins and Ray has moved the bundle there, the learner ranks
+    restart from the newest checkpoint, the engine on the head is kept, and the lost engine comes back in
+    the moved bundle with the current weights, verified. Each step is logged once. (Ray's PACK puts bundle 0
+    on either node of the same size: the rank lost is 0 or 1, and with rank 0 the address where the ranks
+    and the engines meet moves to the node that joined.)"""
+    a, add_node = cluster
+    b = add_node(cpus=3)
+    run_dir, console = tmp_path / "run", tmp_path / "train.log"
+    with training(a, tiny_model_dir, run_dir, 5000, ["ray.placement=colocate", "learner.num_ranks=2",
+                                                     "rollout.num_workers=2", "rollout.min_workers=1",
+                                                     "checkpoint.every=2"], console) as proc:
+        wait_rows(proc, run_dir, 3, console)
+        listed = json.loads((run_dir / "placement.json").read_text())
+        before = {p["role"]: p for p in listed}
+        i = int(before["learner-1"]["network"]["hostname"] == b.hostname)  # the pair of learner rank i, engine i on b
+        kept = f"rollout-{1 - i}"
+        assert on(b, listed) == [f"learner-{i}", f"rollout-{i}"], before
+        b.kill_all()
+        wait_until(lambda: f"waiting for a node with room for learner rank {i}" in console.read_text(), proc, console,
+                   300)
+        c = add_node(cpus=3)  # the node with room the run said it waits for
+        wait_until(lambda: f"rollout worker {i} rejoined on" in console.read_text()
+                   and rows(run_dir)[-1]["rollout/live_engines"] == 2, proc, console, 900)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
+    text, train_rows = finished(console, run_dir)
+    assert re.search(rf"{lost(b)}.*it held .*rollout worker {i}", text), text[-5000:]
+    assert re.search(rf"{lost(b)}.*it held .*learner rank {i}", text), text[-5000:]
+    assert "restarting the learner ranks and resuming from the last checkpoint" in text and "resumed from" in text
+    # the room waited for is the rank's whole bundle: its engine's CPU too (a 2-CPU node would never do)
+    assert f"waiting for a node with room for learner rank {i} ({{'CPU': 3.0}})" in text, text[-5000:]
+    assert "restarting every actor" not in text and "has been marked dead because" not in text
+    assert [r["step"] for r in train_rows] == list(range(1, len(train_rows) + 1))  # each step logged once
+    assert all(r["sync_verified"] for r in train_rows)
+    after = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+    assert after[kept]["pid"] == before[kept]["pid"]  # the engine on the live host was kept
+    assert {after[r]["network"]["hostname"] for r in (f"learner-{i}", f"rollout-{i}")} == {c.hostname}, after
+    assert re.search(rf"rollout worker {i} rejoined on {on_host(c)}", text), text[-5000:]
+    assert re.search(rf"network: {c.hostname} advertises {re.escape(c.address)}, .*: learner-{i}\n", text), text[-5000:]
