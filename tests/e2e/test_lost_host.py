@@ -144,10 +144,10 @@ def test_an_engine_the_reference_and_a_reward_model_lost_with_their_host_cost_no
     # Many steps of a fraction of a second each: the run is stopped (SIGTERM: checkpoint, exit 143) once the
     # lost engine is back and has generated, however long its reload took.
     with training(a, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
-                                                       "checkpoint.every=20", "algo.beta=0.04",
-                                                       "reference.placement=actor", "reference.num_cpus=0.5",
-                                                       f"reward.functions=[exact_match,model:{addition_rm}]",
-                                                       "reward.model_num_cpus=0.5"],
+                                                   "checkpoint.every=20", "algo.beta=0.04",
+                                                   "reference.placement=actor", "reference.num_cpus=0.5",
+                                                   f"reward.functions=[exact_match,model:{addition_rm}]",
+                                                   "reward.model_num_cpus=0.5"],
                   console) as proc:
         wait_rows(proc, run_dir, 2, console)
         listed = json.loads((run_dir / "placement.json").read_text())
@@ -207,7 +207,7 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
     run_dir, steps = tmp_path / "run", 40
     console = tmp_path / "train.log"
     with training(a, tiny_model_dir, run_dir, steps, ["rollout.num_workers=1", "learner.num_ranks=2",
-                                                        "checkpoint.every=2"], console) as proc:
+                                                    "checkpoint.every=2"], console) as proc:
         wait_rows(proc, run_dir, 3, console)
         listed = json.loads((run_dir / "placement.json").read_text())
         before = {p["role"]: p for p in listed}
@@ -245,7 +245,7 @@ def test_a_pipeline_run_with_room_for_one_engine_adds_the_other_when_a_node_join
     a, add_node = cluster
     run_dir, console = tmp_path / "run", tmp_path / "train.log"
     with training(a, tiny_model_dir, run_dir, 5000, ["trainer.mode=pipeline", "rollout.num_workers=2",
-                                                       "rollout.min_workers=1", "checkpoint.every=50"], console) as proc:
+                                                   "rollout.min_workers=1", "checkpoint.every=50"], console) as proc:
         wait_rows(proc, run_dir, 2, console)
         said = console.read_text()
         assert "no room yet for rollout worker(s) 1 (" in said and \
