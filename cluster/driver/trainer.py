@@ -418,6 +418,17 @@ class Trainer:
         row.update({k: info[k] for k in ("pid", "node_id") if k in info})
         self._network_again([row["role"]])
 
+    def _engine_restarted(self, worker_index: int, new_process: bool = True) -> None:
+        """The pool's `on_restart`: the current weights to the engine (EngineWeights.restarted); a new process
+        (Ray restarted it, on its node or another) recorded in placement.json with where it runs now."""
+        self.weights.restarted(worker_index, new_process)
+        if new_process:
+            role = f"rollout-{worker_index}"
+            row = next(p for p in self.placement if p["role"] == role)
+            row.update(pid=self.pool.pids[worker_index],
+                       node_id=self.hosts.where.get(f"rollout worker {worker_index}", row.get("node_id")))
+            self._network_again([role])
+
     def _engine_up(self, worker_index: int, info: dict) -> None:
         """The pool's `on_rejoin`: an engine that left with its host is back, or one an elastic start had no
         room for has started; its process and node in placement.json, then the current weights (verified)."""
@@ -488,7 +499,7 @@ class Trainer:
         start_waiting_rollouts(self.actors, cfg)  # an elastic start's engines with no room yet: pending on Ray
         pids = {int(p["role"].split("-")[1]): p["pid"] for p in self.placement if p["role"].startswith("rollout-")}
         self.pool = self.weights.pool = RolloutPool(
-            self.actors.rollouts, cfg.trainer.actor_timeout_s, self.weights.restarted,
+            self.actors.rollouts, cfg.trainer.actor_timeout_s, self._engine_restarted,
             [pids.get(w) for w in range(r.num_workers)], on_rejoin=self._engine_up, hosts=self.hosts,
             min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s, live=sorted(pids),
             bundle=resources(r.num_cpus, r.num_gpus))
