@@ -8,7 +8,6 @@ before training step k, so collecting overlaps training and each batch is one we
 """
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 import time
@@ -34,9 +33,9 @@ from cluster.driver.batch import (
 from cluster.driver.collector import Collector
 from cluster.driver.engine_weights import EngineWeights
 from cluster.driver.pipeline import PipelineFeeder
+from cluster.driver.placement_record import PlacementRecord, actor_name
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
-from cluster.launch.network import add_network
 from cluster.launch.placement import (
     Actors,
     actor_roles,
@@ -82,14 +81,6 @@ def version_metrics(batch: Batch, trained_from: int) -> dict:
     stale = [trained_from - x for v in versions for x in v]
     return {"staleness/token_mean": sum(stale) / len(stale), "staleness/token_max": max(stale),
             "versions_per_sequence_mean": sum(len(set(v)) for v in versions) / len(versions)}
-
-
-def actor_name(placement_row: dict) -> str:
-    """The name errors give the actor of a placement.json row ("rollout-1" -> "rollout worker 1")."""
-    role = placement_row.get("role") or f"learner-{placement_row['rank']}"
-    kind, _, index = role.partition("-")
-    return {"rollout": f"rollout worker {index}", "learner": f"learner rank {index}", "reference": "reference actor",
-            "reward": f"reward model {placement_row.get('model', index)}"}.get(kind, role)
 
 
 class Trainer:
@@ -388,9 +379,8 @@ class Trainer:
             self.hosts.place(actor_name(info), info.get("node_id"))
             wait_for(self.actors.learners[info["rank"]].set_threads.remote(self.threads[info["role"]]), actor_name(info),
                      "setting its threads", cfg.trainer.actor_timeout_s)
-            old = next(p for p in self.placement if p["role"] == info["role"])
-            old.update({**info, "threads": self.threads[info["role"]]})
-        self._network_again([info["role"] for info in infos])
+            self.placement.row(info["role"]).update({**info, "threads": self.threads[info["role"]]})
+        self.placement.say_network([info["role"] for info in infos])
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.collector.learners = self.weights.learners = self.learners
         self.weights.update(send=False, rebuild=True)
@@ -412,11 +402,11 @@ class Trainer:
     def _actor_back(self, name: str, info: dict) -> None:
         """A restarted actor (the reference after a lost host, RestartWatch; a reward model, _reward_models_back):
         its threads again, its new process and node in placement.json."""
-        row = next(p for p in self.placement if actor_name(p) == name)
+        row = self.placement.named(name)
         handle = actor_roles(self.actors)[row["role"]]
         wait_for(handle.set_threads.remote(row["threads"]), name, "setting its threads", self.cfg.trainer.actor_timeout_s)
         row.update({k: info[k] for k in ("pid", "node_id") if k in info})
-        self._network_again([row["role"]])
+        self.placement.say_network([row["role"]])
 
     def _engine_restarted(self, worker_index: int, new_process: bool = True) -> None:
         """The pool's `on_restart`: the current weights to the engine (EngineWeights.restarted); a new process
@@ -424,36 +414,20 @@ class Trainer:
         self.weights.restarted(worker_index, new_process)
         if new_process:
             role = f"rollout-{worker_index}"
-            row = next(p for p in self.placement if p["role"] == role)
+            row = self.placement.row(role)
             row.update(pid=self.pool.pids[worker_index],
                        node_id=self.hosts.where.get(f"rollout worker {worker_index}", row.get("node_id")))
-            self._network_again([role])
+            self.placement.say_network([role])
 
     def _engine_up(self, worker_index: int, info: dict) -> None:
         """The pool's `on_rejoin`: an engine that left with its host is back, or one an elastic start had no
         room for has started; its process and node in placement.json, then the current weights (verified)."""
         role = f"rollout-{worker_index}"
-        row = next((p for p in self.placement if p["role"] == role), None)
-        if row is None:
-            self.placement.append(row := {"role": role})
+        row = self.placement.row(role)
         row.update({k: info[k] for k in ("pid", "node_id", "hostname") if k in info})
         self.weights.rejoined(worker_index)
         row["threads"] = self.threads[role]
-        self._network_again([role])
-
-    def _network_again(self, roles: list[str]) -> None:
-        """Actors that run in a new process, maybe on another host (restarted, rejoined): their network view
-        (host, advertised address, interface) in placement.json and on the console, as at start; then
-        placement.json is written."""
-        handles = {role: h for role, h in actor_roles(self.actors).items() if role in roles}
-        for line in add_network(handles, [p for p in self.placement if p["role"] in roles], self.actors.master_address,
-                                self.cfg.trainer.actor_timeout_s):
-            print(line, flush=True)
-        self._write_placement()
-
-    def _write_placement(self) -> None:
-        """placement.json: where each actor runs (its process, node, threads), as of now."""
-        (self.run_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        self.placement.say_network([role])
 
     def _make_feeder(self) -> None:
         """trainer.mode=pipeline: the feeder that keeps the engines generating (cluster/driver/pipeline.py)."""
@@ -479,15 +453,13 @@ class Trainer:
         self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
             cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner(),
             reward_models=self.scorer.actor_paths())
-        self.placement = wait_ready(self.actors, cfg.trainer.actor_timeout_s)
-        self.threads = apply_thread_budget(self.actors, self.placement, cfg)
-        for line in add_network(actor_roles(self.actors), self.placement, self.actors.master_address,
-                                cfg.trainer.actor_timeout_s):
-            print(line, flush=True)
+        self.placement = PlacementRecord(wait_ready(self.actors, cfg.trainer.actor_timeout_s), self.run_dir,
+                                         self.actors, cfg.trainer.actor_timeout_s)
+        self.threads = apply_thread_budget(self.actors, self.placement.rows, cfg)
+        self.placement.say_network()  # every actor's host, address and interface: placement.json and the console
         self.scorer.attach(self.actors.reward_models, cfg.trainer.actor_timeout_s)  # it calls their handles itself
         self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
                      for p in self.placement if "threads_when_collecting_idles" in p}
-        self._write_placement()
         self.learner_params = next((p.get("total_params") for p in self.placement if p["role"] == "learner-0"), None)
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
         self.hosts = HostWatch()
