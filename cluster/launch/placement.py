@@ -235,13 +235,13 @@ def restart_learners(actors: Actors, cfg, hosts) -> None:
         for rank, h in enumerate(actors.learners):
             wait_dead(h, f"learner rank {rank}", HOST_DEATH_WAIT_S)
     lrn, pg = cfg.learner, actors.placement_group
-    need = resources(lrn.num_cpus, lrn.num_gpus)
     if pg is not None:  # colocate: the room a lost rank waits for is its whole bundle (its engine's share too)
         for rank, b in enumerate(actors.learner_bundles):
             wait_bundle_placed(pg, b, f"learner rank {rank}", pg.bundle_specs[b], cfg.ray.node_wait_s, hosts)
         actors.learner_nodes = [bundle_node(pg, b)[2] for b in actors.learner_bundles]
     else:
-        actors.learner_nodes = nodes_with_room(actors.learner_nodes, need, cfg.ray.node_wait_s, hosts)
+        actors.learner_nodes = nodes_with_room(actors.learner_nodes, resources(lrn.num_cpus, lrn.num_gpus),
+                                               cfg.ray.node_wait_s, hosts)
     if cfg.ray.address:  # rank 0 may now be on another node: the ranks and the engines meet there
         table = node_table()
         actors.master_address = table[actors.learner_nodes[0]]["address"]
