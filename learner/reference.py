@@ -38,11 +38,14 @@ class ReferenceActor:
         self.model = model
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
 
-    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """log pi_ref(completion token t | prompt, completion[:t]) per completion token."""
+    def logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict:
+        """{"logprobs": log pi_ref(completion token t | prompt, completion[:t]) per completion token, "pid"}: the
+        process that answered, by which the driver sees that Ray restarted this actor in place and ran the call
+        again (cluster/driver/actor_restarts.py)."""
         use_threads(self.threads)
-        return completion_logprobs(self.model, prompt_ids, completion_ids, self.cfg.micro_batch_size, self.pad_id,
-                                   share_prompts=self.cfg.prompt_sharing)
+        return {"logprobs": completion_logprobs(self.model, prompt_ids, completion_ids, self.cfg.micro_batch_size,
+                                                self.pad_id, share_prompts=self.cfg.prompt_sharing),
+                "pid": os.getpid()}
 
     def set_threads(self, n: int) -> None:
         """The torch threads this actor computes with from now on (the driver's thread budget)."""

@@ -10,6 +10,11 @@ actor's bundle, at most `ray.node_wait_s`), and where the actor came back; `on_b
 process its threads and updates placement.json. The call it waited on then completes on the new actor,
 or, when Ray's own retries of it ran out first (each failing at once on a refused connection, before Ray
 marked the host dead), is sent again there.
+
+Ray also restarts the actor in place, on its live host, when only its process died, and runs the call
+again there: nothing fails, so nothing would tell the driver. Each answer names the process that gave
+it (`answered_by`); a new one is said and handed to `on_back` like an actor back from a lost host (its
+threads again, its new process in placement.json).
 """
 from __future__ import annotations
 
@@ -28,10 +33,12 @@ class RestartWatch:
     """Waits on restartable actors' calls (by their names as errors give them: "reference actor")."""
 
     def __init__(self, hosts: HostWatch, node_wait_s: float, bundles: dict[str, dict],
-                 on_back: Callable[[str, dict], None]):
+                 on_back: Callable[[str, dict], None], pids: dict[str, int] | None = None):
         """`bundles`: each actor's placement-group bundle ({"CPU": 0.25}), named when it waits for room;
-        `on_back(name, info)`: the actor came back (its info() answer) on another node."""
+        `on_back(name, info)`: the actor runs in a new process (its info() answer), on another node or its own;
+        `pids`: each actor's process at start (placement.json)."""
         self.hosts, self.node_wait_s, self.bundles, self.on_back = hosts, node_wait_s, bundles, on_back
+        self.pids: dict[str, int] = dict(pids or {})
         self._looked = -CHECK_EVERY_S  # when a wait last read the node table (at most every CHECK_EVERY_S)
 
     def wait(self, call: Callable, handle, name: str, what: str, timeout_s: float):
@@ -69,6 +76,19 @@ class RestartWatch:
                 said = time.monotonic()
                 say_waiting(name, what, said - t0, timeout_s)
 
+    def answered_by(self, name: str, handle, pid: int, timeout_s: float) -> None:
+        """`pid` answered `name`'s call: a process other than the one known means Ray restarted the actor (its
+        process died; a lost host is handled in `wait`) and ran the call again. Said, and handed to `on_back`."""
+        known = self.pids.setdefault(name, pid)
+        if known == pid:
+            return
+        self.pids[name] = pid
+        info = wait_for(handle.info.remote(), name, "answering after its restart", timeout_s)
+        self.hosts.place(name, info.get("node_id"))
+        print(f"{name} was restarted (process {known} -> {pid}) on {self.hosts.describe(name)}; Ray ran its call "
+              "again, nothing was skipped", flush=True)
+        self.on_back(name, info)
+
     def _host_found_lost(self, name: str) -> bool:
         """Its connection broke: whether Ray marks the actor's host dead within HOST_DEATH_WAIT_S."""
         deadline = time.monotonic() + HOST_DEATH_WAIT_S
@@ -105,6 +125,7 @@ class RestartWatch:
             print(f"waiting for a node with room for the {name} ({bundle}): {said - t0:.0f}s so far, at most "
                   f"ray.node_wait_s={self.node_wait_s:.0f}s ({self.hosts.room_note(fresh=True)})", flush=True)
         self.hosts.place(name, info.get("node_id"))
+        self.pids[name] = info.get("pid")  # its answers come from this process now: no second report
         self.on_back(name, info)
         print(f"{name} restarted on {self.hosts.describe(name)} {time.monotonic() - t0:.0f}s after its host was "
               "lost; its call runs again there", flush=True)
@@ -113,10 +134,14 @@ class RestartWatch:
 def reference_logprobs(restarts: RestartWatch | None, reference, prompt_ids: list, completion_ids: list,
                        timeout_s: float) -> list:
     """The reference actor's log-probs of the completions (the collector's and the pipeline's one call to
-    it): waited on by `restarts`, its lost host said and waited out, where the driver has one; else a plain
-    bounded wait (a collector made on its own, as in tests)."""
+    it): waited on by `restarts`, its lost host said and waited out and a new process noticed, where the
+    driver has one; else a plain bounded wait (a collector made on its own, as in tests)."""
     def call():
         return reference.logprobs.remote(prompt_ids, completion_ids)
 
     what = ("reference actor", "computing reference log-probs", timeout_s)
-    return restarts.wait(call, reference, *what) if restarts is not None else wait_for(call(), *what)
+    if restarts is None:
+        return wait_for(call(), *what)["logprobs"]
+    out = restarts.wait(call, reference, *what)
+    restarts.answered_by("reference actor", reference, out["pid"], timeout_s)
+    return out["logprobs"]

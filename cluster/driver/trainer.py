@@ -400,8 +400,8 @@ class Trainer:
             print(f"{name} runs again on {self.hosts.describe(name)}, with its threads", flush=True)
 
     def _actor_back(self, name: str, info: dict) -> None:
-        """A restarted actor (the reference after a lost host, RestartWatch; a reward model, _reward_models_back):
-        its threads again, its new process and node in placement.json."""
+        """A restarted actor (the reference, after a lost host or in place, RestartWatch; a reward model,
+        _reward_models_back): its threads again, its new process and node in placement.json."""
         row = self.placement.named(name)
         handle = actor_roles(self.actors)[row["role"]]
         wait_for(handle.set_threads.remote(row["threads"]), name, "setting its threads", self.cfg.trainer.actor_timeout_s)
@@ -478,8 +478,8 @@ class Trainer:
         self.weights.learners = self.learners
         ref = cfg.reference
         self.restarts = RestartWatch(self.hosts, cfg.ray.node_wait_s,
-                                     {"reference actor": resources(ref.num_cpus, ref.num_gpus)},
-                                     self._actor_back)
+                                     {"reference actor": resources(ref.num_cpus, ref.num_gpus)}, self._actor_back,
+                                     pids={actor_name(p): p["pid"] for p in self.placement if p["role"] == "reference"})
         self.collector = Collector(
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
             lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,

@@ -45,10 +45,10 @@ def test_batch_composition_does_not_matter(reference, batch):
     import ray
 
     prompts, completions = batch
-    together = ray.get(reference.logprobs.remote(prompts, completions))
+    together = ray.get(reference.logprobs.remote(prompts, completions))["logprobs"]
     assert [len(x) for x in together] == [len(c) for c in completions]
     for i in range(len(prompts)):
-        (alone,) = ray.get(reference.logprobs.remote([prompts[i]], [completions[i]]))
+        (alone,) = ray.get(reference.logprobs.remote([prompts[i]], [completions[i]]))["logprobs"]
         assert len(alone) == len(together[i])
         if alone:
             assert max(abs(a - b) for a, b in zip(alone, together[i])) <= TOL, i
@@ -58,7 +58,7 @@ def test_matches_plain_hf_forward(reference, batch, tiny_model_dir):
     import ray
 
     prompts, completions = batch
-    got = ray.get(reference.logprobs.remote(prompts, completions))
+    got = ray.get(reference.logprobs.remote(prompts, completions))["logprobs"]
     for i in (0, 4, 6):
         expected = plain_hf(tiny_model_dir, prompts[i], completions[i])
         assert max(abs(a - b) for a, b in zip(got[i], expected)) <= TOL

@@ -18,7 +18,7 @@ from cluster.data.dataset import arithmetic_examples
 from cluster.driver.trainer import Trainer
 from cluster.models.tinyreward import reward_model_result, wrong_completion
 from cluster.run.metrics import read_metrics
-from tests.e2e.test_train import config
+from tests.e2e.test_train import config, kill_while_learning
 
 
 def test_the_actor_scores_as_transformers_does(addition_rm, ray_cluster):
@@ -54,10 +54,15 @@ def test_the_actor_scores_as_transformers_does(addition_rm, ray_cluster):
 def test_a_run_scored_by_a_reward_model_survives_its_actor_killed(tiny_model_dir, addition_rm, ray_cluster, tmp_path,
                                                                    capsys):
     """Reward = the reward model alone. Its actor is SIGKILLed while it scores step 2: Ray restarts it, runs
-    the call again, and every step is logged once with its per-function metrics."""
+    the call again, and every step is logged once with its per-function metrics.
+
+    The same run serves the reference actor restarted in place (its host alive): SIGKILLed while step 2
+    trains, Ray restarts it and step 3's call runs there; nothing fails, and the driver sees the new process
+    in the answer: it says so, gives it its threads, and records it in placement.json."""
     run_dir = tmp_path / "rm-run"
     cfg = config(tiny_model_dir, run_dir, f"reward.functions=[model:{addition_rm}]", "trainer.steps=3",
-                 "data.task_digits=2", "reward.model_batch_size=8", "reward.model_max_len=8")
+                 "data.task_digits=2", "reward.model_batch_size=8", "reward.model_max_len=8",
+                 "algo.beta=0.001", "reference.placement=actor")
     trainer = Trainer(cfg)
     killed: list[int] = []
     score = trainer.scorer.score
@@ -70,13 +75,20 @@ def test_a_run_scored_by_a_reward_model_survives_its_actor_killed(tiny_model_dir
         return score(*args, **kwargs)
 
     trainer.scorer.score = score_and_kill
+    reference_killed = kill_while_learning(trainer, at_step=1, role="reference")
     summary = trainer.run()
     assert killed and summary["checkpoint"].endswith("step-00000003")
     assert summary["reward_model_restarts"] == 1  # the driver saw an answer come from a new process
-    # placement.json names the new process (it got its threads again), and the console says where it runs
-    row = next(p for p in json.loads((run_dir / "placement.json").read_text()) if p["role"] == "reward-0")
-    assert row["pid"] not in killed and row["threads"] >= 1
-    assert re.search(rf"reward model \S*{addition_rm.name} runs again on .*, with its threads", capsys.readouterr().out)
+    # placement.json names the new processes (they got their threads again), and the console says where they run
+    placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
+    assert placement["reward-0"]["pid"] not in killed and placement["reward-0"]["threads"] >= 1
+    out = capsys.readouterr().out
+    assert re.search(rf"reward model \S*{addition_rm.name} runs again on .*, with its threads", out)
+    old_pid, new_pid = reference_killed[0], placement["reference"]["pid"]
+    assert new_pid != old_pid and placement["reference"]["threads"] >= 1
+    assert re.search(rf"reference actor was restarted \(process {old_pid} -> {new_pid}\) on \S+ \(\S+, Ray node "
+                     r"\w+\); Ray ran its call again, nothing was skipped", out), out
+    assert re.search(r"network: .*reference", out.split("reference actor was restarted", 1)[1])  # said where, again
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     name = addition_rm.name

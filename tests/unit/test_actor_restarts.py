@@ -130,3 +130,53 @@ def test_a_broken_connection_without_a_lost_host_fails_naming_the_actor(fake_get
     ref.error = ActorUnavailableError("The actor is temporarily unavailable", None)
     with pytest.raises(ActorFailed, match="reference actor died while computing"):
         watch.wait(lambda: ref, Reference(0), "reference actor", "computing reference log-probs", 600.0)
+
+
+class Placed(Hosts):
+    """A fake HostWatch whose actors all run on one live host."""
+
+    def describe(self, actor):
+        return f"10.77.0.1 (host-a, Ray node {self.placed[actor]})"
+
+
+def test_an_answer_from_a_new_process_is_said_and_handed_on_once(fake_get, capsys):
+    """Ray restarted the actor in place (its process died, its host lives) and ran the call again: nothing
+    failed, so the answer's process is what shows it; said once, handed to on_back once."""
+    back, hosts = [], Placed()
+    watch = RestartWatch(hosts, 300.0, {}, lambda name, info: back.append((name, info)),
+                         pids={"reference actor": 111})
+    watch.answered_by("reference actor", Reference(0), 111, 600.0)
+    assert back == [] and capsys.readouterr().out == ""  # the process it started in
+    watch.answered_by("reference actor", Reference(0), 222, 600.0)
+    watch.answered_by("reference actor", Reference(0), 222, 600.0)
+    assert back == [("reference actor", {"pid": 222, "node_id": "node-c"})]
+    assert hosts.placed == {"reference actor": "node-c"}
+    assert capsys.readouterr().out == ("reference actor was restarted (process 111 -> 222) on 10.77.0.1 (host-a, "
+                                       "Ray node node-c); Ray ran its call again, nothing was skipped\n")
+
+
+def test_an_actor_back_from_a_lost_host_is_not_reported_again_by_its_answers(fake_get, capsys):
+    back = []
+    watch = RestartWatch(Hosts(lost={"reference actor"}), 300.0, {"reference actor": {"CPU": 1.0}},
+                         lambda name, info: back.append(name), pids={"reference actor": 111})
+    out = watch.wait(lambda: Ref({"logprobs": [[-0.5]], "pid": 222}), Reference(restart_gets=1), "reference actor",
+                     "computing reference log-probs", 600.0)
+    watch.answered_by("reference actor", Reference(0), out["pid"], 600.0)
+    assert back == ["reference actor"] and "was restarted (process" not in capsys.readouterr().out
+
+
+def test_reference_logprobs_notices_a_new_process(fake_get, capsys):
+    back = []
+    watch = RestartWatch(Placed(), 300.0, {}, lambda name, info: back.append(info["pid"]), pids={"reference actor": 111})
+    reference = Reference(0)
+    answers = iter([{"logprobs": [[-0.5]], "pid": 111}, {"logprobs": [[-0.25]], "pid": 222}])
+
+    class logprobs:  # noqa: N801 - a Ray handle's method
+        @staticmethod
+        def remote(prompt_ids, completion_ids):
+            return Ref(next(answers))
+
+    reference.logprobs = logprobs
+    assert actor_restarts.reference_logprobs(watch, reference, [[1]], [[2]], 600.0) == [[-0.5]]
+    assert actor_restarts.reference_logprobs(watch, reference, [[1]], [[2]], 600.0) == [[-0.25]]
+    assert back == [222] and "reference actor was restarted (process 111 -> 222)" in capsys.readouterr().out

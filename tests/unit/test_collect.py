@@ -133,7 +133,7 @@ def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatc
             @staticmethod
             def remote(prompt_ids, completion_ids):
                 calls.append(len(completion_ids))
-                return [[-0.5] * len(c) for c in completion_ids]
+                return {"logprobs": [[-0.5] * len(c) for c in completion_ids], "pid": 7}
 
     monkeypatch.setattr(actor_restarts, "wait_for", lambda refs, *what: refs)
     t = trainer([[1, 0], [1, 1], [0, 1], [0, 0]], dynamic=True)
