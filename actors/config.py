@@ -166,6 +166,9 @@ class RewardConfig:
     # The most a verifier's answer may hold (its {"rewards": [...]} for http_max_batch samples is a few KB):
     # a larger one is an error for that request's samples, read no further than this + 1 byte.
     http_max_response_mb: float = 8.0
+    # https:// verifiers are checked against the system's CA certificates; a PEM file here replaces them (the
+    # CA that signed an internal verifier's certificate). Read by the driver, relative to where it runs.
+    http_ca_file: str = ""
 
     def problems(self) -> list[str]:
         p = []

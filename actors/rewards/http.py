@@ -22,8 +22,13 @@ sample, null meaning "cannot score this one" (left out of its group, never score
 - `Authorization: Bearer $RAYGRPO_REWARD_TOKEN` is sent when that variable is set (read by the
   driver at start).
 
-Standard library only (urllib honours http_proxy / no_proxy and the system CA bundle); runs in
-the driver, on threads: HTTP is I/O, there is no user code to isolate.
+- https:// certificates are verified against the system's CA certificates, or against
+  `reward.http_ca_file` (PEM) when it is set; a certificate that fails, or a server that does not
+  speak TLS at an https:// URL, stops the run at once, naming the URL and that setting (a retry
+  cannot change either).
+
+Standard library only (urllib honours http_proxy / no_proxy); runs in the driver, on threads:
+HTTP is I/O, there is no user code to isolate.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import json
 import math
 import numbers
 import os
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -80,7 +86,8 @@ class HttpVerifiers(KindRunner):
 
     def __init__(self, specs: list[str], cfg: RewardConfig):
         self.cfg = cfg
-        self.verifiers = {s: HttpVerifier(s, cfg) for s in specs}
+        context = tls_context(cfg.http_ca_file) if any(s.startswith("https://") for s in specs) else None
+        self.verifiers = {s: HttpVerifier(s, cfg, context=context) for s in specs}
 
     def send(self, specs: list[str], batch: Batch, tally: Tally, progress):
         pending = {s: self._start(s, batch, progress) for s in specs}
@@ -115,7 +122,24 @@ class HttpVerifiers(KindRunner):
 
 
 class VerifierRefused(RuntimeError):
-    """The verifier refuses every request (credentials, wrong path): the run cannot go on."""
+    """The verifier refuses every request (credentials, wrong path), or cannot be trusted or reached over TLS
+    (its certificate, a server without TLS at an https:// URL): the run cannot go on."""
+
+
+def tls_context(ca_file: str) -> ssl.SSLContext:
+    """What https:// verifiers are checked against: the system's CA certificates, or `ca_file`'s
+    (reward.http_ca_file). A file that is missing or holds no PEM certificate is a ValueError naming it."""
+    if not ca_file:
+        return ssl.create_default_context()
+    where = f"reward.http_ca_file={ca_file!r}"
+    if not os.path.isfile(ca_file):
+        raise ValueError(f"{where}: no such file (cwd {os.getcwd()}); give the PEM file of the CA that signed "
+                         "the verifier's certificate")
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        raise ValueError(f"{where}: not a PEM file of CA certificates ({e}); give the CA that signed the "
+                         "verifier's certificate, in PEM ('-----BEGIN CERTIFICATE-----')") from None
 
 
 class _RequestFailed(Exception):
@@ -171,8 +195,10 @@ def parse_rewards(raw: bytes, n: int, url: str) -> list[tuple[bool, object]]:
 class HttpVerifier:
     """POSTs batches to one verifier URL, `cfg.http_concurrency` at a time."""
 
-    def __init__(self, url: str, cfg, token: str | None = None):
+    def __init__(self, url: str, cfg, token: str | None = None, context: ssl.SSLContext | None = None):
+        """`context`: what an https:// URL's certificate is checked against (tls_context; default: reward.http_ca_file's)."""
         self.url, self.cfg = url, cfg
+        self.context = context if context is not None or not url.startswith("https://") else tls_context(cfg.http_ca_file)
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self._executor = ThreadPoolExecutor(cfg.http_concurrency, thread_name_prefix="reward-http")
 
@@ -225,7 +251,7 @@ class HttpVerifier:
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         timeout = self.cfg.http_timeout_s
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
                 raw = _read_capped(response, self.cfg.http_max_response_mb)
         except urllib.error.HTTPError as e:
             detail = _body_text(e)
@@ -237,6 +263,7 @@ class HttpVerifier:
         except TimeoutError:
             raise _RequestFailed(f"no answer within {timeout:g} s (reward.http_timeout_s)", timed_out=True) from None
         except urllib.error.URLError as e:
+            self._untrusted(e.reason)
             if isinstance(e.reason, TimeoutError):
                 raise _RequestFailed(f"no connection within {timeout:g} s (reward.http_timeout_s)", timed_out=True) from None
             raise _Retryable(f"cannot connect: {e.reason}") from None
@@ -254,6 +281,19 @@ class HttpVerifier:
         if e.code in (404, 405):
             raise VerifierRefused(f"no reward verifier at {self.url}: HTTP {e.code} {e.reason}{detail}. Check the "
                                   "URL's host, port and path in reward.functions (raygrpo POSTs to it)")
+
+    def _untrusted(self, reason) -> None:
+        """TLS failed in a way no retry changes: the certificate, or no TLS at all at an https:// URL."""
+        ca = self.cfg.http_ca_file
+        against = f"the CA certificates in reward.http_ca_file={ca!r}" if ca else "the system's CA certificates"
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise VerifierRefused(
+                f"the reward verifier {self.url} cannot be trusted: its TLS certificate failed verification against "
+                f"{against} ({reason.verify_message or reason}). Set reward.http_ca_file to the PEM file of the CA that "
+                "signed it (the URL's host must be one of the names or addresses in the certificate)")
+        if isinstance(reason, ssl.SSLError) and reason.reason == "WRONG_VERSION_NUMBER":
+            raise VerifierRefused(f"the reward verifier {self.url} does not answer TLS ({reason}): the server at "
+                                  f"that port speaks plain HTTP; use http:// in reward.functions, or serve it with TLS")
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

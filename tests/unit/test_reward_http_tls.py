@@ -1,0 +1,160 @@
+"""https:// verifiers against a real TLS server on 127.0.0.1 whose certificate an internal CA signed (made
+here, as a company's CA is: it is in no system store): trusted through reward.http_ca_file; without it, or
+with a certificate for another host, the run stops at once naming the URL and the setting (no retries:
+none changes a certificate); a plain-HTTP server at an https:// URL is said to be one; a CA file that is
+missing or not PEM fails at start naming the key."""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import ssl
+import threading
+
+import pytest
+from local_http import LocalServer, QuietHandler
+
+from actors.completions import Completion
+from actors.config import RewardConfig
+from actors.rewards import http
+from actors.rewards.http import VerifierRefused
+from actors.rewards.scorer import RewardScorer
+
+pytest.importorskip("cryptography", reason="the `cryptography` package makes the test's CA and certificates")
+from cryptography import x509  # noqa: E402
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import NameOID  # noqa: E402
+
+
+def _key():
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _cert(subject: str, issuer: str, key, signer, *, ca: bool, names: list | None = None):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = (x509.CertificateBuilder()
+         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+         .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if names:
+        b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return b.sign(signer, hashes.SHA256())
+
+
+def _pem(obj) -> bytes:
+    if hasattr(obj, "public_bytes"):
+        return obj.public_bytes(serialization.Encoding.PEM)
+    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """An internal CA, and a server certificate it signed: for 127.0.0.1 (`good`) or for another host (`other`)."""
+    d = tmp_path_factory.mktemp("pki")
+    ca_key = _key()
+    ca = _cert("raygrpo test CA", "raygrpo test CA", ca_key, ca_key, ca=True)
+    (d / "ca.pem").write_bytes(_pem(ca))
+    for name, sans in {"good": [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
+                       "other": [x509.DNSName("verifier.internal")]}.items():
+        key = _key()
+        (d / f"{name}.pem").write_bytes(_pem(_cert(name, "raygrpo test CA", key, ca_key, ca=False, names=sans)))
+        (d / f"{name}.key").write_bytes(_pem(key))
+    return d
+
+
+class TlsVerifier:
+    """A verifier on 127.0.0.1 serving https with `cert`: 1.0 for every sample; counts the requests it read."""
+
+    def __init__(self, pki, cert: str):
+        self.posts, self.lock = 0, threading.Lock()
+        outer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    outer.posts += 1
+                self.send(200, json.dumps({"rewards": [1.0] * len(body["completions"])}))
+
+        self.local = LocalServer(Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki / f"{cert}.pem", pki / f"{cert}.key")
+        self.local.httpd.socket = context.wrap_socket(self.local.httpd.socket, server_side=True)
+        self.url = self.local.base.replace("http://", "https://") + "/verify"
+
+    def close(self):
+        self.local.close()
+
+
+@pytest.fixture
+def verifier(pki, request):
+    v = TlsVerifier(pki, request.param)
+    yield v
+    v.close()
+
+
+def _score(url, n=4, **cfg):
+    cfg = RewardConfig(functions=[url], **{"http_timeout_s": 5.0, "http_max_retries": 2, **cfg})
+    comps = [Completion([7, 1], [-0.1, -0.2], f"{i}+1={i + 1}", "stop") for i in range(n)]
+    with RewardScorer(cfg) as scorer:
+        return scorer.score([f"{i}+1=" for i in range(n)], comps, [{"answer": str(i + 1)} for i in range(n)],
+                            group_size=n)
+
+
+@pytest.mark.parametrize("verifier", ["good"], indirect=True)
+def test_a_verifier_signed_by_the_ca_in_http_ca_file_scores(verifier, pki):
+    res = _score(verifier.url, http_ca_file=str(pki / "ca.pem"))
+    assert res.rewards == [1.0] * 4 and res.errors == 0 and verifier.posts == 1
+
+
+@pytest.mark.parametrize("verifier", ["good"], indirect=True)
+def test_an_untrusted_certificate_stops_the_run_at_once_naming_the_url_and_the_setting(verifier, monkeypatch):
+    backoffs = []
+    monkeypatch.setattr(http.time, "sleep", backoffs.append)  # a retry would wait first
+    with pytest.raises(VerifierRefused) as e:
+        _score(verifier.url)
+    msg = str(e.value)
+    assert f"the reward verifier {verifier.url} cannot be trusted" in msg
+    assert "against the system's CA certificates (unable to get local issuer certificate)" in msg, msg
+    assert "Set reward.http_ca_file to the PEM file of the CA that signed it" in msg
+    assert verifier.posts == 0  # nothing was sent to a server that could not be trusted
+    assert backoffs == []  # asked once: no retry changes a certificate
+
+
+@pytest.mark.parametrize("verifier", ["other"], indirect=True)
+def test_a_certificate_for_another_host_stops_the_run_naming_the_ca_file_used(verifier, pki):
+    ca = str(pki / "ca.pem")
+    with pytest.raises(VerifierRefused) as e:
+        _score(verifier.url, http_ca_file=ca)
+    msg = str(e.value)
+    assert f"against the CA certificates in reward.http_ca_file={ca!r} (IP address mismatch" in msg
+    assert "the URL's host must be one of the names or addresses in the certificate" in msg and verifier.posts == 0
+
+
+def test_a_plain_http_server_at_an_https_url_is_said_to_be_one():
+    class Handler(QuietHandler):
+        def do_POST(self):  # noqa: N802
+            self.send(200, "{}")
+
+    plain = LocalServer(Handler)
+    try:
+        url = plain.base.replace("http://", "https://") + "/verify"
+        with pytest.raises(VerifierRefused, match=rf"the reward verifier {url} does not answer TLS .*: the server at "
+                                                  r"that port speaks plain HTTP; use http:// in reward.functions"):
+            _score(url)
+    finally:
+        plain.close()
+
+
+def test_a_missing_or_non_pem_ca_file_fails_at_start_naming_the_key(tmp_path):
+    url = "https://127.0.0.1:9/verify"
+    with pytest.raises(ValueError, match=r"reward.http_ca_file='nope.pem': no such file \(cwd .*\); give the PEM file"):
+        RewardScorer(RewardConfig(functions=[url], http_ca_file="nope.pem"))
+    junk = tmp_path / "ca.txt"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match=rf"reward.http_ca_file='{junk}': not a PEM file of CA certificates"):
+        RewardScorer(RewardConfig(functions=[url], http_ca_file=str(junk)))
