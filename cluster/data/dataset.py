@@ -22,7 +22,7 @@ from actors.rewards.functions import ANSWER_CHECKERS
 from actors.runtime.user_code import is_file_spec
 from cluster.data.files import DataError, raise_problems, read_rows
 from cluster.data.model_check import tokenizer_problems
-from cluster.data.render import LengthReport, PromptFormat, length_filter, prompt_problem, render
+from cluster.data.render import LengthReport, PromptFormat, length_filter, prompt_problem, render, text_content
 
 TASKS = ("addition", "subtraction")
 __all__ = ["DataError", "Example", "PromptStream", "RunData", "reward_column_problem", "load_run_data", "load_splits",
@@ -54,7 +54,8 @@ def examples_from_rows(rows: list[tuple[str, dict]], prompt_key: str, problems: 
         if problem:
             problems.append(f"{where}: {problem}")
             continue
-        out.append(Example(row[prompt_key], {k: v for k, v in row.items() if k != prompt_key}, where=where))
+        # content lists of text parts become strings here, once: templates, rewards and logs see one form
+        out.append(Example(text_content(row[prompt_key]), {k: v for k, v in row.items() if k != prompt_key}, where=where))
     raise_problems(problems, "malformed dataset rows")
     return out
 

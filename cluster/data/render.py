@@ -1,7 +1,8 @@
 """Prompts as the engine receives them: chat-template rendering and token counts, done once on the driver.
 
 A prompt is a string or a list of `{"role", "content"}` messages (TRL's conversational format,
-verl's parquet `prompt` column). Messages are rendered with the model's own chat template,
+verl's parquet `prompt` column; content a string, or a list of text parts that `text_content` joins
+at load). Messages are rendered with the model's own chat template,
 `apply_chat_template(messages, add_generation_prompt=True, **chat_template_kwargs)`, then
 encoded without adding special tokens (the template wrote them) -- exactly what
 `apply_chat_template(..., tokenize=True)` returns. A string is encoded as it is (with the
@@ -24,15 +25,34 @@ class PromptFormat:
 
 
 def prompt_problem(prompt) -> str | None:
-    """Why `prompt` is neither a string nor a list of {"role": str, "content": str} messages, or None."""
+    """Why `prompt` is neither a string nor a list of {"role": str, "content": str | text parts} messages, or None."""
     if isinstance(prompt, str):
         return None if prompt else "the prompt is an empty string"
     if not isinstance(prompt, list) or not prompt:
         return f"the prompt must be a string or a non-empty list of {{\"role\", \"content\"}} messages, got {_short(prompt)}"
     for i, m in enumerate(prompt):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             return f"message {i} must be an object with string \"role\" and \"content\", got {_short(m)}"
+        content = m.get("content")
+        if isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            return f"message {i}'s \"content\" must be a string or a list of text parts, got {_short(content)}"
+        for part in content:
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str) or part.get("type", "text") != "text":
+                kind = f"of type {part['type']!r}" if isinstance(part, dict) and "type" in part else _short(part)
+                return (f"message {i} has a content part {kind}: raygrpo trains text models, so a content list may "
+                        "hold only text parts ({\"type\": \"text\", \"text\": ...})")
     return None
+
+
+def text_content(prompt):
+    """`prompt` with every message's content as one string: a list of text parts (OpenAI's format) joined
+    with newlines, as vLLM joins them for a chat template that takes string content. Other keys are kept."""
+    if isinstance(prompt, str) or all(isinstance(m["content"], str) for m in prompt):
+        return prompt
+    return [m if isinstance(m["content"], str) else {**m, "content": "\n".join(p["text"] for p in m["content"])}
+            for m in prompt]
 
 
 def _short(value) -> str:

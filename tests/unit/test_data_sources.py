@@ -71,6 +71,38 @@ def test_parquet_bad_row_named_by_row(tmp_path):
         load_examples(str(tmp_path / "p.parquet"))
 
 
+def test_content_lists_of_text_parts_load_as_strings_and_render_as_vllm_joins_them(tmp_path, tokenizer):
+    """OpenAI's content format ([{"type": "text", "text": ...}, ...]), as JSONL and as parquet (whose structs
+    give every part every key, null where it has none): loaded as one string per message, the parts joined
+    with newlines as vLLM joins them for a template that takes strings; other message keys kept."""
+    import datasets
+
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+             {"role": "user", "content": [{"type": "text", "text": "Tom has 3 apples."}, {"text": "How many?"}]}]
+    strings = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tom has 3 apples.\nHow many?"}]
+    jsonl = write_jsonl(tmp_path / "parts.jsonl", [{"prompt": parts, "answer": "3"}, {"prompt": strings, "answer": "3"}])
+    a, b = load_examples(str(jsonl))
+    assert a.prompt == b.prompt == strings and a.fields == {"answer": "3"}
+    assert render([a.prompt], tokenizer, PromptFormat()) == render([strings], tokenizer, PromptFormat())
+    with_image_key = [{"role": "user", "content": [{"type": "text", "text": "2+2?", "image": None}]}]
+    datasets.Dataset.from_list([{"prompt": with_image_key}]).to_parquet(str(tmp_path / "parts.parquet"))
+    (c,) = load_examples(str(tmp_path / "parts.parquet"))
+    assert c.prompt == [{"role": "user", "content": "2+2?"}]
+
+
+def test_a_content_part_that_is_not_text_is_refused_naming_it(tmp_path):
+    p = write_jsonl(tmp_path / "image.jsonl", [
+        {"prompt": [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                                 {"type": "image_url", "image_url": {"url": "x.png"}}]}]},
+        {"prompt": [{"role": "user", "content": 7}]}])
+    with pytest.raises(DataError) as e:
+        load_examples(str(p))
+    msg = str(e.value)
+    assert (f"{p}:1: message 0 has a content part of type 'image_url': raygrpo trains text models, so a content list "
+            "may hold only text parts") in msg
+    assert f"{p}:2: message 0's \"content\" must be a string or a list of text parts, got 7" in msg
+
+
 def test_prompt_key_and_other_columns(tmp_path):
     p = write_jsonl(tmp_path / "q.jsonl", [{"question": "2+2?", "solution": "#### 4", "level": 1}])
     (ex,) = load_examples(str(p), prompt_key="question")
