@@ -6,6 +6,8 @@ Run it, then point a run at it:
     python examples/verifier_server.py --port 8000            # add --token SECRET to require one
     raygrpo train examples/cpu_demo.yaml 'reward.functions=[http://127.0.0.1:8000/verify]'
     # with --token: RAYGRPO_REWARD_TOKEN=SECRET raygrpo train ...
+    # over TLS: --cert server.pem --key server.key, then https://... and, for a certificate your own
+    # CA signed, reward.http_ca_file=ca.pem
 
 The protocol (README, "Remote verifiers"). raygrpo POSTs `application/json` to the URL:
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import ssl
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -79,10 +82,19 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
     parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN'")
+    parser.add_argument("--cert", default=None, help="serve https with this certificate (PEM; with --key)")
+    parser.add_argument("--key", default=None, help="the certificate's private key (PEM)")
     args = parser.parse_args()
+    if (args.cert is None) != (args.key is None):
+        parser.error("--cert and --key go together")
     Verifier.token = args.token
     server = ThreadingHTTPServer((args.host, args.port), Verifier)
-    print(f"verifier listening on http://{args.host}:{server.server_address[1]}{Verifier.path_served}", flush=True)
+    scheme = "http"
+    if args.cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.cert, args.key)
+        server.socket, scheme = tls.wrap_socket(server.socket, server_side=True), "https"
+    print(f"verifier listening on {scheme}://{args.host}:{server.server_address[1]}{Verifier.path_served}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -162,16 +162,27 @@ def test_a_reward_that_kills_its_parent_now_and_then_costs_only_those_calls(mixe
 
 
 def test_a_verifier_that_refuses_the_credentials_stops_the_first_step_naming_the_url(tiny_model_dir, tmp_path):
-    """examples/verifier_server.py with --token, as a user starts it; raygrpo without RAYGRPO_REWARD_TOKEN."""
-    server, url = start([str(ROOT / "examples" / "verifier_server.py"), "--port", "0", "--token", "s3cret"])
+    """examples/verifier_server.py with --token, as a user starts it; raygrpo without RAYGRPO_REWARD_TOKEN.
+
+    It serves https (--cert/--key) with a certificate a CA of the test's own signed, in no system store, as a
+    company's internal CA: the user's config trusts it with reward.http_ca_file, a path relative to the user's
+    directory. The 401 reaching raygrpo shows the TLS connection was made."""
+    tls_certs = pytest.importorskip("tls_certs", reason="the `cryptography` package makes the test's CA and certificate")
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    tls_certs.make_pki(pki)
+    server, url = start([str(ROOT / "examples" / "verifier_server.py"), "--port", "0", "--token", "s3cret",
+                         "--cert", str(pki / "good.pem"), "--key", str(pki / "good.key")])
+    assert url.startswith("https://")
     env = {k: v for k, v in os.environ.items() if k != "RAYGRPO_REWARD_TOKEN"}
+    config = write_config(tmp_path, tiny_model_dir, [url], "  http_ca_file: pki/ca.pem")
     try:
-        out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", str(write_config(tmp_path, tiny_model_dir, [url]))],
+        out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", str(config)],
                              capture_output=True, text=True, cwd=tmp_path, timeout=600, env=env)
     finally:
         server.kill()
     assert out.returncode != 0
-    assert f"the reward verifier {url} refused raygrpo's request: HTTP 401" in out.stderr
+    assert f"the reward verifier {url} refused raygrpo's request: HTTP 401" in out.stderr, out.stderr[-3000:]
     assert "RAYGRPO_REWARD_TOKEN is not set" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or read_metrics(tmp_path / "run") == []
     assert not (tmp_path / "run" / "raygrpo.lock").exists()

@@ -5,11 +5,12 @@ none changes a certificate); a plain-HTTP server at an https:// URL is said to b
 missing or not PEM fails at start naming the key."""
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import ssl
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from local_http import LocalServer, QuietHandler
@@ -17,53 +18,18 @@ from local_http import LocalServer, QuietHandler
 from actors.completions import Completion
 from actors.config import RewardConfig
 from actors.rewards import http
-from actors.rewards.http import VerifierRefused
+from actors.rewards.http import HttpVerifier, VerifierRefused
 from actors.rewards.scorer import RewardScorer
 
-pytest.importorskip("cryptography", reason="the `cryptography` package makes the test's CA and certificates")
-from cryptography import x509  # noqa: E402
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import NameOID  # noqa: E402
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verifier_server.py"
 
-
-def _key():
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _cert(subject: str, issuer: str, key, signer, *, ca: bool, names: list | None = None):
-    now = datetime.datetime.now(datetime.timezone.utc)
-    b = (x509.CertificateBuilder()
-         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-         .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-         .public_key(key.public_key()).serial_number(x509.random_serial_number())
-         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if names:
-        b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return b.sign(signer, hashes.SHA256())
-
-
-def _pem(obj) -> bytes:
-    if hasattr(obj, "public_bytes"):
-        return obj.public_bytes(serialization.Encoding.PEM)
-    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+make_pki = pytest.importorskip("tls_certs", reason="the `cryptography` package makes the test's CA and certificates").make_pki
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    """An internal CA, and a server certificate it signed: for 127.0.0.1 (`good`) or for another host (`other`)."""
-    d = tmp_path_factory.mktemp("pki")
-    ca_key = _key()
-    ca = _cert("raygrpo test CA", "raygrpo test CA", ca_key, ca_key, ca=True)
-    (d / "ca.pem").write_bytes(_pem(ca))
-    for name, sans in {"good": [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
-                       "other": [x509.DNSName("verifier.internal")]}.items():
-        key = _key()
-        (d / f"{name}.pem").write_bytes(_pem(_cert(name, "raygrpo test CA", key, ca_key, ca=False, names=sans)))
-        (d / f"{name}.key").write_bytes(_pem(key))
-    return d
+    """An internal CA (ca.pem), and server certificates it signed: for 127.0.0.1 (good) or another host (other)."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 class TlsVerifier:
@@ -158,3 +124,21 @@ def test_a_missing_or_non_pem_ca_file_fails_at_start_naming_the_key(tmp_path):
     junk.write_text("not a certificate\n")
     with pytest.raises(ValueError, match=rf"reward.http_ca_file='{junk}': not a PEM file of CA certificates"):
         RewardScorer(RewardConfig(functions=[url], http_ca_file=str(junk)))
+
+
+def test_the_example_server_serves_https_with_cert_and_key(pki):
+    """examples/verifier_server.py --cert/--key, as a user starts it: trusted through reward.http_ca_file."""
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--port", "0", "--cert", str(pki / "good.pem"),
+                             "--key", str(pki / "good.key")], stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split()[-1]
+        assert url.startswith("https://127.0.0.1:")
+        verifier = HttpVerifier(url, RewardConfig(http_ca_file=str(pki / "ca.pem")))
+        [outcome] = verifier.collect(verifier.start([{"prompts": ["1+1="], "completions": ["2"], "answer": ["2"]}]))
+        assert outcome.results == [(True, 1.0)]
+        untrusted = HttpVerifier(url, RewardConfig())  # the system's CA certificates do not know this CA
+        with pytest.raises(VerifierRefused, match="cannot be trusted"):
+            untrusted.collect(untrusted.start([{"prompts": ["p"], "completions": ["c"]}]))
+    finally:
+        proc.terminate()
+        proc.wait(10)
