@@ -86,8 +86,7 @@ class HttpVerifiers(KindRunner):
 
     def __init__(self, specs: list[str], cfg: RewardConfig):
         self.cfg = cfg
-        context = tls_context(cfg.http_ca_file) if any(s.startswith("https://") for s in specs) else None
-        self.verifiers = {s: HttpVerifier(s, cfg, context=context) for s in specs}
+        self.verifiers = {s: HttpVerifier(s, cfg) for s in specs}
 
     def send(self, specs: list[str], batch: Batch, tally: Tally, progress):
         pending = {s: self._start(s, batch, progress) for s in specs}
@@ -195,10 +194,10 @@ def parse_rewards(raw: bytes, n: int, url: str) -> list[tuple[bool, object]]:
 class HttpVerifier:
     """POSTs batches to one verifier URL, `cfg.http_concurrency` at a time."""
 
-    def __init__(self, url: str, cfg, token: str | None = None, context: ssl.SSLContext | None = None):
-        """`context`: what an https:// URL's certificate is checked against (tls_context; default: reward.http_ca_file's)."""
+    def __init__(self, url: str, cfg, token: str | None = None):
         self.url, self.cfg = url, cfg
-        self.context = context if context is not None or not url.startswith("https://") else tls_context(cfg.http_ca_file)
+        # what an https:// URL's certificate is checked against (a bad reward.http_ca_file fails here, at start)
+        self.context = tls_context(cfg.http_ca_file) if url.startswith("https://") else None
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self._executor = ThreadPoolExecutor(cfg.http_concurrency, thread_name_prefix="reward-http")
 
