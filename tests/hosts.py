@@ -132,6 +132,14 @@ class Hosts:
                            switch=self.switch, switch_port=f"p{i}", mounts=dict((mounts or {}).get(n, {})))
                       for i, n in enumerate(names)]
         self._made: list[str] = []
+        self._dirs: list[str] = []
+
+    def temp_dir(self, prefix: str) -> str:
+        """A short directory for a Ray node's sessions (Ray's socket paths under it have a length limit),
+        removed by destroy() once every process that wrote there is gone."""
+        d = tempfile.mkdtemp(prefix=prefix)
+        self._dirs.append(d)
+        return d
 
     def create(self) -> list[Host]:
         try:
@@ -163,6 +171,9 @@ class Hosts:
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()
+        for d in self._dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self._dirs.clear()
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,6 +112,7 @@ def hand_started_head(ports_given: dict | None = None):
             if any(temp_dir in a for a in (p.info["cmdline"] or [])):
                 p.kill()
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -119,11 +118,11 @@ def cluster(tmp_path):
 
     def add_node(cpus: int = 1) -> hosts.Host:
         host = others.pop(0)
-        hosts.ray_worker(host, a, tempfile.mkdtemp(prefix=f"rg-lost-{host.name}-"), log, num_cpus=cpus)
+        hosts.ray_worker(host, a, made.temp_dir(f"rg-lost-{host.name}-"), log, num_cpus=cpus)
         return host
 
     try:
-        hosts.ray_head(a, tempfile.mkdtemp(prefix="rg-lost-a-"), log, num_cpus=3)
+        hosts.ray_head(a, made.temp_dir("rg-lost-a-"), log, num_cpus=3)
         hosts.wait_for_nodes(a, a, 1)
         yield a, add_node
     finally:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import hosts
@@ -44,9 +43,9 @@ def cluster(tmp_path_factory):
     a, b = made.create()
     log = open(base / "ray_nodes.log", "w")
     try:
-        hosts.ray_head(a, tempfile.mkdtemp(prefix="rg-host-a-"), log)
+        hosts.ray_head(a, made.temp_dir("rg-host-a-"), log)
         hosts.wait_for_nodes(a, a, 1)
-        hosts.ray_worker(b, a, tempfile.mkdtemp(prefix="rg-host-b-"), log)
+        hosts.ray_worker(b, a, made.temp_dir("rg-host-b-"), log)
         hosts.wait_for_nodes(a, a, 2)
         yield a, b, elsewhere
     finally:

@@ -13,7 +13,6 @@ import json
 import re
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,9 +42,9 @@ def cluster(tmp_path):
     a, b = made.create()
     log = open(tmp_path / "ray_nodes.log", "w")
     try:
-        hosts.ray_head(a, tempfile.mkdtemp(prefix="rg-host-a-"), log, num_cpus=3)
+        hosts.ray_head(a, made.temp_dir("rg-host-a-"), log, num_cpus=3)
         hosts.wait_for_nodes(a, a, 1)
-        hosts.ray_worker(b, a, tempfile.mkdtemp(prefix="rg-host-b-"), log, num_cpus=1)
+        hosts.ray_worker(b, a, made.temp_dir("rg-host-b-"), log, num_cpus=1)
         hosts.wait_for_nodes(a, a, 2)
         yield a, b
     finally:
