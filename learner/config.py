@@ -61,7 +61,11 @@ class LearnerConfig:
     """DeepSpeed ranks (one Ray actor each) and the optimizer."""
 
     num_ranks: int = 1
-    zero_stage: int = 2
+    # auto: 0 on one rank, 2 with more ranks or with offload_optimizer. ZeRO partitions the optimizer state
+    # over the ranks; one rank has nothing to partition, and ZeRO-2 there only adds a flat float32 copy of the
+    # weights and the copies in and out of it (SmolLM2-135M in float32 on 2 cores: training 14-23% faster at
+    # stage 0, docs/STATUS.md). Resolved when the config is made: every reader sees 0, 1, 2 or 3.
+    zero_stage: int | str = "auto"
     offload_optimizer: bool = False
     offload_params: bool = False
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
@@ -95,11 +99,17 @@ class LearnerConfig:
     num_gpus: float = 0.0
     threads: int = 0  # torch threads per rank; 0: the thread budget (cluster/launch/thread_budget.py) decides
 
+    def __post_init__(self):
+        if self.zero_stage == "auto":
+            self.zero_stage = 2 if self.num_ranks > 1 or self.offload_optimizer else 0
+
     def problems(self) -> list[str]:
         p = []
         at_least(p, "learner.num_ranks", self.num_ranks, 1)
         if self.zero_stage not in (0, 1, 2, 3):
-            p.append(f"learner.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+            p.append(f"learner.zero_stage must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.offload_optimizer and self.zero_stage == 0:
+            p.append("learner.offload_optimizer needs learner.zero_stage 1, 2 or 3 (auto picks 2 with it)")
         if self.offload_params and self.zero_stage != 3:
             p.append("learner.offload_params needs learner.zero_stage=3")
         if self.lr <= 0:

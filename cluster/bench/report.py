@@ -64,11 +64,12 @@ LONG_PARTS = ("schedule", "trl")
 
 # `raygrpo bench --model [PATH]` (cluster/bench/model_bench.py): a real model, raygrpo's schedules against TRL
 # on chat word problems (the data file is written into --cache-dir), 4 prompts x G=4, every completion
-# exactly 32 tokens on both sides. The learner's and the reference's micro-batch stay at their defaults
-# (the memory figure is a default run's). Replaces BENCH_SETTINGS (not applied after them).
-_MICRO_BATCH_KEYS = ("learner.micro_batch_size=", "reference.micro_batch_size=")
+# exactly 32 tokens on both sides. The learner's and the reference's micro-batch and the ZeRO stage stay at
+# their defaults (the memory figure is a default run's; one rank: auto's stage 0). Replaces BENCH_SETTINGS
+# (not applied after them).
+_DEFAULT_KEYS = ("learner.micro_batch_size=", "reference.micro_batch_size=", "learner.zero_stage=")
 MODEL_SETTINGS = [
-    *(o for o in BENCH_SETTINGS if not o.startswith(_MICRO_BATCH_KEYS)),
+    *(o for o in BENCH_SETTINGS if not o.startswith(_DEFAULT_KEYS)),
     "data.num_eval=0", "trainer.prompts_per_step=4", "trainer.group_size=4",
     "rollout.max_new_tokens=32", "rollout.min_new_tokens=32", "rollout.max_model_len=192",
     # a model that never writes the answer gives every sample 0: the step is still the full work

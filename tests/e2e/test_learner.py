@@ -109,3 +109,25 @@ def test_batch_not_divisible_by_ranks_is_a_clear_error(ray_cluster, zero2):
     ranks, _, _ = zero2
     with pytest.raises(Exception, match="does not split evenly over 2 learner ranks"):
         on_all(ray_cluster, ranks, "train_step", make_batch(n=5))
+
+
+def test_one_rank_runs_without_zero_matches_torch_then_nan_is_skipped(ray_cluster, tiny_model_dir):
+    """learner.zero_stage auto on one rank is stage 0 (DeepSpeed without ZeRO): its own NaN check
+    (LearnerWorker._optimizer_step) skips a poisoned update, and the steps equal plain torch's."""
+    cfg = LearnerConfig(**{**BASE, "num_ranks": 1})
+    assert cfg.zero_stage == 0
+    ranks = start_ranks(ray_cluster, tiny_model_dir, cfg, AlgoConfig())
+    try:
+        assert on_all(ray_cluster, ranks, "info")["zero_stage"] == 0
+        _, model, opt = _run_and_compare(ray_cluster, ranks, tiny_model_dir, cfg, AlgoConfig(),
+                                         make_batch(n=6, seed=1, group_size=3))
+        before = on_all(ray_cluster, ranks, "full_state_dict")
+        bad = make_batch(n=6, seed=2)
+        bad.advantages[4] = float("nan")
+        m = on_all(ray_cluster, ranks, "train_step", bad)
+        assert m["skipped"] and m["nonfinite_count"] == 1 and not math.isfinite(m["grad_norm"])
+        after = on_all(ray_cluster, ranks, "full_state_dict")
+        assert all(torch.equal(before[k], after[k]) for k in before)
+        _run_and_compare(ray_cluster, ranks, tiny_model_dir, cfg, AlgoConfig(), make_batch(n=6, seed=3), (model, opt))
+    finally:
+        stop(ray_cluster, ranks)

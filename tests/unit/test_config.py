@@ -1,4 +1,5 @@
 import json
+import re
 import struct
 
 import pytest
@@ -30,7 +31,32 @@ def model_dir(tmp_path):
 def test_defaults_come_from_the_dataclasses(tmp_path):
     cfg = load_config(write(tmp_path, {"model": {"path": model_dir(tmp_path)}}))
     assert cfg.trainer.group_size == RunConfig().trainer.group_size
-    assert cfg.learner.zero_stage == 2
+    assert cfg.learner.zero_stage == 0  # auto, one rank
+
+
+@pytest.mark.parametrize(("learner", "stage"), [
+    ({}, 0),  # one rank: nothing to partition
+    ({"num_ranks": 2}, 2),
+    ({"offload_optimizer": True}, 2),  # DeepSpeed offloads the optimizer of ZeRO only
+    ({"zero_stage": 2}, 2),  # what the user wrote is kept
+    ({"num_ranks": 2, "zero_stage": 0}, 0),
+    ({"zero_stage": "auto", "num_ranks": 4}, 2),
+])
+def test_zero_stage_auto_is_0_on_one_rank_and_2_with_more(tmp_path, learner, stage):
+    cfg = load_config(write(tmp_path, {"model": {"path": model_dir(tmp_path)}, "learner": learner}))
+    assert cfg.learner.zero_stage == stage
+    saved = tmp_path / "saved.yaml"  # a run dir's config.yaml holds the stage the run used
+    save_config(cfg, saved)
+    assert yaml.safe_load(saved.read_text())["learner"]["zero_stage"] == stage
+
+
+@pytest.mark.parametrize(("learner", "says"), [
+    ({"zero_stage": "two"}, "learner.zero_stage must be auto, 0, 1, 2 or 3, got 'two'"),
+    ({"zero_stage": 0, "offload_optimizer": True}, "learner.offload_optimizer needs learner.zero_stage 1, 2 or 3"),
+])
+def test_a_zero_stage_that_cannot_run_is_named(tmp_path, learner, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(write(tmp_path, {"model": {"path": model_dir(tmp_path)}, "learner": learner}))
 
 
 def test_dotted_overrides_parse_yaml_values(tmp_path):
