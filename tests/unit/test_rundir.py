@@ -186,3 +186,17 @@ def test_a_config_saved_with_relative_paths_matches_the_same_paths_made_absolute
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
     with pytest.raises(RunDirError, match="model.path"):
         claim(cfg)
+
+
+def test_a_one_rank_run_dir_saved_at_zero_2_resumes_only_with_the_stage_written_out(tmp_path):
+    """learner.zero_stage became auto (0 on one rank): a run dir an older raygrpo made at the old default 2
+    is named, not resumed at another stage (DeepSpeed's checkpoint layout differs); with
+    learner.zero_stage=2 it continues."""
+    cfg = cfg_for(tmp_path)
+    claim(cfg).release()
+    saved = cfg.to_dict()
+    saved["learner"]["zero_stage"] = 2
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(RunDirError, match="learner.zero_stage: 2 -> 0"):
+        claim(cfg)
+    claim(cfg_for(tmp_path, "learner.zero_stage=2")).release()
