@@ -31,6 +31,7 @@ from cluster.driver.batch import (
     save_batch,
 )
 from cluster.driver.collector import Collector
+from cluster.driver.comebacks import Comebacks
 from cluster.driver.engine_weights import EngineWeights
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.placement_record import PlacementRecord, actor_name
@@ -38,7 +39,6 @@ from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
 from cluster.launch.placement import (
     Actors,
-    actor_roles,
     apply_thread_budget,
     create_actors,
     resources,
@@ -89,6 +89,7 @@ class Trainer:
     actors: Actors | None = None  # made in _setup; None again after _teardown
     pool: RolloutPool | None = None
     weights: EngineWeights | None = None  # the weights on the engines (cluster/driver/engine_weights.py), made in _setup
+    comebacks: Comebacks | None = None  # what an actor running again in a new process is given (made in _setup)
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
@@ -238,7 +239,7 @@ class Trainer:
             row = self._step_metrics(batch, m, sw) | engines
             self.log.log_step(row)
             self.log.log_completions(self.step, batch.stats.samples)
-            self._reward_models_back()
+            self.comebacks.reward_models_back()
             self._check_health(row, batch, pending)
             if self.stop.requested:
                 raise RunStopped(self.stop.signum, self.step, str(self.save_checkpoint(pending=pending)))
@@ -387,48 +388,6 @@ class Trainer:
         self._make_feeder()  # pipeline: the kept engines' loops start again with _train
         self._resume(resync_engines=True)
 
-    def _reward_models_back(self) -> None:
-        """Reward models Ray restarted during the step (their process died, or their host): like the reference
-        actor, each gets its threads again and its new process and node in placement.json, and the console
-        says where it runs now."""
-        for spec in self.scorer.restarted_actors():
-            name = actor_name(next(p for p in self.placement if p.get("model") == self.actors.reward_model_paths[spec]))
-            info = wait_for(self.actors.reward_models[spec].info.remote(), name, "answering after its restart",
-                            self.cfg.trainer.actor_timeout_s)
-            self.hosts.place(name, info.get("node_id"))
-            self._actor_back(name, info)
-            print(f"{name} runs again on {self.hosts.describe(name)}, with its threads", flush=True)
-
-    def _actor_back(self, name: str, info: dict) -> None:
-        """A restarted actor (the reference, after a lost host or in place, RestartWatch; a reward model,
-        _reward_models_back): its threads again, its new process and node in placement.json."""
-        row = self.placement.named(name)
-        handle = actor_roles(self.actors)[row["role"]]
-        wait_for(handle.set_threads.remote(row["threads"]), name, "setting its threads", self.cfg.trainer.actor_timeout_s)
-        row.update({k: info[k] for k in ("pid", "node_id") if k in info})
-        self.placement.say_network([row["role"]])
-
-    def _engine_restarted(self, worker_index: int, new_process: bool = True) -> None:
-        """The pool's `on_restart`: the current weights to the engine (EngineWeights.restarted); a new process
-        (Ray restarted it, on its node or another) recorded in placement.json with where it runs now."""
-        self.weights.restarted(worker_index, new_process)
-        if new_process:
-            role = f"rollout-{worker_index}"
-            row = self.placement.row(role)
-            row.update(pid=self.pool.pids[worker_index],
-                       node_id=self.hosts.where.get(f"rollout worker {worker_index}", row.get("node_id")))
-            self.placement.say_network([role])
-
-    def _engine_up(self, worker_index: int, info: dict) -> None:
-        """The pool's `on_rejoin`: an engine that left with its host is back, or one an elastic start had no
-        room for has started; its process and node in placement.json, then the current weights (verified)."""
-        role = f"rollout-{worker_index}"
-        row = self.placement.row(role)
-        row.update({k: info[k] for k in ("pid", "node_id", "hostname") if k in info})
-        self.weights.rejoined(worker_index)
-        row["threads"] = self.threads[role]
-        self.placement.say_network([role])
-
     def _make_feeder(self) -> None:
         """trainer.mode=pipeline: the feeder that keeps the engines generating (cluster/driver/pipeline.py)."""
         if self.cfg.trainer.mode == "pipeline":
@@ -469,16 +428,18 @@ class Trainer:
         self.weights = EngineWeights(cfg, lambda: self.version, resolve_backend(r.weight_transfer_backend, r.num_gpus),
                                      self.actors.rollouts, self.threads, self.hosts, self._engines_lock)
         start_waiting_rollouts(self.actors, cfg)  # an elastic start's engines with no room yet: pending on Ray
+        comebacks = self.comebacks = Comebacks(self.actors, self.placement, self.hosts, self.threads, self.weights,
+                                               self.scorer, cfg.trainer.actor_timeout_s)
         pids = {int(p["role"].split("-")[1]): p["pid"] for p in self.placement if p["role"].startswith("rollout-")}
-        self.pool = self.weights.pool = RolloutPool(
-            self.actors.rollouts, cfg.trainer.actor_timeout_s, self._engine_restarted,
-            [pids.get(w) for w in range(r.num_workers)], on_rejoin=self._engine_up, hosts=self.hosts,
+        self.pool = self.weights.pool = comebacks.pool = RolloutPool(
+            self.actors.rollouts, cfg.trainer.actor_timeout_s, comebacks.engine_restarted,
+            [pids.get(w) for w in range(r.num_workers)], on_rejoin=comebacks.engine_up, hosts=self.hosts,
             min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s, live=sorted(pids),
             bundle=resources(r.num_cpus, r.num_gpus))
         self.weights.learners = self.learners
         ref = cfg.reference
         self.restarts = RestartWatch(self.hosts, cfg.ray.node_wait_s,
-                                     {"reference actor": resources(ref.num_cpus, ref.num_gpus)}, self._actor_back,
+                                     {"reference actor": resources(ref.num_cpus, ref.num_gpus)}, comebacks.actor_back,
                                      pids={actor_name(p): p["pid"] for p in self.placement if p["role"] == "reference"})
         self.collector = Collector(
             cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,

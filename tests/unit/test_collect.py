@@ -23,6 +23,7 @@ from cluster.config import RunConfig
 from cluster.data.dataset import Example
 from cluster.driver.batch import Batch, CollectStats, EnvironmentNotes, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.driver.collector import Collector
+from cluster.driver.comebacks import Comebacks
 from cluster.driver.engine_weights import EngineWeights
 from cluster.driver.trainer import Trainer
 from cluster.driver.worker_groups import RolloutPool, Stopwatch
@@ -106,6 +107,8 @@ def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, ski
     t.stream, t.pool, t.scorer = FakeStream(rewards_per_prompt), FakePool(skip), FakeScorer()
     t.weights = EngineWeights(cfg, lambda: t.version, "gloo", [], {}, hosts=None, lock=threading.RLock())
     t.weights.pool, t.weights.sent = t.pool, 5  # its learners: set by the tests that train
+    t.comebacks = Comebacks(actors=None, placement=None, hosts=None, threads={}, weights=t.weights, scorer=t.scorer,
+                            timeout_s=5.0)  # the loop asks it each step: no reward model came back here
     t.collector = Collector(cfg, t.stream, t.scorer, t.pool, reference=None, learners=None, lend={},
                             engines_lock=threading.RLock(), weight_version=lambda: t.version,
                             engine_version=lambda: t.weights.sent, eos_id=9,

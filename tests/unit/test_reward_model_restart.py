@@ -1,6 +1,6 @@
 """A reward model that answers from a new process (Ray restarted it and ran the call again): counted, said,
 and handed to the driver once (`restarted_actors`), which gives it its threads again and updates
-placement.json (cluster/driver/trainer.py `_reward_models_back`; end to end: tests/e2e/test_lost_host.py)."""
+placement.json (cluster/driver/comebacks.py `Comebacks.reward_models_back`; end to end: tests/e2e/test_lost_host.py)."""
 from actors.rewards import model
 
 
