@@ -8,7 +8,6 @@ before training step k, so collecting overlaps training and each batch is one we
 """
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,13 +21,11 @@ from actors.transport.registry import resolve_backend
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.dataset import DataError, PromptStream, load_run_data, load_tokenizer, reward_column_problem
 from cluster.data.model_check import checkpoint_model_problems, eos_warning
+from cluster.driver import checkpoints
 from cluster.driver.actor_restarts import RestartWatch
 from cluster.driver.batch import (
     Batch,
     EnvironmentNotes,
-    batch_advantages,
-    load_batch,
-    save_batch,
 )
 from cluster.driver.collector import Collector
 from cluster.driver.comebacks import Comebacks
@@ -451,13 +448,14 @@ class Trainer:
         self._resume()
 
     def _resume(self, resync_engines: bool = False) -> None:
-        """`resync_engines`: the engines were kept across a learner restart and hold newer weights than the
+        """Where _open_log's resume point says: a checkpoint (cluster/driver/checkpoints.py), or step 0.
+        `resync_engines`: the engines were kept across a learner restart and hold newer weights than the
         resume point: they get the resumed ones (verified) even when that is the base model."""
-        path, state = self.resume_from.path, self.resume_from.state  # read by _open_log
+        path, state = self.resume_from.path, self.resume_from.state
+        self.position_after_feeder = None
         if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
             self.step = self.version = self.regenerated_on_resume = 0
             self.stream.load_state({"epoch": 0, "index": 0})
-            self.position_after_feeder = None
             if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
                 self.weights.update()
             # New engines hold the base weights, kept ones were just sent them. Left at the version the run
@@ -465,67 +463,27 @@ class Trainer:
             # and be revived and re-sent for ever.
             self.weights.sent = self.version
             return
-        self.learners.load(str(path), checkpoint.LEARNER_TAG)
-        self.step, self.version = state["step"], state["weight_version"]
-        self.stream.load_state(state["data"])
-        self.position_after_feeder = None
-        self.regenerated_on_resume = len(state["data"].get("in_flight", []))
-        checkpoint.set_rng_state(state["rng"])
+        back = checkpoints.restore(self.cfg, path, state, self.learners, self.stream)
+        self.step, self.version, self.resumed_batch = back.step, back.version, back.batch
+        self.regenerated_on_resume = back.regenerated
         self.weights.update()
-        self.resumed_batch = load_batch(path)
-        G, ranks = self.cfg.trainer.group_size, self.cfg.learner.num_ranks
-        b = self.resumed_batch
-        if b is not None and (len(b.completion_ids) != G * len(b.examples) or len(b.completion_ids) % ranks):
-            print(f"the batch saved with {path} does not fit trainer.group_size={G} / learner.num_ranks={ranks}: "
-                  "it is collected anew", flush=True)
-            self.stream.load_state(b.stream_state)
-            self.resumed_batch = None
-        elif b is not None and b.advantages is None:  # saved before batches carried them
-            b.advantages = batch_advantages(b.rewards, G, self.cfg.algo.advantage_estimator)
-        carried = " and the next step's batch saved with it" if self.resumed_batch is not None else ""
-        again = (f"; the {self.regenerated_on_resume} group(s) in flight at that checkpoint are generated again first "
-                 "(pipeline mode records their prompts, not their partial generations, whose weights are gone)"
-                 if self.regenerated_on_resume else "")
-        print(f"resumed from {path} at step {self.step}{carried}{again}", flush=True)
+        print(back.said(), flush=True)
 
     def save_checkpoint(self, pending: Future | None = None, finished: bool = False) -> Path:
-        """Learner state + everything the driver needs to continue exactly (data position, RNG, versions)
-        + the metrics rows of the steps it covers. `finished`: the run's last one (a rerun says it is done).
+        """Checkpoint the step just trained (cluster/driver/checkpoints.py). async: `pending` is the next
+        step's batch, saved with it; `finished`: the run's last one (a rerun says it is done)."""
+        return checkpoints.save(self.cfg, self.ckpt_root, self.step, self.version, self._data_position, self.learners,
+                                self.log, pending=pending, before_pending=self.position_before_pending, finished=finished)
 
-        async: `pending` is the next step's batch, generated with the weights one version older than
-        the ones saved here. It is saved too, so a resume trains on the batch that a run that never
-        stopped trains on, instead of generating it anew with newer weights."""
-        tmp = checkpoint.begin(self.ckpt_root, self.step)
-        try:
-            return self._save_checkpoint(tmp, pending, finished)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # a half-written checkpoint (a full disk): give its space back
-            raise
-
-    def _save_checkpoint(self, tmp: str, pending: Future | None, finished: bool) -> Path:
-        data_state = self.stream.state()
-        if self.cfg.trainer.mode == "pipeline":  # the stream moves in the feeder's thread, ahead of training
-            data_state = self.feeder.checkpoint_state() if self.feeder is not None else \
-                self.position_after_feeder or data_state
-            in_flight = len(data_state.get("in_flight", []))
-            if in_flight:
-                self.log.note(f"pipeline: the checkpoint of step {self.step} records the prompts of the {in_flight} "
-                              "group(s) in flight (not their partial generations): a resume generates them again first")
-        if pending is not None:
-            try:
-                save_batch(pending.result(), tmp)
-                data_state = self.stream.state()  # past its prompts (dynamic sampling's extra ones too)
-            except Exception as e:  # noqa: BLE001 (the training loop raises it again if the run goes on)
-                data_state = self.position_before_pending  # a resume collects that batch anew
-                print(f"the next step's batch failed ({type(e).__name__}: {e}); the checkpoint of step "
-                      f"{self.step} is saved without it", flush=True)
-        self.learners.save(str(tmp), checkpoint.LEARNER_TAG)
-        with checkpoint.naming_save_errors(tmp):
-            self.log.save_rows(tmp, self.step)
-        driver_state = {"step": self.step, "weight_version": self.version,
-                        "data": data_state, "rng": checkpoint.rng_state(),
-                        "config": self.cfg.to_dict(), "finished": finished}
-        return checkpoint.commit(tmp, self.ckpt_root, self.step, driver_state, keep=self.cfg.checkpoint.keep)
+    def _data_position(self) -> dict:
+        """What a checkpoint records as the data position; pipeline: the stream moves in the feeder's thread,
+        ahead of training, so the feeder's position with the prompts it has in flight (or, once it stopped,
+        the one it stopped at)."""
+        if self.cfg.trainer.mode != "pipeline":
+            return self.stream.state()
+        if self.feeder is not None:
+            return self.feeder.checkpoint_state()
+        return self.position_after_feeder or self.stream.state()
 
     def _teardown(self) -> None:
         if getattr(self, "actors", None) is not None:
