@@ -103,7 +103,7 @@ def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, ski
     cfg.trainer.dynamic_sampling, cfg.trainer.max_extra_prompts = dynamic, extra
     cfg.learner.num_ranks = ranks
     t = Trainer.__new__(Trainer)  # no Ray, no data files: only what collecting and the loop's side touch
-    t.cfg, t.run_dir, t.version, t.step = cfg, "/tmp/run", 5, 0
+    t.cfg, t.run_dir, t.version, t.step, t.position_before_pending = cfg, "/tmp/run", 5, 0, {}
     t.stream, t.pool, t.scorer = FakeStream(rewards_per_prompt), FakePool(skip), FakeScorer()
     t.weights = EngineWeights(cfg, lambda: t.version, "gloo", [], {}, hosts=None, lock=threading.RLock())
     t.weights.pool, t.weights.sent = t.pool, 5  # its learners: set by the tests that train
