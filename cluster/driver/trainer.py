@@ -32,6 +32,7 @@ from cluster.driver.comebacks import Comebacks
 from cluster.driver.engine_weights import EngineWeights
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.placement_record import PlacementRecord, actor_name
+from cluster.driver.step_row import step_row
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
 from cluster.launch.placement import (
@@ -48,7 +49,7 @@ from cluster.launch.ray_cluster import pin_network_interface, start_ray
 from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, wait_dead, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
-from cluster.run.metrics import LEARNER_KEYS, MFU_KEY, MetricsLogger, first_eval, perf_metrics, write_plots
+from cluster.run.metrics import MFU_KEY, MetricsLogger, first_eval, write_plots
 from cluster.run.resume import ResumePoint, finished_run, resume_point
 from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
@@ -66,18 +67,6 @@ def check_multiturn(cfg: RunConfig) -> None:
         ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path), cfg.data.chat_template_kwargs)
     except (ValueError, TypeError, TemplateError) as e:
         raise ConfigError([str(e)], "rollout.env") from None
-
-
-def version_metrics(batch: Batch, trained_from: int) -> dict:
-    """Per-token staleness (versions between the weights that sampled a token and `trained_from`, the
-    weights this step's update started from) over the batch's completion tokens, and how many versions
-    a sequence's tokens span on average (more than 1 only when an update lands mid-request)."""
-    versions = [v for v in batch.versions() if v]
-    if not versions:
-        return {}
-    stale = [trained_from - x for v in versions for x in v]
-    return {"staleness/token_mean": sum(stale) / len(stale), "staleness/token_max": max(stale),
-            "versions_per_sequence_mean": sum(len(set(v)) for v in versions) / len(versions)}
 
 
 class Trainer:
@@ -233,7 +222,8 @@ class Trainer:
             m = self._learn(batch, sw)
             self.step += 1
             sw.t["step_s"] = time.perf_counter() - t0
-            row = self._step_metrics(batch, m, sw) | engines
+            row = step_row(cfg, batch, m, sw, step=self.step, version=self.version, pool=self.pool,
+                           learner_params=self.learner_params) | engines
             self.log.log_step(row)
             self.log.log_completions(self.step, batch.stats.samples)
             self.comebacks.reward_models_back()
@@ -328,28 +318,6 @@ class Trainer:
         except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
             raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
                                  f"checkpoints so far are in {self.run_dir}.") from None
-
-    def _step_metrics(self, batch: Batch, m: dict, sw: Stopwatch) -> dict:
-        """The step's line (its keys: cluster/run/metrics.py STEP_KEYS; the logger writes NaN for a learner
-        value that does not apply, e.g. kl at beta=0 or every one after a step with nothing to train on)."""
-        cfg, stats = self.cfg, batch.stats.metrics()
-        trained = 0 if m.get("skipped") else sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
-        perf = perf_metrics(stats["gen_tokens"], stats["gen_s"], sw.t["step_s"], trained, sw.t.get("train_s", 0.0),
-                            params=self.learner_params, passes=cfg.learner.mu, peak_tflops=cfg.metrics.peak_tflops,
-                            devices=cfg.learner.num_ranks)
-        return {
-            "step": self.step, "reward": stats["reward_mean"], **stats, **perf, **{k: m[k] for k in LEARNER_KEYS if k in m},
-            "ref_s": sw.t.get("ref_s", 0.0), "train_s": sw.t.get("train_s", 0.0), "sync_s": sw.t.get("sync_s", 0.0),
-            "step_s": sw.t["step_s"], "weight_version": self.version, **version_metrics(batch, self.version - 1),
-            "staleness": self.version - 1 - batch.weight_version, "trained_groups": 0 if m.get("skipped") else len(batch.examples),
-            "rollout_restarts": self.pool.restarts, "rollout/live_engines": len(self.pool.live),
-            "update_skipped": m.get("skipped", False),
-            "sync_bytes": m.get("sync", {}).get("bytes", 0),
-            # every engine's fingerprint matched this step's update (and the seconds that check took);
-            # absent (null) when no update was sent
-            **({"sync_verified": m["sync"].get("verified", False), "sync_verify_s": m["sync"].get("verify_s", 0.0)}
-               if "sync" in m else {}),
-        }
 
     # ------------------------------------------------------------------ actors, checkpoints
     def _engines_outlive_learners(self, dead: str) -> bool:

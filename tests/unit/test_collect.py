@@ -25,6 +25,7 @@ from cluster.driver.batch import Batch, CollectStats, EnvironmentNotes, ScoredGr
 from cluster.driver.collector import Collector
 from cluster.driver.comebacks import Comebacks
 from cluster.driver.engine_weights import EngineWeights
+from cluster.driver.step_row import step_row
 from cluster.driver.trainer import Trainer
 from cluster.driver.worker_groups import RolloutPool, Stopwatch
 from cluster.run.metrics import COMPLETION_KEYS, MULTITURN_KEYS, PIPELINE_KEYS, STEP_KEYS, MetricsLogger
@@ -229,7 +230,7 @@ def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
     b = t.collector.collect(step=0)
     sw = Stopwatch()
     sw.t.update(train_s=1.0, step_s=2.0)
-    row = t._step_metrics(b, learner_metrics, sw)
+    row = step_row(t.cfg, b, learner_metrics, sw, step=t.step, version=t.version, pool=t.pool, learner_params=None)
     per_function = {f"rewards/f/{stat}" for stat in REWARD_STATS}  # the run's reward function keys (metric_keys)
     assert set(row) <= set(STEP_KEYS) | per_function
     if "skipped" not in learner_metrics:

@@ -13,7 +13,7 @@ from cluster.config import RunConfig
 from cluster.data.dataset import Example, PromptStream
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup
 from cluster.driver.pipeline import PipelineFeeder
-from cluster.driver.trainer import version_metrics
+from cluster.driver.step_row import version_metrics
 from cluster.run.resume import resume_point
 from learner.config import AlgoConfig
 from learner.grpo import LossInputs, decoupled_weights, no_correction, policy_loss, tis_weights
