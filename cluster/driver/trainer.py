@@ -23,10 +23,7 @@ from cluster.data.dataset import DataError, PromptStream, load_run_data, load_to
 from cluster.data.model_check import checkpoint_model_problems, eos_warning
 from cluster.driver import checkpoints
 from cluster.driver.actor_restarts import RestartWatch
-from cluster.driver.batch import (
-    Batch,
-    EnvironmentNotes,
-)
+from cluster.driver.batch import Batch, EnvironmentNotes
 from cluster.driver.collector import Collector
 from cluster.driver.comebacks import Comebacks
 from cluster.driver.engine_weights import EngineWeights
