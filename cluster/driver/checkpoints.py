@@ -55,16 +55,15 @@ def save(cfg: RunConfig, root: Path, step: int, version: int, position: Callable
     full disk) is removed, and the error raised."""
     tmp = checkpoint.begin(root, step)
     try:
-        data_state = None
+        batch_failed = False
         if pending is not None:
             try:
                 save_batch(pending.result(), tmp)
             except Exception as e:  # noqa: BLE001 (the training loop raises it again if the run goes on)
-                data_state = before_pending  # a resume collects that batch anew
+                batch_failed = True
                 print(f"the next step's batch failed ({type(e).__name__}: {e}); the checkpoint of step "
                       f"{step} is saved without it", flush=True)
-        if data_state is None:
-            data_state = position()
+        data_state = before_pending if batch_failed else position()  # failed: a resume collects that batch anew
         in_flight = len(data_state.get("in_flight", []))
         if in_flight:
             log.note(f"pipeline: the checkpoint of step {step} records the prompts of the {in_flight} "
