@@ -13,14 +13,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from actors.multiturn.env_pool import EnvPool
-from actors.multiturn.trajectories import ChatTokens, TemplateError
-from actors.rewards.scorer import RewardScorer
 from actors.transport.fingerprint import SyncMismatch
 from actors.transport.registry import resolve_backend
 from cluster.config import ConfigError, RunConfig, save_config
-from cluster.data.dataset import DataError, PromptStream, load_run_data, load_tokenizer, reward_column_problem
-from cluster.data.model_check import checkpoint_model_problems, eos_warning
+from cluster.data.model_check import checkpoint_model_problems
 from cluster.driver import checkpoints
 from cluster.driver.actor_restarts import RestartWatch
 from cluster.driver.batch import Batch, EnvironmentNotes
@@ -28,21 +24,11 @@ from cluster.driver.collector import Collector
 from cluster.driver.comebacks import Comebacks
 from cluster.driver.engine_weights import EngineWeights
 from cluster.driver.pipeline import PipelineFeeder
-from cluster.driver.placement_record import PlacementRecord, actor_name
+from cluster.driver.placement_record import actor_name
+from cluster.driver.startup import load_inputs, start_actors
 from cluster.driver.step_row import step_row
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
-from cluster.launch.hosts import HostWatch, divert_node_death_lines
-from cluster.launch.placement import (
-    Actors,
-    apply_thread_budget,
-    create_actors,
-    resources,
-    restart_learners,
-    shutdown_actors,
-    start_waiting_rollouts,
-    wait_ready,
-)
-from cluster.launch.ray_cluster import pin_network_interface, start_ray
+from cluster.launch.placement import Actors, resources, restart_learners, shutdown_actors, start_waiting_rollouts, wait_ready
 from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, wait_dead, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
@@ -52,18 +38,6 @@ from cluster.run.rundir import claim
 from cluster.run.stopping import RunStopped, StopSignals
 from learner import checkpoint
 from learner.batch import TrainBatch
-
-
-def check_multiturn(cfg: RunConfig) -> None:
-    """Before any actor starts: the environment class loads (in a throwaway process, as on the engines)
-    and the model's chat template can extend a conversation token-exactly."""
-    from transformers import AutoTokenizer
-
-    try:
-        EnvPool(cfg.rollout.env, 1, cfg.rollout.env_timeout_s).close()
-        ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path), cfg.data.chat_template_kwargs)
-    except (ValueError, TypeError, TemplateError) as e:
-        raise ConfigError([str(e)], "rollout.env") from None
 
 
 class Trainer:
@@ -80,27 +54,8 @@ class Trainer:
         t = cfg.trainer
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
-        # Rendered and length-filtered once, here, with the model's tokenizer: bad data fails before any actor starts.
-        self.tokenizer = load_tokenizer(cfg.model.path)
-        data = load_run_data(cfg, self.tokenizer)
-        for note in [*data.notes(), eos_warning(cfg.model.path, cfg.rollout)]:
-            if note:
-                print(note, flush=True)
-        missing = reward_column_problem(cfg, data)  # what the reward functions would fail on at step 1
-        if missing:
-            raise DataError(missing)
-        self.heldout = data.heldout
-        self.stream = PromptStream(data.train, t.seed)
-        try:  # unknown reward names / missing files fail here, before any actor starts
-            self.scorer = RewardScorer(cfg.reward)
-        except ValueError as e:
-            raise ConfigError([str(e)], "reward config") from None
-        problems = self.scorer.data_problems(chat=any(isinstance(e.prompt, list) for e in data.train))
-        if problems:
-            self.scorer.close()
-            raise ConfigError(problems, "reward config")
-        if cfg.rollout.env:
-            check_multiturn(cfg)
+        inputs = load_inputs(cfg)  # the tokenizer, the data and the reward functions, checked before any actor starts
+        self.tokenizer, self.heldout, self.stream, self.scorer = inputs.tokenizer, inputs.heldout, inputs.stream, inputs.scorer
         self.env_notes = EnvironmentNotes(cfg.rollout.max_model_len)
         self.resume_from = ResumePoint()  # where the run (re)starts: read before any actor starts
         self.log: MetricsLogger | None = None
@@ -365,27 +320,10 @@ class Trainer:
         # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
-        logs.start_run_log(self.run_dir)  # third-party INFO lines of the driver into RUN_DIR/logs/driver.log
-        pin_network_interface(cfg.ray.network_interface)  # before start_ray: the workers' env is fixed there
-        start_ray(cfg.ray.address, cfg.ray.num_cpus, logs.worker_env(self.run_dir))  # the workers' output: RUN_DIR/logs/
-        self.stop.install()  # after ray.init, which installs its own SIGTERM handler
-        divert_node_death_lines()  # a lost host is said in raygrpo's words (cluster/launch/hosts.py)
-        self.stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
-        self.actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
-            cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner(),
-            reward_models=self.scorer.actor_paths())
-        self.placement = PlacementRecord(wait_ready(self.actors, cfg.trainer.actor_timeout_s), self.run_dir,
-                                         self.actors, cfg.trainer.actor_timeout_s)
-        self.threads = apply_thread_budget(self.actors, self.placement.rows, cfg)
-        self.placement.say_network()  # every actor's host, address and interface: placement.json and the console
-        self.scorer.attach(self.actors.reward_models, cfg.trainer.actor_timeout_s)  # it calls their handles itself
-        self.lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
-                     for p in self.placement if "threads_when_collecting_idles" in p}
-        self.learner_params = next((p.get("total_params") for p in self.placement if p["role"] == "learner-0"), None)
+        up = start_actors(cfg, self.run_dir, self.scorer, self.stop)  # Ray, every actor ready, placement.json
+        self.actors, self.placement, self.threads, self.hosts = up.actors, up.placement, up.threads, up.hosts
+        self.lend, self.learner_params = up.lend, up.learner_params
         self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
-        self.hosts = HostWatch()
-        for p in self.placement:
-            self.hosts.place(actor_name(p), p.get("node_id"))
         r = cfg.rollout
         self.weights = EngineWeights(cfg, lambda: self.version, resolve_backend(r.weight_transfer_backend, r.num_gpus),
                                      self.actors.rollouts, self.threads, self.hosts, self._engines_lock)

@@ -16,7 +16,7 @@ from cluster.config import ConfigError, load_config
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup, model_tokens
-from cluster.driver.trainer import check_multiturn
+from cluster.driver.startup import check_multiturn
 from cluster.models.tinychat import TinyChatSpec, build_bpe_tokenizer
 from learner.batch import TrainBatch
 

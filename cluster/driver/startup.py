@@ -1,0 +1,110 @@
+"""What a run does before its first step, in order: read its inputs, then start Ray and the actors.
+
+`load_inputs` runs before any actor starts, so bad data, an unknown reward name, a reward function that
+needs a column the data lacks or an environment that cannot load fails in seconds, not after the engines
+loaded a model (minutes on a real one). The prompts are rendered and length-filtered once, here, with the
+model's tokenizer.
+
+`start_actors` starts (or joins) the Ray cluster and the actors, and says where each one runs: placement.json,
+the console's network line, each role's threads. The driver loop (cluster/driver/trainer.py) then builds its
+handles on them: the learner group, the engines' pool, the collector.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from actors.multiturn.env_pool import EnvPool
+from actors.multiturn.trajectories import ChatTokens, TemplateError
+from actors.rewards.scorer import RewardScorer
+from cluster.config import ConfigError, RunConfig
+from cluster.data.dataset import DataError, Example, PromptStream, load_run_data, load_tokenizer, reward_column_problem
+from cluster.data.model_check import eos_warning
+from cluster.driver.placement_record import PlacementRecord, actor_name
+from cluster.launch.hosts import HostWatch, divert_node_death_lines
+from cluster.launch.placement import Actors, apply_thread_budget, create_actors, wait_ready
+from cluster.launch.ray_cluster import pin_network_interface, start_ray
+from cluster.run import logs
+from cluster.run.stopping import StopSignals
+
+
+def check_multiturn(cfg: RunConfig) -> None:
+    """Before any actor starts: the environment class loads (in a throwaway process, as on the engines)
+    and the model's chat template can extend a conversation token-exactly."""
+    from transformers import AutoTokenizer
+
+    try:
+        EnvPool(cfg.rollout.env, 1, cfg.rollout.env_timeout_s).close()
+        ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path), cfg.data.chat_template_kwargs)
+    except (ValueError, TypeError, TemplateError) as e:
+        raise ConfigError([str(e)], "rollout.env") from None
+
+
+@dataclass
+class RunInputs:
+    tokenizer: object  # the model's (transformers) tokenizer
+    heldout: list[Example]  # the held-out prompts (data.eval, or data.num_eval taken from the train data)
+    stream: PromptStream  # the training prompts, in the seeded order a resume continues
+    scorer: RewardScorer  # the reward functions, loaded and checked against the data
+
+
+def load_inputs(cfg: RunConfig) -> RunInputs:
+    """The tokenizer, the data (its notes printed) and the reward scorer, each checked; raises DataError or
+    ConfigError naming the problem."""
+    tokenizer = load_tokenizer(cfg.model.path)
+    data = load_run_data(cfg, tokenizer)
+    for note in [*data.notes(), eos_warning(cfg.model.path, cfg.rollout)]:
+        if note:
+            print(note, flush=True)
+    missing = reward_column_problem(cfg, data)  # what the reward functions would fail on at step 1
+    if missing:
+        raise DataError(missing)
+    stream = PromptStream(data.train, cfg.trainer.seed)
+    try:  # unknown reward names / missing files fail here, before any actor starts
+        scorer = RewardScorer(cfg.reward)
+    except ValueError as e:
+        raise ConfigError([str(e)], "reward config") from None
+    problems = scorer.data_problems(chat=any(isinstance(e.prompt, list) for e in data.train))
+    if problems:
+        scorer.close()
+        raise ConfigError(problems, "reward config")
+    if cfg.rollout.env:
+        check_multiturn(cfg)
+    return RunInputs(tokenizer, data.heldout, stream, scorer)
+
+
+@dataclass
+class StartedActors:
+    actors: Actors
+    placement: PlacementRecord  # placement.json: every actor's host, pid, threads
+    threads: dict[str, int]  # {role: torch threads} (apply_thread_budget)
+    lend: dict[int, int]  # {learner rank: threads} while collecting idles (async, CPU)
+    learner_params: int | None  # the model's parameter count, as learner rank 0 reports it (perf/mfu)
+    hosts: HostWatch  # which actors each host holds (a lost host is said with them)
+
+
+def start_actors(cfg: RunConfig, run_dir: Path, scorer: RewardScorer, stop: StopSignals) -> StartedActors:
+    """Ray (embedded, or joined at ray.address), then every actor, waited for until ready (each says what it
+    waits on while it loads). `scorer` is handed the reward models' handles; `stop` is installed after
+    ray.init (which installs its own SIGTERM handler) and stops at once until training starts."""
+    logs.start_run_log(run_dir)  # third-party INFO lines of the driver into RUN_DIR/logs/driver.log
+    pin_network_interface(cfg.ray.network_interface)  # before start_ray: the workers' env is fixed there
+    start_ray(cfg.ray.address, cfg.ray.num_cpus, logs.worker_env(run_dir))  # the workers' output: RUN_DIR/logs/
+    stop.install()
+    divert_node_death_lines()  # a lost host is said in raygrpo's words (cluster/launch/hosts.py)
+    stop.armed = False  # until training starts a stop signal stops at once: nothing new to save
+    actors = create_actors(  # reference.placement: the actor, or the learner ranks themselves
+        cfg, with_reference=cfg.algo.beta > 0 and not cfg.reference_on_learner(),
+        reward_models=scorer.actor_paths())
+    placement = PlacementRecord(wait_ready(actors, cfg.trainer.actor_timeout_s), run_dir, actors,
+                                cfg.trainer.actor_timeout_s)
+    threads = apply_thread_budget(actors, placement.rows, cfg)
+    placement.say_network()  # every actor's host, address and interface: placement.json and the console
+    scorer.attach(actors.reward_models, cfg.trainer.actor_timeout_s)  # it calls their handles itself
+    lend = {int(p["role"].split("-")[1]): p["threads_when_collecting_idles"]
+            for p in placement if "threads_when_collecting_idles" in p}
+    learner_params = next((p.get("total_params") for p in placement if p["role"] == "learner-0"), None)
+    hosts = HostWatch()
+    for p in placement:
+        hosts.place(actor_name(p), p.get("node_id"))
+    return StartedActors(actors, placement, threads, lend, learner_params, hosts)
