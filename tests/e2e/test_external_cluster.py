@@ -56,10 +56,12 @@ def user_env() -> dict[str, str]:
 
 
 def tiny_run(model_dir, run_dir, steps: int) -> list[str]:
+    """A few short steps of the CPU demo's config with no reference actor (algo.beta=0): what this file tests
+    is the cluster, not the KL penalty (tests/e2e/test_train.py has the reference actor)."""
     return [f"model.path={model_dir}", f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
             "trainer.prompts_per_step=4", "trainer.group_size=4", "data.num_eval=0", "data.task_digits=1",
             "rollout.max_model_len=48", "rollout.max_new_tokens=6", "rollout.gpu_memory_utilization=0.03",
-            "metrics.tensorboard=false"]
+            "metrics.tensorboard=false", "algo.beta=0"]
 
 
 def train_steps(run_dir: Path) -> list[int]:

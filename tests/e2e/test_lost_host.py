@@ -23,40 +23,21 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import host_runs
 import hosts
 import pytest
 
-BIN = Path(sys.executable).parent
 WHY_NOT = hosts.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 
 
-def rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}"))
-            if r.get("kind") == "train"]
-
-
 def train(head: hosts.Host, model_dir, run_dir: Path, steps: int, extra: list[str], out) -> subprocess.Popen:
-    """`raygrpo train` on the head's host, joining the cluster as a user does (no RAY_* variable, the venv not
-    on PATH): a learner rank takes 2 CPUs, an engine 1, no reference actor."""
-    return head.popen(
-        [str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", f"ray.address={head.address}:{hosts.GCS_PORT}",
-         f"model.path={model_dir}", f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
-         "trainer.prompts_per_step=4", "trainer.group_size=2",
-         "trainer.dynamic_sampling=false", "trainer.eval_every=0", "data.num_eval=0", "data.task_digits=1",
-         "rollout.num_cpus=1", "learner.num_cpus=2", "rollout.max_model_len=48", "rollout.max_new_tokens=4",
-         "rollout.gpu_memory_utilization=0.03", "rollout.cpu_kv_cache_mb=32", "algo.beta=0",
-         "metrics.tensorboard=false", "ray.strategy=PACK",
-         "ray.node_wait_s=600", "trainer.halt_after=0", *extra],
-        env=hosts.USER_ENV, log=out)
+    """tests/e2e/host_runs.py's run, its bundles packed and waiting up to 600 s for a node with room."""
+    return host_runs.train(head, model_dir, run_dir, steps, ["ray.strategy=PACK", "ray.node_wait_s=600", *extra], out)
 
 
 @contextmanager
@@ -82,14 +63,14 @@ def wait_until(done, proc, console: Path, timeout_s: float, timeout_note: str | 
 
 
 def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900) -> None:
-    wait_until(lambda: len(rows(run_dir)) >= n, proc, console, timeout_s, f"no {n} steps in {timeout_s:.0f} s")
+    wait_until(lambda: len(host_runs.train_rows(run_dir)) >= n, proc, console, timeout_s, f"no {n} steps in {timeout_s:.0f} s")
 
 
 def finished(console: Path, run_dir: Path) -> tuple[str, list[dict]]:
     """The run's console (its tail printed for the test's log) and its training rows."""
     text = console.read_text()
     print(text[-6000:])
-    return text, rows(run_dir)
+    return text, host_runs.train_rows(run_dir)
 
 
 def on(host: hosts.Host, placement: list[dict]) -> list[str]:
@@ -155,11 +136,11 @@ def test_an_engine_the_reference_and_a_reward_model_lost_with_their_host_cost_no
         assert len(on_b) == 3 and on_b[0] == "reference" and on_b[1].startswith("reward-") \
             and on_b[2].startswith("rollout-"), placement
         assert {placement[r]["pid"] for r in on_b} <= set(b.pids())  # the hostname they reported is their host's
-        lost_at = len(rows(run_dir))
+        lost_at = len(host_runs.train_rows(run_dir))
         b.kill_all()
         c = add_node(cpus=2)  # a node with room for all three joins: the reference and the reward model restart
         # there, the lost engine comes back
-        wait_until(lambda: "rejoined on" in console.read_text() and rows(run_dir)[-1]["rollout/live_engines"] == 2,
+        wait_until(lambda: "rejoined on" in console.read_text() and host_runs.train_rows(run_dir)[-1]["rollout/live_engines"] == 2,
                    proc, console, 900)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
@@ -249,17 +230,17 @@ def test_a_pipeline_run_with_room_for_one_engine_adds_the_other_when_a_node_join
         said = console.read_text()
         assert "no room yet for rollout worker(s) 1 (" in said and \
             "the run starts with 1 of 2 engine(s) (rollout.min_workers=1)" in said, said[-3000:]
-        joined_at = len(rows(run_dir))
+        joined_at = len(host_runs.train_rows(run_dir))
         b = add_node(cpus=1)
         wait_until(lambda: "rollout worker 1 joined the fleet on" in console.read_text()
-                   and rows(run_dir)[-1]["rollout/live_engines"] == 2, proc, console, 900)
-        wait_rows(proc, run_dir, len(rows(run_dir)) + 3, console)  # engine 1 is fed (tests/unit/test_pipeline.py)
+                   and host_runs.train_rows(run_dir)[-1]["rollout/live_engines"] == 2, proc, console, 900)
+        wait_rows(proc, run_dir, len(host_runs.train_rows(run_dir)) + 3, console)  # engine 1 is fed (tests/unit/test_pipeline.py)
         placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
         assert placement["rollout-1"]["pid"] in b.pids() and placement["rollout-1"]["network"]["hostname"] == b.hostname
-        lost_at = len(rows(run_dir))
+        lost_at = len(host_runs.train_rows(run_dir))
         b.kill_all()
         wait_until(lambda: "rollout worker 1 left the fleet with its host" in console.read_text(), proc, console, 300)
-        wait_rows(proc, run_dir, len(rows(run_dir)) + 3, console)  # the run goes on with engine 0
+        wait_rows(proc, run_dir, len(host_runs.train_rows(run_dir)) + 3, console)  # the run goes on with engine 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
     text, train_rows = finished(console, run_dir)
@@ -305,7 +286,7 @@ def test_colocated_placement_a_host_lost_with_a_learner_rank_and_its_engine_resu
                    300)
         c = add_node(cpus=3)  # the node with room the run said it waits for
         wait_until(lambda: f"rollout worker {i} rejoined on" in console.read_text()
-                   and rows(run_dir)[-1]["rollout/live_engines"] == 2, proc, console, 900)
+                   and host_runs.train_rows(run_dir)[-1]["rollout/live_engines"] == 2, proc, console, 900)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 143, console.read_text()[-5000:]
     text, train_rows = finished(console, run_dir)

@@ -12,25 +12,18 @@ from __future__ import annotations
 import json
 import re
 import signal
-import sys
 import time
-from pathlib import Path
 
+import host_runs
 import hosts
 import pytest
+from host_runs import train_rows
 
-BIN = Path(sys.executable).parent
 WHY_NOT = hosts.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 
 PARTITION_S = 30
 SILENCE_BOUND_S = 60  # the console says what a wait waits on every 25 s (WAITING_LINE_EVERY_S): never silent longer
-
-
-def train_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in (json.loads(x) for x in lines if x.strip().endswith("}")) if r.get("kind") == "train"]
 
 
 @pytest.fixture
@@ -58,15 +51,9 @@ def test_a_partition_of_the_host_of_an_engine_for_30s_never_hangs_the_run(cluste
     run_dir, console, steps = tmp_path / "run", tmp_path / "train.log", 12
     # `raygrpo train` on host a joining the cluster: the learner rank (2 CPUs) and engine 0 fill host a, so
     # engine 1 is on host b (1 CPU), alone. rollout.min_workers=1: the run may go on with one engine.
-    cmd = [str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", f"ray.address={a.address}:{hosts.GCS_PORT}",
-           f"model.path={tiny_model_dir}", f"trainer.run_dir={run_dir}", f"trainer.steps={steps}",
-           "trainer.prompts_per_step=4", "trainer.group_size=2", "trainer.dynamic_sampling=false",
-           "trainer.eval_every=0", "data.num_eval=0", "data.task_digits=1", "rollout.num_workers=2",
-           "rollout.min_workers=1", "rollout.num_cpus=1", "learner.num_cpus=2", "rollout.max_model_len=48",
-           "rollout.max_new_tokens=4", "rollout.gpu_memory_utilization=0.03", "rollout.cpu_kv_cache_mb=32",
-           "algo.beta=0", "metrics.tensorboard=false", "checkpoint.every=5", "trainer.halt_after=0"]
     with open(console, "w") as out:
-        proc = a.popen(cmd, env=hosts.USER_ENV, log=out)
+        proc = host_runs.train(a, tiny_model_dir, run_dir, steps, ["rollout.num_workers=2", "rollout.min_workers=1",
+                                                                   "checkpoint.every=5"], out)
     try:
         deadline = time.time() + 600
         while len(train_rows(run_dir)) < 2:
