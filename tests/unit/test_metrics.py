@@ -1,7 +1,9 @@
 import json
 import math
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -27,6 +29,22 @@ def test_every_step_line_has_the_required_keys_and_plots(tmp_path):
     paths = plot_run(tmp_path)
     assert [p.name for p in paths] == ["reward.png", "kl.png", "step_time.png"]
     assert all(p.stat().st_size > 1000 and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_plotting_leaves_a_notebook_users_matplotlib_alone(tmp_path):
+    """A user who trains from a notebook keeps their backend and pyplot's figures: plot_run neither switches
+    the backend (it once called matplotlib.use("Agg")) nor imports pyplot. In a fresh process, whose
+    backend the test sets as a user would."""
+    log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False)
+    log.log_step({"step": 1, "reward_mean": 0.5, "step_s": 1.0})
+    log.close()
+    code = ("import sys, matplotlib; matplotlib.use('svg'); from cluster.run.metrics import plot_run; "
+            f"paths = plot_run({str(tmp_path)!r}); "
+            "print(matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules, len(paths))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["svg", "False", "3"], out.stdout
 
 
 def test_resumed_steps_replace_earlier_rows(tmp_path):
