@@ -169,6 +169,10 @@ class RewardConfig:
     # https:// verifiers are checked against the system's CA certificates; a PEM file here replaces them (the
     # CA that signed an internal verifier's certificate). Read by the driver, relative to where it runs.
     http_ca_file: str = ""
+    # A verifier that requires a client certificate (mutual TLS): raygrpo presents this PEM certificate, with
+    # the private key in http_client_key (or in this same file). Read by the driver, relative to where it runs.
+    http_client_cert: str = ""
+    http_client_key: str = ""
 
     def problems(self) -> list[str]:
         p = []
@@ -199,4 +203,7 @@ class RewardConfig:
         at_least(p, "reward.http_concurrency", self.http_concurrency, 1)
         if not self.http_max_response_mb > 0:
             p.append(f"reward.http_max_response_mb must be > 0, got {self.http_max_response_mb}")
+        if self.http_client_key and not self.http_client_cert:
+            p.append(f"reward.http_client_key is set ({self.http_client_key!r}) but reward.http_client_cert is not: "
+                     "set the client certificate it belongs to")
         return p

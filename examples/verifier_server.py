@@ -7,7 +7,8 @@ Run it, then point a run at it:
     raygrpo train examples/cpu_demo.yaml 'reward.functions=[http://127.0.0.1:8000/verify]'
     # with --token: RAYGRPO_REWARD_TOKEN=SECRET raygrpo train ...
     # over TLS: --cert server.pem --key server.key, then https://... and, for a certificate your own
-    # CA signed, reward.http_ca_file=ca.pem
+    # CA signed, reward.http_ca_file=ca.pem; add --client-ca ca.pem to require a client certificate that
+    # CA signed (mutual TLS), which raygrpo presents from reward.http_client_cert (and reward.http_client_key)
 
 The protocol (README, "Remote verifiers"). raygrpo POSTs `application/json` to the URL:
 
@@ -84,15 +85,22 @@ def main() -> None:
     parser.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN'")
     parser.add_argument("--cert", default=None, help="serve https with this certificate (PEM; with --key)")
     parser.add_argument("--key", default=None, help="the certificate's private key (PEM)")
+    parser.add_argument("--client-ca", default=None, help="require a client certificate this CA signed (PEM; "
+                        "mutual TLS, with --cert and --key)")
     args = parser.parse_args()
     if (args.cert is None) != (args.key is None):
         parser.error("--cert and --key go together")
+    if args.client_ca and not args.cert:
+        parser.error("--client-ca needs --cert and --key (mutual TLS is TLS)")
     Verifier.token = args.token
     server = ThreadingHTTPServer((args.host, args.port), Verifier)
     scheme = "http"
     if args.cert:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(args.cert, args.key)
+        if args.client_ca:
+            tls.verify_mode = ssl.CERT_REQUIRED
+            tls.load_verify_locations(args.client_ca)
         server.socket, scheme = tls.wrap_socket(server.socket, server_side=True), "https"
     print(f"verifier listening on {scheme}://{args.host}:{server.server_address[1]}{Verifier.path_served}", flush=True)
     try:

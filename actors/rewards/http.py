@@ -26,6 +26,10 @@ sample, null meaning "cannot score this one" (left out of its group, never score
   `reward.http_ca_file` (PEM) when it is set; a certificate that fails, or a server that does not
   speak TLS at an https:// URL, stops the run at once, naming the URL and that setting (a retry
   cannot change either).
+- A verifier that requires a client certificate (mutual TLS) gets `reward.http_client_cert` (PEM, with
+  its key in `reward.http_client_key` or in the same file). One it refuses stops the run at once,
+  naming the URL and that setting; a server that ends the handshake without saying why (what some do
+  when no certificate, or one they do not accept, is sent) is retried, its error saying so.
 
 Standard library only (urllib honours http_proxy / no_proxy); runs in the driver, on threads:
 HTTP is I/O, there is no user code to isolate.
@@ -125,20 +129,44 @@ class VerifierRefused(RuntimeError):
     (its certificate, a server without TLS at an https:// URL): the run cannot go on."""
 
 
-def tls_context(ca_file: str) -> ssl.SSLContext:
+# What a TLS server answers when it does not accept raygrpo's client certificate (or wanted one and got none):
+# OpenSSL's names of those alerts.
+CLIENT_CERT_ALERTS = ("TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE",
+                      "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+                      "SSLV3_ALERT_CERTIFICATE_REVOKED", "TLSV1_ALERT_ACCESS_DENIED")
+
+
+def tls_context(ca_file: str, client_cert: str = "", client_key: str = "") -> ssl.SSLContext:
     """What https:// verifiers are checked against: the system's CA certificates, or `ca_file`'s
-    (reward.http_ca_file). A file that is missing or holds no PEM certificate is a ValueError naming it."""
-    if not ca_file:
-        return ssl.create_default_context()
-    where = f"reward.http_ca_file={ca_file!r}"
-    if not os.path.isfile(ca_file):
-        raise ValueError(f"{where}: no such file (cwd {os.getcwd()}); give the PEM file of the CA that signed "
-                         "the verifier's certificate")
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except (ssl.SSLError, OSError, ValueError) as e:
-        raise ValueError(f"{where}: not a PEM file of CA certificates ({e}); give the CA that signed the "
-                         "verifier's certificate, in PEM ('-----BEGIN CERTIFICATE-----')") from None
+    (reward.http_ca_file); with `client_cert` (reward.http_client_cert, its key in `client_key` or in the
+    same file), the certificate raygrpo presents to a verifier that requires one. A file that is missing or
+    not what it should be is a ValueError naming its setting."""
+    context = ssl.create_default_context()
+    if ca_file:
+        where = f"reward.http_ca_file={ca_file!r}"
+        if not os.path.isfile(ca_file):
+            raise ValueError(f"{where}: no such file (cwd {os.getcwd()}); give the PEM file of the CA that signed "
+                             "the verifier's certificate")
+        try:
+            context = ssl.create_default_context(cafile=ca_file)
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise ValueError(f"{where}: not a PEM file of CA certificates ({e}); give the CA that signed the "
+                             "verifier's certificate, in PEM ('-----BEGIN CERTIFICATE-----')") from None
+    if client_cert:
+        where = f"reward.http_client_cert={client_cert!r}" + (f", reward.http_client_key={client_key!r}"
+                                                              if client_key else "")
+        for setting, path in (("reward.http_client_cert", client_cert), ("reward.http_client_key", client_key)):
+            if path and not os.path.isfile(path):
+                raise ValueError(f"{setting}={path!r}: no such file (cwd {os.getcwd()}); give the PEM file of the "
+                                 "client certificate the verifier accepts, and its private key")
+        try:
+            # an encrypted key would make OpenSSL prompt on the terminal, which a job has not: refused instead
+            context.load_cert_chain(client_cert, client_key or None, password=lambda: b"")
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise ValueError(f"{where}: not a PEM client certificate with its private key ({e}); give the "
+                             "certificate ('-----BEGIN CERTIFICATE-----') and its unencrypted key, in one file "
+                             "or with the key in reward.http_client_key") from None
+    return context
 
 
 class _RequestFailed(Exception):
@@ -197,7 +225,8 @@ class HttpVerifier:
     def __init__(self, url: str, cfg, token: str | None = None):
         self.url, self.cfg = url, cfg
         # what an https:// URL's certificate is checked against (a bad reward.http_ca_file fails here, at start)
-        self.context = tls_context(cfg.http_ca_file) if url.startswith("https://") else None
+        self.context = (tls_context(cfg.http_ca_file, cfg.http_client_cert, cfg.http_client_key)
+                        if url.startswith("https://") else None)
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self._executor = ThreadPoolExecutor(cfg.http_concurrency, thread_name_prefix="reward-http")
 
@@ -265,9 +294,10 @@ class HttpVerifier:
             self._untrusted(e.reason)
             if isinstance(e.reason, TimeoutError):
                 raise _RequestFailed(f"no connection within {timeout:g} s (reward.http_timeout_s)", timed_out=True) from None
-            raise _Retryable(f"cannot connect: {e.reason}") from None
+            raise _Retryable(f"cannot connect: {e.reason}{self._closed_hint(e.reason)}") from None
         except (HTTPException, ConnectionError, OSError) as e:  # the connection broke mid-answer
-            raise _Retryable(f"connection failed: {type(e).__name__}: {e}") from None
+            self._untrusted(e)  # (under TLS 1.3 a refused client certificate is said after the handshake)
+            raise _Retryable(f"connection failed: {type(e).__name__}: {e}{self._closed_hint(e)}") from None
         return parse_rewards(raw, n, self.url)
 
     def _refused(self, e: urllib.error.HTTPError, detail: str) -> None:
@@ -293,6 +323,26 @@ class HttpVerifier:
         if isinstance(reason, ssl.SSLError) and reason.reason == "WRONG_VERSION_NUMBER":
             raise VerifierRefused(f"the reward verifier {self.url} does not answer TLS ({reason}): the server at "
                                   f"that port speaks plain HTTP; use http:// in reward.functions, or serve it with TLS")
+        if isinstance(reason, ssl.SSLError) and reason.reason in CLIENT_CERT_ALERTS:
+            cert = self.cfg.http_client_cert
+            sent = (f"raygrpo presented reward.http_client_cert={cert!r}" if cert else
+                    "reward.http_client_cert is not set, so raygrpo presented no client certificate")
+            raise VerifierRefused(
+                f"the reward verifier {self.url} refused raygrpo's TLS connection ({reason.reason}): {sent}. A "
+                "verifier that requires mutual TLS needs reward.http_client_cert (PEM, with its key in "
+                "reward.http_client_key or in the same file) signed by a CA it trusts")
+
+    def _closed_hint(self, reason) -> str:
+        """An https:// server that ended the handshake without saying why (closed it, or a bare handshake
+        failure): what a verifier requiring a client certificate does when it gets none, or one it does not
+        accept; a transient close or another mismatch looks the same, hence retried, with this said."""
+        if not (isinstance(reason, ssl.SSLEOFError) or
+                isinstance(reason, ssl.SSLError) and reason.reason == "SSLV3_ALERT_HANDSHAKE_FAILURE"):
+            return ""
+        if self.cfg.http_client_cert:
+            return (" (the server ended the TLS handshake: a verifier that does not accept "
+                    f"reward.http_client_cert={self.cfg.http_client_cert!r} does this)")
+        return " (the server ended the TLS handshake: if the verifier requires a client certificate, set reward.http_client_cert)"
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
