@@ -28,14 +28,13 @@ from cluster.run import logs
 from cluster.run.stopping import StopSignals
 
 
-def check_multiturn(cfg: RunConfig) -> None:
+def check_multiturn(cfg: RunConfig, tokenizer) -> None:
     """Before any actor starts: the environment class loads (in a throwaway process, as on the engines)
-    and the model's chat template can extend a conversation token-exactly."""
-    from transformers import AutoTokenizer
-
+    and the model's chat template (`tokenizer`: the run's, load_tokenizer) can extend a conversation
+    token-exactly."""
     try:
         EnvPool(cfg.rollout.env, 1, cfg.rollout.env_timeout_s).close()
-        ChatTokens(AutoTokenizer.from_pretrained(cfg.model.path), cfg.data.chat_template_kwargs)
+        ChatTokens(tokenizer, cfg.data.chat_template_kwargs)
     except (ValueError, TypeError, TemplateError) as e:
         raise ConfigError([str(e)], "rollout.env") from None
 
@@ -69,7 +68,7 @@ def load_inputs(cfg: RunConfig) -> RunInputs:
         scorer.close()
         raise ConfigError(problems, "reward config")
     if cfg.rollout.env:
-        check_multiturn(cfg)
+        check_multiturn(cfg, tokenizer)
     return RunInputs(tokenizer, data.heldout, stream, scorer)
 
 

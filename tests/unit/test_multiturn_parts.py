@@ -13,7 +13,7 @@ from actors.config import RewardConfig, RolloutConfig
 from actors.multiturn.trajectories import ChatTokens, MultiTurnRollout, TemplateError, Trajectory, run_trajectories
 from actors.rewards.scorer import RewardScorer
 from cluster.config import ConfigError, load_config
-from cluster.data.dataset import Example
+from cluster.data.dataset import Example, load_tokenizer
 from cluster.data.render import conversation, multiturn_format
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup, model_tokens
 from cluster.driver.startup import check_multiturn
@@ -198,17 +198,19 @@ def test_the_driver_refuses_a_bad_template_or_env_before_any_actor(tokenizer, tm
     tokenizer.save_pretrained(model)
     (model / "config.json").write_text("{}")
     save_file({"w": torch.zeros(1)}, str(model / "model.safetensors"))  # the config check wants readable weights
-    check_multiturn(load_config(None, [f"model.path={model}", "rollout.env=calculator"]))  # fine as it is
+    calculator = load_config(None, [f"model.path={model}", "rollout.env=calculator"])
+    check_multiturn(calculator, load_tokenizer(str(model)))  # fine as it is
     original = tokenizer.chat_template
     tokenizer.chat_template = "{%- for m in messages %}{{- m['content'] }}{%- endfor %}"  # no end-of-turn token
     tokenizer.save_pretrained(model)
     tokenizer.chat_template = original
     with pytest.raises(ConfigError, match="not prefix-preserving"):
-        check_multiturn(load_config(None, [f"model.path={model}", "rollout.env=calculator"]))
+        check_multiturn(calculator, load_tokenizer(str(model)))
     bad_env = tmp_path / "env.py"
     bad_env.write_text("raise ImportError('missing dependency')\n")
     with pytest.raises(ConfigError, match="missing dependency"):
-        check_multiturn(load_config(None, [f"model.path={model}", f"rollout.env={bad_env}:Env"]))
+        check_multiturn(load_config(None, [f"model.path={model}", f"rollout.env={bad_env}:Env"]),
+                        load_tokenizer(str(model)))
 
 
 def test_the_calculator_example_config_is_valid():
