@@ -30,6 +30,7 @@ from actors.multiturn.trajectories import ChatTokens, run_trajectories
 from actors.pipeline import EngineLoop
 from actors.runtime.devices import eager_cpu_engine_env, on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.sockets import network_view
+from actors.runtime.start_up import starts_with_few_full_collections
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
 from actors.transport.fingerprint import WORKER_EXTENSION
@@ -43,6 +44,7 @@ CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
 class RolloutWorker:
     """One vLLM engine. `worker_index` only labels it (logs, `info()`)."""
 
+    @starts_with_few_full_collections  # its imports: actors/runtime/start_up.py
     def __init__(self, model_path: str, cfg: RolloutConfig, worker_index: int = 0, max_lora_rank: int = 0,
                  chat_template_kwargs: dict | None = None):
         """`max_lora_rank` > 0 starts the engine with vLLM's LoRA support (one adapter slot, see

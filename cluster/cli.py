@@ -26,7 +26,10 @@ def cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)  # before the heavy imports: config mistakes fail fast
     print(f"raygrpo train: run dir {cfg.trainer.run_dir}; loading the tokenizer and the data", flush=True)
-    from cluster.driver.trainer import Trainer
+    from actors.runtime.start_up import few_full_collections
+
+    with few_full_collections():  # torch's and transformers' imports (actors/runtime/start_up.py)
+        from cluster.driver.trainer import Trainer
 
     summary = Trainer(cfg, overwrite=args.overwrite).run()
     print(f"done: run dir {summary['run_dir']}, checkpoint {summary['checkpoint']}, HF model {summary['hf_model']}")

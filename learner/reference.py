@@ -13,12 +13,14 @@ import torch
 
 from actors.runtime.devices import on_gpu, resolve_dtype
 from actors.runtime.sockets import network_view
+from actors.runtime.start_up import starts_with_few_full_collections
 from actors.runtime.threads import node_cores, use_threads
 from learner.config import ReferenceConfig
 from learner.sequences import completion_logprobs
 
 
 class ReferenceActor:
+    @starts_with_few_full_collections  # its imports: actors/runtime/start_up.py
     def __init__(self, model_path: str, cfg: ReferenceConfig):
         problems = cfg.problems()
         if problems:

@@ -24,6 +24,7 @@ import torch
 
 from actors.runtime.devices import on_gpu, resolve_dtype
 from actors.runtime.sockets import network_view
+from actors.runtime.start_up import starts_with_few_full_collections
 from actors.runtime.threads import node_cores, use_threads
 from learner import checkpoint, grpo
 from learner.batch import MicroBatch, TrainBatch
@@ -52,6 +53,7 @@ _TOKEN_MEAN_METRICS = ("clip_frac", "ratio_mean", "kl", "tis_weight_mean")
 class LearnerWorker:
     """One DeepSpeed rank (a Ray actor). See the module docstring for the calling contract."""
 
+    @starts_with_few_full_collections  # its imports: actors/runtime/start_up.py
     def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, *, rank: int, world_size: int,
                  master_addr: str, master_port: int, total_steps: int, seed: int, reference_on_learner: bool = False,
                  master_host: str = "", connect_timeout_s: float | None = None):

@@ -28,6 +28,7 @@ import torch
 from actors.config import RewardConfig
 from actors.runtime.devices import on_gpu, resolve_dtype
 from actors.runtime.sockets import network_view
+from actors.runtime.start_up import starts_with_few_full_collections
 from actors.runtime.threads import node_cores, use_threads
 
 
@@ -87,6 +88,7 @@ class RewardModelScorer:
 class RewardModelActor:
     """One reward model in a Ray actor of its own (the driver wraps it with ray.remote)."""
 
+    @starts_with_few_full_collections  # its imports: actors/runtime/start_up.py
     def __init__(self, path: str, cfg: RewardConfig):
         gpu = on_gpu(cfg.model_num_gpus)
         # Until the driver's thread budget arrives (set_threads): one thread per CPU share.

@@ -17,6 +17,7 @@ from pathlib import Path
 from actors.multiturn.env_pool import EnvPool
 from actors.multiturn.trajectories import ChatTokens, TemplateError
 from actors.rewards.scorer import RewardScorer
+from actors.runtime.start_up import starts_with_few_full_collections
 from cluster.config import ConfigError, RunConfig
 from cluster.data.dataset import DataError, Example, PromptStream, load_run_data, load_tokenizer, reward_column_problem
 from cluster.data.model_check import eos_warning
@@ -47,6 +48,7 @@ class RunInputs:
     scorer: RewardScorer  # the reward functions, loaded and checked against the data
 
 
+@starts_with_few_full_collections  # transformers imported, the tokenizer and data loaded (actors/runtime/start_up.py)
 def load_inputs(cfg: RunConfig) -> RunInputs:
     """The tokenizer, the data (its notes printed) and the reward scorer, each checked; raises DataError or
     ConfigError naming the problem."""
@@ -82,6 +84,7 @@ class StartedActors:
     hosts: HostWatch  # which actors each host holds (a lost host is said with them)
 
 
+@starts_with_few_full_collections
 def start_actors(cfg: RunConfig, run_dir: Path, scorer: RewardScorer, stop: StopSignals) -> StartedActors:
     """Ray (embedded, or joined at ray.address), then every actor, waited for until ready (each says what it
     waits on while it loads). `scorer` is handed the reward models' handles; `stop` is installed after

@@ -1,0 +1,78 @@
+"""actors/runtime/start_up.py: start-up runs without full garbage collections, and the process's own
+thresholds come back afterwards."""
+from __future__ import annotations
+
+import gc
+import inspect
+
+import pytest
+
+from actors.runtime.start_up import few_full_collections, starts_with_few_full_collections
+from cluster.driver.startup import load_inputs, start_actors
+
+
+def full_collections_while(work) -> int:
+    """How many generation-2 collections CPython ran while `work()` ran."""
+    seen = []
+
+    def count(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            seen.append(1)
+    gc.callbacks.append(count)
+    try:
+        work()
+    finally:
+        gc.callbacks.remove(count)
+    return len(seen)
+
+
+def build_long_lived():
+    """What an import does to the collector: many container objects, all kept. (CPython runs a full
+    collection only once the survivors since the last one reach a quarter of the objects it already
+    keeps: half as many again as this process tracks is sure to get there.)"""
+    return [[i] for i in range(max(300_000, len(gc.get_objects()) // 2))]
+
+
+@pytest.fixture
+def default_thresholds():
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's defaults: whatever this process had set, the test starts from them
+    yield
+    gc.set_threshold(*before)
+
+
+def test_an_import_sized_start_runs_no_full_collection_and_the_thresholds_come_back(default_thresholds):
+    kept = []
+    assert full_collections_while(lambda: kept.append(build_long_lived())) > 0  # the cost being removed
+    with few_full_collections():
+        assert gc.get_threshold()[:2] == (700, 10)  # the young generations are still collected
+        assert full_collections_while(lambda: kept.append(build_long_lived())) == 0
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_the_thresholds_come_back_when_the_start_fails_and_a_higher_one_is_kept(default_thresholds):
+    with pytest.raises(RuntimeError), few_full_collections():
+        raise RuntimeError("the model could not load")
+    assert gc.get_threshold() == (700, 10, 10)
+    gc.set_threshold(700, 10, 5_000)  # a process that had held them back further keeps its own setting
+    with few_full_collections():
+        assert gc.get_threshold() == (700, 10, 5_000)
+    assert gc.get_threshold() == (700, 10, 5_000)
+
+
+def test_a_decorated_constructor_keeps_the_signature_ray_reads(default_thresholds):
+    class Actor:
+        @starts_with_few_full_collections
+        def __init__(self, model_path: str, *, rank: int = 0):
+            self.seen = gc.get_threshold()
+
+    assert list(inspect.signature(Actor.__init__).parameters) == ["self", "model_path", "rank"]
+    assert Actor("m", rank=1).seen == (700, 10, 1_000)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_the_driver_starts_with_few_full_collections():
+    # the driver's two start-up steps (the actors' constructors are decorated the same way; their modules
+    # import vLLM or DeepSpeed, which the unit tier does not)
+    for step in (load_inputs, start_actors):
+        assert step.__wrapped__.__name__ == step.__name__ and step.__code__ is not step.__wrapped__.__code__
