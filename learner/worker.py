@@ -308,6 +308,7 @@ class LearnerWorker:
     # ------------------------------------------------------------------ #
     # weights: broadcast to the engines, consolidated copies
     # ------------------------------------------------------------------ #
+    @starts_with_few_full_collections  # the first call imports vLLM's transfer API (actors/runtime/start_up.py)
     def init_weight_sync(self, rollout_handles: list, init_info: dict) -> None:
         """(Re)build the trainer-side transfer engine towards `rollout_handles`. Every rank is called."""
         from learner.weight_sync import weight_transfer

@@ -6,9 +6,10 @@ as long as the process. CPython runs a full collection (a walk over every tracke
 ten young collections have passed and enough objects have survived them, so the walks come more and
 more often as the heap grows, and each is longer than the one before: 9 of them during an engine's
 imports, 0.3-0.6 s each near the end. None finds garbage worth that time, since the imports keep what
-they make. The actors' constructors and the driver's start therefore run with the full collections'
-threshold raised. Young collections still run as before, so short-lived cycles are still freed. The
-process's own thresholds come back afterwards.
+they make. The actors' constructors, a learner rank's weight-sync set-up (its first call imports
+vLLM's transfer API) and the driver's start therefore run with the full collections' threshold
+raised. Young collections still run as before, so short-lived cycles are still freed. The process's
+own thresholds come back afterwards.
 
 Measured on a 2-core AMD EPYC: `from vllm import LLM`, transformers' AutoModelForCausalLM and DeepSpeed
 went from 17.0-17.2 to 12.2-14.9 CPU-s. The per-process figures of a whole run are in docs/STATUS.md.
