@@ -28,6 +28,8 @@ import os
 import sys
 from pathlib import Path
 
+from actors.runtime.start_up import hold_until_started
+
 LEVEL_ENV = "RAYGRPO_LOG_LEVEL"  # the user's switch (and how the level reaches child processes)
 LOG_DIR_ENV = "RAYGRPO_LOG_DIR"  # set by raygrpo in the Ray workers' environment, not by users
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -129,12 +131,11 @@ def start_run_log(run_dir: str | Path) -> None:
 
 
 def worker_env(run_dir: str | Path) -> dict:
-    """What start_ray adds to the runtime env of every Ray worker: the hook, the log dir, the level."""
+    """What start_ray adds to the runtime env of every Ray worker: the hook and the level, and the log dir
+    when quiet (at INFO and DEBUG the hook only holds back garbage collections while the actor starts)."""
     level = console_level()
-    if not is_quiet(level):
-        return {}
-    return {"worker_process_setup_hook": WORKER_HOOK,
-            "env_vars": {LEVEL_ENV: level, LOG_DIR_ENV: str((Path(run_dir) / "logs").resolve())}}
+    log_dir = {LOG_DIR_ENV: str((Path(run_dir) / "logs").resolve())} if is_quiet(level) else {}
+    return {"worker_process_setup_hook": WORKER_HOOK, "env_vars": {LEVEL_ENV: level, **log_dir}}
 
 
 def point_at_actor_logs(run_dir: str | Path) -> None:
@@ -212,9 +213,11 @@ def vllm_logging_config(level: str) -> dict:
 
 def setup_worker() -> None:
     """Ray's worker_process_setup_hook (see the module docstring). Runs before the actor's class is
-    built, so before vLLM, torch or DeepSpeed are imported. Without a writable log dir (a node that
-    does not see the run dir) only the levels and filters apply."""
+    built, so before vLLM, torch or DeepSpeed are imported: it holds back full garbage collections until
+    the actor has started (at every level), and when quiet sends the output to the log dir. Without a
+    writable log dir (a node that does not see the run dir) only the levels and filters apply."""
     global _console
+    hold_until_started()  # before the actor's module imports torch (actors/runtime/start_up.py)
     level = console_level()
     if not is_quiet(level):
         return

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import gc
 import inspect
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from actors.runtime.start_up import few_full_collections, starts_with_few_full_collections
 from cluster.driver.startup import load_inputs, start_actors
+from cluster.run import logs
 
 
 def full_collections_while(work) -> int:
@@ -76,3 +81,39 @@ def test_the_driver_starts_with_few_full_collections():
     # import vLLM or DeepSpeed, which the unit tier does not)
     for step in (load_inputs, start_actors):
         assert step.__wrapped__.__name__ == step.__name__ and step.__code__ is not step.__wrapped__.__code__
+
+
+# A Ray worker process of a run, as Ray starts it: the set-up hook, then the actor's module and its constructor,
+# then a later start-up step (a learner rank's weight-sync set-up).
+WORKER = """
+import gc, json, os
+from actors.runtime.start_up import starts_with_few_full_collections
+from cluster.run.logs import setup_worker
+gc.set_threshold(700, 10, 10)
+setup_worker()
+seen = {"after_hook": gc.get_threshold()}
+class Actor:
+    @starts_with_few_full_collections
+    def __init__(self):
+        seen["constructing"] = gc.get_threshold()
+    @starts_with_few_full_collections
+    def init_weight_sync(self):
+        seen["later_step"] = gc.get_threshold()
+actor = Actor()
+seen["started"] = gc.get_threshold()
+actor.init_weight_sync()
+seen["after_later_step"] = gc.get_threshold()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("level", ["WARNING", "INFO"])
+def test_a_ray_worker_holds_them_from_its_hook_until_its_actor_has_started(level, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAYGRPO_")}
+    env |= {logs.LEVEL_ENV: level, logs.LOG_DIR_ENV: str(tmp_path / "logs")}
+    out = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # quiet: the hook sent fd 1 to the log file and printing goes through its console copy; either way one line
+    seen = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+    assert seen == {"after_hook": [700, 10, 1_000], "constructing": [700, 10, 1_000], "started": [700, 10, 10],
+                    "later_step": [700, 10, 1_000], "after_later_step": [700, 10, 10]}, seen
