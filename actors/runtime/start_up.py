@@ -3,16 +3,16 @@
 An engine's start imports vLLM, torch and transformers; a learner rank's, DeepSpeed, torch and
 transformers; the driver's, torch and transformers. That is millions of objects, and all of them live
 as long as the process. CPython runs a full collection (a walk over every tracked object) each time
-ten young collections have passed and enough objects have survived them, so the walks come more and
-more often as the heap grows, and each is longer than the one before: 9 of them during an engine's
-imports, 0.3-0.6 s each near the end. None finds garbage worth that time, since the imports keep what
-they make. The actors' constructors, a learner rank's weight-sync set-up (its first call imports
-vLLM's transfer API) and the driver's start therefore run with the full collections' threshold
-raised. Young collections still run as before, so short-lived cycles are still freed. The process's
-own thresholds come back afterwards.
+ten young collections have passed and enough objects have survived them, and each walk is longer than
+the one before. None finds garbage worth that time, since the imports keep what they make. The actors'
+constructors, a learner rank's weight-sync set-up (its first call imports vLLM's transfer API) and the
+driver's start therefore run with the full collections' threshold raised. Young collections still run
+as before, so short-lived cycles are still freed. The process's own thresholds come back afterwards.
 
-Measured on a 2-core AMD EPYC: `from vllm import LLM`, transformers' AutoModelForCausalLM and DeepSpeed
-went from 17.0-17.2 to 12.2-14.9 CPU-s. The per-process figures of a whole run are in docs/STATUS.md.
+Measured on a 2-core AMD EPYC, in a 1-step `raygrpo train` of the tiny model (CPU time inside full
+collections, from gc.callbacks): an engine's start ran 11 of them, 3.8-4.3 CPU-s, and now runs the 3 that
+vLLM's own freeze_gc_heap asks for, 1.5-2.2 CPU-s. A learner rank's went from 7 (1.4-1.6 CPU-s) to 1
+(0.3), and the driver's from 7 (1.1 CPU-s) to none. docs/STATUS.md has the rest.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _held(thresholds: tuple[int, int, int]) -> tuple[int, int, int]:
 def hold_until_started() -> None:
     """Called by Ray's worker set-up hook (cluster/run/logs.py setup_worker) in every worker process
     of a run, before Ray imports the actor's module and torch with it (3 full collections, 0.5-0.9 CPU-s
-    per actor on a 2-core EPYC). The actor's decorated constructor gives the thresholds back."""
+    per actor). The actor's decorated constructor gives the thresholds back."""
     global _held_since_start
     if _held_since_start is None:
         _held_since_start = gc.get_threshold()
