@@ -86,7 +86,7 @@ def test_the_driver_starts_with_few_full_collections():
 # A Ray worker process of a run, as Ray starts it: the set-up hook, then the actor's module and its constructor,
 # then a later start-up step (a learner rank's weight-sync set-up).
 WORKER = """
-import gc, json, os
+import gc, json
 from actors.runtime.start_up import starts_with_few_full_collections
 from cluster.run.logs import setup_worker
 gc.set_threshold(700, 10, 10)
