@@ -4,9 +4,13 @@ Skipped where no GPU is visible (CI has none). Run by hand on a GPU box: it need
 transformers, deepspeed and peft, but not Ray or vLLM, so a bare GPU image with those carried as
 wheels will do (docs/STATUS.md says when it last ran and where).
 
-- float32: one step equals a plain-torch step of the same batch (torch AdamW + clipping) to 1e-4;
-- bfloat16 (dtype auto on a GPU) with the reference on the learner (a frozen copy on the GPU):
-  the first pass's KL is 0 (policy == reference), and two steps change the weights.
+- float32: one step equals a plain-torch step of the same batch (torch AdamW + clipping) to 1e-4, at ZeRO-0
+  (what `zero_stage: auto` gives one rank) and at ZeRO-2;
+- bfloat16 (dtype auto on a GPU) with the reference on the learner (a frozen copy on the GPU), at the
+  default ZeRO stage (auto: 0 on one rank, DeepSpeed's bf16 optimizer) and at ZeRO-2: the first pass's KL
+  is 0 (policy == reference), and two steps change the weights;
+- LoRA in bfloat16 with every other knob at its default: the reference is the model with its adapters
+  off (first KL 0), and two steps move the adapters and nothing else.
 """
 from __future__ import annotations
 
@@ -50,8 +54,9 @@ def _teardown():
         setattr(groups, name, {})
 
 
-def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir):
-    cfg = LearnerConfig(num_gpus=1, dtype="float32", zero_stage=2, lr=1e-3, adam_eps=1e-4, weight_decay=0.01,
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir, zero_stage):
+    cfg = LearnerConfig(num_gpus=1, dtype="float32", zero_stage=zero_stage, lr=1e-3, adam_eps=1e-4, weight_decay=0.01,
                         grad_clip=0.5, micro_batch_size=2)
     algo, batch = AlgoConfig(), make_batch()
     rank = _rank(tiny_model_dir, cfg, algo)
@@ -66,8 +71,10 @@ def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir):
         _teardown()
 
 
-def test_bfloat16_with_the_reference_on_the_learner(tiny_model_dir):
-    cfg = LearnerConfig(num_gpus=1, zero_stage=2, lr=1e-3, micro_batch_size=2)  # dtype auto: bf16 on a GPU
+@pytest.mark.parametrize("zero_stage", ["auto", 2])
+def test_bfloat16_with_the_reference_on_the_learner(tiny_model_dir, zero_stage):
+    cfg = LearnerConfig(num_gpus=1, zero_stage=zero_stage, lr=1e-3, micro_batch_size=2)  # dtype auto: bf16 on a GPU
+    assert cfg.zero_stage == (0 if zero_stage == "auto" else zero_stage)
     algo = AlgoConfig(beta=0.05)
     rank = _rank(tiny_model_dir, cfg, algo, reference_on_learner=True)
     try:
@@ -79,5 +86,25 @@ def test_bfloat16_with_the_reference_on_the_learner(tiny_model_dir):
         assert math.isfinite(second["loss"]) and not second["skipped"] and second["kl"] > 0
         after = _weights(rank)
         assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4
+    finally:
+        _teardown()
+
+
+def test_lora_in_bfloat16_trains_the_adapters_alone(tiny_model_dir):
+    cfg = LearnerConfig(num_gpus=1, lr=1e-3, micro_batch_size=2, lora_rank=8)  # ZeRO auto (0), dtype auto (bf16)
+    algo = AlgoConfig(beta=0.05)
+    rank = _rank(tiny_model_dir, cfg, algo, reference_on_learner=True)
+    try:
+        assert next(rank.engine.module.parameters()).dtype == torch.bfloat16
+        before = _weights(rank)
+        assert any("lora_" in k for k in before)
+        first = rank.train_step(make_batch(seed=1))
+        assert abs(first["kl"]) <= 1e-6  # the reference is the model with its adapters off: lora_B starts at 0
+        second = rank.train_step(make_batch(seed=2))
+        assert math.isfinite(second["loss"]) and not second["skipped"] and second["kl"] > 0
+        after = _weights(rank)
+        moved = {k for k in before if (after[k] - before[k]).abs().max().item() > 0}
+        assert moved, "no weight moved in two steps"
+        assert all("lora_" in k for k in moved), sorted(k for k in moved if "lora_" not in k)[:5]
     finally:
         _teardown()
