@@ -1,4 +1,4 @@
-"""LearnerWorker on a GPU: DeepSpeed ZeRO-2 over NCCL, one rank in this process (no Ray).
+"""LearnerWorker on a GPU: DeepSpeed (no ZeRO, and ZeRO-2) over NCCL, one rank in this process (no Ray).
 
 Skipped where no GPU is visible (CI has none). Run by hand on a GPU box: it needs torch,
 transformers, deepspeed and peft, but not Ray or vLLM, so a bare GPU image with those carried as
@@ -18,40 +18,14 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
-from test_learner_helpers import free_port, make_batch, max_weight_diff, reference_step
+from test_learner_helpers import drop_deepspeed_groups as _teardown
+from test_learner_helpers import in_process_rank as _rank
+from test_learner_helpers import make_batch, max_weight_diff, reference_step
+from test_learner_helpers import whole_weights as _weights
 
 from learner.config import AlgoConfig, LearnerConfig
-from learner.worker import LearnerWorker
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-
-
-def _rank(model_dir, cfg: LearnerConfig, algo: AlgoConfig, reference_on_learner=False):
-    return LearnerWorker(str(model_dir), cfg, algo, rank=0, world_size=1, master_addr="127.0.0.1",
-                         master_port=free_port(), total_steps=10, seed=0, reference_on_learner=reference_on_learner)
-
-
-def _weights(rank) -> dict[str, torch.Tensor]:
-    """The rank's whole weights as float32 on CPU: ZeRO-2 keeps them whole on one rank. (Not
-    full_state_dict: it goes through learner/weight_sync.py, which needs vLLM.)"""
-    return {k: v.detach().float().cpu() for k, v in rank.engine.module.named_parameters()}
-
-
-def _teardown():
-    """The product runs one rank per process; these tests start two ranks in turn in one process, so
-    DeepSpeed's cached groups of the first (deepspeed.utils.groups) must go with its process group,
-    or the second's deepspeed.initialize asks a destroyed group for its rank."""
-    from deepspeed.utils import groups
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    for name in ("_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP",
-                 "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP"):
-        setattr(groups, name, None)
-    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
-                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_ALL_TO_ALL_GROUP"):
-        setattr(groups, name, {})
 
 
 @pytest.mark.parametrize("zero_stage", [0, 2])

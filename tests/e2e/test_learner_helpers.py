@@ -6,6 +6,7 @@ import random
 import socket
 
 import torch
+import torch.distributed as dist
 
 from learner import grpo
 from learner.batch import TrainBatch
@@ -111,3 +112,31 @@ def max_weight_diff(sd: dict, model) -> float:
     ref = dict(model.named_parameters())
     assert set(sd) == set(ref), (sorted(set(sd) ^ set(ref)))
     return max((sd[k] - ref[k].detach()).abs().max().item() for k in sd)
+
+
+def in_process_rank(model_dir, cfg: LearnerConfig, algo: AlgoConfig, reference_on_learner=False) -> LearnerWorker:
+    """One learner rank in this process, alone in its world (no Ray): the GPU tests run where Ray cannot."""
+    return LearnerWorker(str(model_dir), cfg, algo, rank=0, world_size=1, master_addr="127.0.0.1",
+                         master_port=free_port(), total_steps=10, seed=0, reference_on_learner=reference_on_learner)
+
+
+def whole_weights(rank: LearnerWorker) -> dict[str, torch.Tensor]:
+    """The rank's whole weights as float32 on CPU: ZeRO-0/1/2 keep them whole on one rank. (Not
+    full_state_dict: it goes through learner/weight_sync.py, which needs vLLM.)"""
+    return {k: v.detach().float().cpu() for k, v in rank.engine.module.named_parameters()}
+
+
+def drop_deepspeed_groups() -> None:
+    """After an in-process rank: the product runs one rank per process; these tests start ranks in turn in
+    one process, so DeepSpeed's cached groups of the first (deepspeed.utils.groups) must go with its
+    process group, or the next deepspeed.initialize asks a destroyed group for its rank."""
+    from deepspeed.utils import groups
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for name in ("_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP",
+                 "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP"):
+        setattr(groups, name, None)
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_ALL_TO_ALL_GROUP"):
+        setattr(groups, name, {})
