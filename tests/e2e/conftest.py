@@ -25,6 +25,16 @@ def _test_process_threads_shared_among_workers():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def no_tf32():
+    """float32 on a GPU as on a CPU, for the GPU tests that compare the two: TF32 matmuls and convolutions
+    would round to 10-bit mantissas."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 @pytest.fixture(scope="session", autouse=True)
 def deepspeed_shm_op():
     """DeepSpeed's shared-memory op built here, once, before any e2e test starts a learner.

@@ -22,7 +22,8 @@ from prompt_sharing_cases import groups, one_pass_logprobs
 from learner.grpo import token_logprobs
 from learner.sequences import pack_shared, shared_prompt_logits
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+              pytest.mark.usefixtures("no_tf32")]  # tests/e2e/conftest.py
 CUDA = torch.device("cuda")
 VOCAB = 96
 
@@ -43,14 +44,6 @@ def llama_tied(attn: str):
     return LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
                                         intermediate_size=192, vocab_size=VOCAB, tie_word_embeddings=True,
                                         rope_theta=100000.0, attn_implementation=attn))
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def shared_logprobs(model, prompt_ids, completion_ids):

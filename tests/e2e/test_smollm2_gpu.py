@@ -29,22 +29,14 @@ from learner.batch import TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
 from learner.grpo import token_logprobs
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
+              pytest.mark.usefixtures("no_tf32")]  # tests/e2e/conftest.py
 QUESTIONS = ["What is 7 times 8?", "Name a primary colour.", "How many legs does a spider have?",
              "What is the opposite of hot?"]
 ANSWERS = ["7 times 8 is 56. Multiplication is repeated addition, so adding 8 seven times gives 56 in all.",
            "Red is a primary colour. The others are blue and yellow, and mixing them makes the rest.",
            "A spider has eight legs. Insects have six, which is one way to tell the two apart.",
            "The opposite of hot is cold. Warm and cool lie between the two on the scale."]
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    """float32 on the GPU as on the CPU: TF32 matmuls would round to 10-bit mantissas."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def _chat(tokenizer, question: str) -> list[int]:
