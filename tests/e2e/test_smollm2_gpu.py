@@ -8,8 +8,9 @@ it last ran and where). The CPU tests (test_smollm2.py, test_smollm2_logprobs.py
 - float32, every other knob at its default (ZeRO-0 on one rank): the learner's log-probs of chat
   transcripts on the GPU equal transformers' on the CPU to 1e-4, before and after an update, and the
   output layer is still the input embedding (tied) after it;
-- bfloat16 at every default (dtype auto, ZeRO auto), the reference on the learner: a GRPO step of 4
-  prompts x G=4 real completions starts at KL 0, moves the weights, and its peak GPU memory is printed;
+- bfloat16 at every default (dtype auto, ZeRO auto), the reference on the learner: a GRPO step of 4 chat
+  prompts x G=4 completions of real text starts at KL 0 and moves the weights; its peak GPU memory is
+  printed and stays under 6 GiB;
 - a greedy chat answer in bfloat16 on the GPU is coherent and right, as the float32 CPU one is
   ("The capital of France is Paris."); whether the two are equal is printed.
 """
@@ -45,7 +46,7 @@ def _chat(tokenizer, question: str) -> list[int]:
 
 
 def _batch(tokenizer, group_size=4, completion_tokens=32) -> TrainBatch:
-    """4 chat prompts x G real completions: the answers cut to `completion_tokens` at G offsets."""
+    """4 chat prompts x G completions of real text: each prompt's answer cut to `completion_tokens` at G offsets."""
     prompts, comps = [], []
     for q, a in zip(QUESTIONS, ANSWERS):
         ids = tokenizer(a, add_special_tokens=False)["input_ids"] * 2
