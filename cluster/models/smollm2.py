@@ -179,15 +179,21 @@ def _prompt_ids(tokenizer):
     return ids["input_ids"]
 
 
+def greedy_answer(model, tokenizer) -> str:
+    """The model's greedy answer to the check prompt (CHECK_MESSAGES), computed on the model's device."""
+    ids = _prompt_ids(tokenizer).to(model.device)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=CHECK_NEW_TOKENS, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+
+
 def verify(converted, reference, tokenizer) -> Verification:
     """Compare the converted model's logits on the check prompt with the GGUF-loaded model's, and
     decode a short greedy answer from the converted one."""
     ids = _prompt_ids(tokenizer)
     with torch.no_grad():
         diff = (converted(ids).logits - reference(ids).logits).abs().max().item()
-        out = converted.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=CHECK_NEW_TOKENS, do_sample=False)
-    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
-    return Verification(max_logit_diff=diff, greedy_text=text)
+    return Verification(max_logit_diff=diff, greedy_text=greedy_answer(converted, tokenizer))
 
 
 def load_gguf(gguf_path: Path):

@@ -21,14 +21,14 @@ import math
 
 import pytest
 import torch
+from hf_logprobs import chat, hf_logprobs, max_diff
 from test_learner_helpers import drop_deepspeed_groups as _teardown
 from test_learner_helpers import in_process_rank as _rank
 from test_learner_helpers import whole_weights as _weights
 
-from cluster.models.smollm2 import CHECK_MESSAGES, CHECK_NEW_TOKENS, MARKER, incoherence
+from cluster.models.smollm2 import MARKER, greedy_answer, incoherence
 from learner.batch import TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
-from learner.grpo import token_logprobs
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
               pytest.mark.usefixtures("no_tf32")]  # tests/e2e/conftest.py
@@ -40,44 +40,29 @@ ANSWERS = ["7 times 8 is 56. Multiplication is repeated addition, so adding 8 se
            "The opposite of hot is cold. Warm and cool lie between the two on the scale."]
 
 
-def _chat(tokenizer, question: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                         return_dict=True)["input_ids"]
-
-
 def _batch(tokenizer, group_size=4, completion_tokens=32) -> TrainBatch:
     """4 chat prompts x G completions of real text: each prompt's answer cut to `completion_tokens` at G offsets."""
     prompts, comps = [], []
     for q, a in zip(QUESTIONS, ANSWERS):
         ids = tokenizer(a, add_special_tokens=False)["input_ids"] * 2
         for g in range(group_size):
-            prompts.append(_chat(tokenizer, q))
+            prompts.append(chat(tokenizer, q))
             comps.append(ids[g:g + completion_tokens])
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(comps))]
     return TrainBatch(prompt_ids=prompts, completion_ids=comps, advantages=advantages,
                       behavior_logp=[[-2.0] * len(c) for c in comps], pad_id=tokenizer.pad_token_id)
 
 
-def _cpu_logprobs(model, seqs: list[list[int]]) -> list[list[float]]:
-    with torch.no_grad():
-        return [token_logprobs(model(torch.tensor([s])).logits[:, :-1].float(), torch.tensor([s[1:]]))[0].tolist()
-                for s in seqs]
-
-
-def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
-    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
-
-
 def test_float32_learner_on_gpu_equals_transformers_on_cpu_before_and_after_an_update(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    seqs = [_chat(tokenizer, q) + tokenizer(a, add_special_tokens=False)["input_ids"] for q, a in zip(QUESTIONS, ANSWERS)]
+    seqs = [chat(tokenizer, q) + tokenizer(a, add_special_tokens=False)["input_ids"] for q, a in zip(QUESTIONS, ANSWERS)]
     cpu = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     rank = _rank(smollm2_dir, LearnerConfig(num_gpus=1, dtype="float32", lr=1e-4), AlgoConfig())
     try:
         assert rank.cfg.zero_stage == 0 and rank.info()["device"].startswith("cuda")
-        before = _max_diff(rank.sequence_logprobs(seqs), _cpu_logprobs(cpu, seqs))
+        before = max_diff(rank.sequence_logprobs(seqs), hf_logprobs(cpu, seqs))
         print(f"float32 log-probs, GPU learner vs CPU transformers, before the update: max |diff| {before:.2e}")
         assert before <= 1e-4
         metrics = rank.train_step(_batch(tokenizer))
@@ -90,7 +75,7 @@ def test_float32_learner_on_gpu_equals_transformers_on_cpu_before_and_after_an_u
         missing, _ = cpu.load_state_dict(weights, strict=False)
         assert missing == ["lm_head.weight"] or not missing, missing  # tied: filled by the embedding
         cpu.tie_weights()
-        after = _max_diff(rank.sequence_logprobs(seqs), _cpu_logprobs(cpu, seqs))
+        after = max_diff(rank.sequence_logprobs(seqs), hf_logprobs(cpu, seqs))
         print(f"after one update (largest weight change {moved:.2e}): max |diff| {after:.2e}")
         assert after <= 1e-4
     finally:
@@ -126,13 +111,8 @@ def test_bfloat16_at_every_default_trains_from_kl_zero_with_the_reference_on_the
 def test_greedy_chat_answer_in_bfloat16_on_the_gpu_is_coherent_and_right(smollm2_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16).cuda().eval()
-    ids = tokenizer.apply_chat_template(CHECK_MESSAGES, add_generation_prompt=True, return_tensors="pt",
-                                        return_dict=True)["input_ids"].cuda()
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=CHECK_NEW_TOKENS, do_sample=False)
-    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    text = greedy_answer(model, AutoTokenizer.from_pretrained(smollm2_dir))  # the conversion's own check, on the GPU
     cpu_text = json.loads((smollm2_dir / MARKER).read_text())["greedy_text"]  # the float32 CPU answer
     print(f"bf16 greedy answer on the GPU: {text!r} (float32 on the CPU: {cpu_text!r}; equal: {text == cpu_text})")
     assert incoherence(text) is None, text

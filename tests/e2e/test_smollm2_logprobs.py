@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+from hf_logprobs import chat, hf_logprobs, max_diff
 from test_learner_helpers import on_all, start_ranks, stop
 
 from actors.config import RolloutConfig
@@ -29,21 +30,6 @@ pytestmark = pytest.mark.timeout(1500)
 TOL = 1e-4  # float32 everywhere
 EMBED = "model.embed_tokens.weight"
 COLUMNS = [0, 1, 97, 300, 575]  # of the 576 hidden dimensions: the output layer's weights read back
-
-
-def chat(tokenizer, user: str, answer: str | None = None) -> list[int]:
-    messages = [{"role": "user", "content": user}] + ([{"role": "assistant", "content": answer}] if answer else [])
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=answer is None, return_dict=True)["input_ids"])
-
-
-def hf_logprobs(model, seqs: list[list[int]]) -> list[list[float]]:
-    with torch.no_grad():
-        return [token_logprobs(model(input_ids=torch.tensor([s])).logits[:, :-1], torch.tensor([s[1:]]))[0].tolist()
-                for s in seqs]
-
-
-def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
-    return max(max(abs(x - y) for x, y in zip(ra, rb)) for ra, rb in zip(a, b))
 
 
 def output_layer_columns(rollout_worker, columns: list[int]) -> list[dict]:

@@ -17,27 +17,15 @@ import dataclasses
 
 import pytest
 import torch
+from hf_logprobs import hf_logprobs, max_diff
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
 from actors.transport.client import OneTripRayClient
-from learner.grpo import token_logprobs
 
 TOL = 1e-4  # float32 on both sides
 
 
-def hf_prompt_logprobs(model, seqs: list[list[int]]) -> list[list[float]]:
-    out = []
-    with torch.no_grad():
-        for ids in seqs:
-            x = torch.tensor([ids])
-            logits = model(input_ids=x).logits
-            out.append(token_logprobs(logits[:, :-1], x[:, 1:])[0].tolist())
-    return out
-
-
-def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
-    return max(max(abs(x - y) for x, y in zip(ra, rb)) for ra, rb in zip(a, b))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +74,7 @@ def test_sync_changes_vllm_to_match_hf(setup):
     worker = workers[0]
     before_vllm = ray.get(worker.prompt_logprobs.remote(seqs))
     # Sanity: at the checkpoint's own weights the two implementations agree.
-    assert max_diff(before_vllm, hf_prompt_logprobs(model, seqs)) <= TOL
+    assert max_diff(before_vllm, hf_logprobs(model, seqs)) <= TOL
     assert ray.get([w.get_weight_version.remote() for w in workers]) == ["0", "0"]
 
     # Cache a prompt's KV under the old weights: after the sync it must not be reused. (vLLM-CPU
@@ -96,7 +84,7 @@ def test_sync_changes_vllm_to_match_hf(setup):
 
     noise_(model, seed=1)
     engine = sync(ray, workers, model, cfg, version=1)
-    expected = hf_prompt_logprobs(model, seqs)
+    expected = hf_logprobs(model, seqs)
     for w in workers:
         after_vllm = ray.get(w.prompt_logprobs.remote(seqs))
         assert max_diff(after_vllm, expected) <= TOL
@@ -109,7 +97,7 @@ def test_sync_changes_vllm_to_match_hf(setup):
     assert rollout.weight_version == 1
     for c in rollout.completions:
         full = rollout.prompt_ids + c.token_ids
-        hf = hf_prompt_logprobs(model, [full])[0][len(rollout.prompt_ids) - 1:]
+        hf = hf_logprobs(model, [full])[0][len(rollout.prompt_ids) - 1:]
         assert max(abs(a - b) for a, b in zip(c.logprobs, hf)) <= TOL
     engine.shutdown()
 
@@ -120,14 +108,14 @@ def test_reinit_then_sync_again(setup):
     ray, workers, model, seqs, cfg = setup
     noise_(model, seed=2)
     engine = sync(ray, workers, model, cfg, version=2, shared_memory=False)
-    expected = hf_prompt_logprobs(model, seqs)
+    expected = hf_logprobs(model, seqs)
     for w in workers:
         assert max_diff(ray.get(w.prompt_logprobs.remote(seqs)), expected) <= TOL
     assert ray.get([w.get_weight_version.remote() for w in workers]) == ["2", "2"]
     # And the same group serves a further round.
     noise_(model, seed=3)
     engine.send_weights(weight_version=3)
-    expected = hf_prompt_logprobs(model, seqs)
+    expected = hf_logprobs(model, seqs)
     for w in workers:
         assert max_diff(ray.get(w.prompt_logprobs.remote(seqs)), expected) <= TOL
     assert ray.get([w.get_weight_version.remote() for w in workers]) == ["3", "3"]
@@ -152,7 +140,7 @@ def test_one_trip_updates_copy_directly_and_match_hf(setup):
         client.next_version = str(version)
         engine.send_weights()
         assert "direct_copy_s" in client.last_parts and "load_weights_s" not in client.last_parts, client.last_parts
-        expected = hf_prompt_logprobs(model, seqs)
+        expected = hf_logprobs(model, seqs)
         for w in workers:
             assert max_diff(ray.get(w.prompt_logprobs.remote(seqs)), expected) <= TOL
         assert ray.get([w.get_weight_version.remote() for w in workers]) == [str(version)] * 2
