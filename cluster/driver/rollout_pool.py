@@ -101,7 +101,10 @@ class RolloutPool:
                     continue
                 if expected_version is not None and any(r.weight_version < expected_version for r in out):
                     self._revive(w)
-                    again[w] = pending[w]
+                    if w in self.live:
+                        again[w] = pending[w]
+                    else:  # its re-sync found its host lost: it left the fleet meanwhile
+                        orphans += pending[w]
                     continue
                 results.update(zip(pending[w], out))
             if orphans:  # the share of engines lost with their host: to the ones that are live
@@ -141,7 +144,7 @@ class RolloutPool:
         the fleet with its host (then the fleet is at least min_live again, or this raised)."""
         name, deadline = f"rollout worker {w}", time.monotonic() + self.timeout_s
         while True:
-            if self.hosts.host_lost(name):
+            if w not in self.live or self.hosts.host_lost(name):
                 self.leave(w)
                 return False
             state, restarts = actor_state(self.handles[w])
@@ -157,8 +160,10 @@ class RolloutPool:
                 except ActorFailed:
                     info = None
                 if info is not None:
+                    # Reviving re-syncs the fleet's weights, and that may find w's host lost after all (a
+                    # partition: the engine answered once, then its node was marked dead): then it has left.
                     self._revive(w, info)
-                    return True
+                    return w in self.live
             if time.monotonic() > deadline:
                 raise ActorFailed(name, "restarting after a crash", died=True,
                                   detail=f"not back within {self.timeout_s:.0f}s (Ray restarts it at most "
@@ -176,7 +181,10 @@ class RolloutPool:
         self.on_restart(w, new_process)
 
     def leave(self, w: int) -> None:
-        """Worker w's host was lost: it leaves the fleet (below min_live this waits for room, or raises)."""
+        """Worker w's host was lost: it leaves the fleet (below min_live this waits for room, or raises). Once:
+        the loss may be found twice (a call of it failed, and the re-sync that call's recovery ran found it)."""
+        if w not in self.live:
+            return
         self.live.remove(w)
         self.fleet_changed = True
         print(f"rollout worker {w} left the fleet with its host: {len(self.live)} of {len(self.handles)} engine(s) "

@@ -174,3 +174,44 @@ def test_an_elastic_start_takes_an_engine_into_the_fleet_when_it_starts(fakes, c
     assert engines[0].served[-1] == [20] and engines[1].served == [[21]]
     assert "rollout worker 1 joined the fleet on 127.0.0.1" in capsys.readouterr().out
     assert pool.restarts == 0
+
+
+def test_an_engine_whose_host_is_lost_while_it_is_revived_leaves_once_and_its_prompts_go_to_the_survivors(fakes, capsys):
+    """A partition (tests/e2e/test_partition.py, a run of the suite on 2026-11-28): engine 1's call failed, then it answered as the same
+    process, and the re-sync its revival runs found its host marked dead after all: the update's own recovery took it
+    out of the fleet. The call that was being recovered must not send it its prompts again nor take it out twice
+    ("list.remove(x): x not in list" ended the run): its share goes to the survivor."""
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events)
+    engines[1].dead = True
+    original = rollout_pool.wait_for
+
+    def wait_for(ref, actor, what, timeout_s):
+        engine, _ = ref
+        if engine is engines[1] and engine.dead and what == "restarting" and not hosts.lost:
+            engine.dead = False  # answers again, same pid
+        return original(ref, actor, what, timeout_s)
+
+    def resync_finds_the_host_lost(w, new_process):
+        events.append(("answers again", w))
+        engines[w].dead, hosts.lost = True, {f"rollout worker {w}"}
+        pool.recover_all()  # what EngineWeights.update does when the transfer to it fails
+
+    rollout_pool.wait_for = wait_for
+    pool.on_restart = resync_finds_the_host_lost
+    try:
+        out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
+    finally:
+        rollout_pool.wait_for = original
+    assert [r.prompt for r in out] == [[0], [1], [2], [3]] and pool.live == [0]
+    assert events == [("answers again", 1)]
+    assert engines[0].served == [[0, 1], [2, 3]]  # its own share, then engine 1's, the same seeds
+    assert capsys.readouterr().out.count("rollout worker 1 left the fleet") == 1
+
+
+def test_an_engine_already_out_of_the_fleet_leaves_no_second_time(fakes, capsys):
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(3, hosts, 1, events)
+    pool.leave(2)
+    pool.leave(2)
+    assert pool.live == [0, 1] and capsys.readouterr().out.count("left the fleet") == 1
