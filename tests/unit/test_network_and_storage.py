@@ -9,7 +9,7 @@ import time
 import pytest
 
 from actors.runtime.sockets import PeerUnreachable, network_view, reach
-from cluster.bench.cross_host import two_nodes
+from cluster.bench.cross_host import table_rows, two_nodes
 from cluster.bench.report import resolve_setting
 from cluster.config import ConfigError, load_config
 from cluster.launch.ray_cluster import SOCKET_IFNAME_VARS, pin_network_interface, worker_runtime_env
@@ -121,3 +121,13 @@ def test_the_crosshost_bench_part_runs_only_when_named_and_says_it_needs_two_nod
 
     with pytest.raises(RuntimeError, match=r"needs a Ray cluster of two nodes or more .*this cluster has one \(10.0.0.1\)"):
         two_nodes(OneNode)
+
+
+def test_the_crosshost_ratio_says_when_both_hosts_share_one_kernel():
+    """Namespaces on one machine share its cores: the ratio's note says so, so nobody reads it as a link's figure."""
+    result = {"host_a": "host-a", "host_b": "host-b", "sync": {"seconds": 0.07, "bytes": 50 << 20, "transport": "gloo"},
+              "raw_broadcast": {"seconds": 0.035}, "vs_raw": 2.0, "cpus": [2, 2]}
+    shared = table_rows({"cross_host": {**result, "one_machine": True}})[-1]
+    assert shared == ("crosshost", "full update / raw broadcast", 2.0, "goal <= 1.4; both hosts on one kernel, 2 cores shared")
+    assert table_rows({"cross_host": {**result, "one_machine": False}})[-1][-1] == "goal <= 1.4"
+    assert table_rows({}) == []
