@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import statistics
 import time
 
@@ -45,7 +46,6 @@ def machine_of(ray, node: dict, timeout_s: float) -> dict:
     """The kernel a node runs on (its boot id) and the cores it sees: two "hosts" of one kernel (tests/hosts.py's
     namespaces) share their cores, so both ends of the broadcast and every step of an update compete for them."""
     def read() -> dict:
-        import os
         with open("/proc/sys/kernel/random/boot_id") as f:
             return {"boot_id": f.read().strip(), "cpus": len(os.sched_getaffinity(0))}
 
