@@ -81,6 +81,20 @@ def pool_of(n, hosts, min_live, events, node_wait_s=300.0, live=None):
                                 min_live=min_live, node_wait_s=node_wait_s, bundle={"CPU": 1}, live=live)
 
 
+def answer_when_restarting(monkeypatch, may=lambda engine: True) -> None:
+    """A dead engine asked how its restart goes answers again (as the same process unless its pid was changed),
+    where `may(engine)` says so."""
+    original = rollout_pool.wait_for
+
+    def wait_for(ref, actor, what, timeout_s):
+        engine, _ = ref
+        if engine.dead and what == "restarting" and may(engine):
+            engine.dead = False
+        return original(ref, actor, what, timeout_s)
+
+    monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+
+
 def test_an_engine_lost_with_its_host_leaves_and_its_prompts_go_to_the_survivors(fakes, capsys):
     hosts, events = Hosts(), []
     engines, pool = pool_of(2, hosts, 1, events)
@@ -118,23 +132,12 @@ def test_below_min_workers_the_pool_waits_for_room_then_fails_naming_what_is_mis
     assert "waiting for a node with room for rollout worker(s) 1 ({'CPU': 1} each): 1 of 2 engine(s) live" in said
 
 
-def test_a_crash_on_a_live_host_is_still_a_restart_in_place(fakes):
+def test_a_crash_on_a_live_host_is_still_a_restart_in_place(fakes, monkeypatch):
     hosts, events = Hosts(), []
     engines, pool = pool_of(2, hosts, 1, events)
     engines[0].dead, engines[0].pid = True, 777  # the call it is in fails; Ray restarts it as pid 777
-    original = rollout_pool.wait_for
-
-    def wait_for(ref, actor, what, timeout_s):
-        engine, _ = ref
-        if engine.dead and what == "restarting":
-            engine.dead = False
-        return original(ref, actor, what, timeout_s)
-
-    rollout_pool.wait_for = wait_for
-    try:
-        out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
-    finally:
-        rollout_pool.wait_for = original
+    answer_when_restarting(monkeypatch)
+    out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
     assert len(out) == 4 and events == [("restart", 0)] and pool.live == [0, 1] and pool.pids[0] == 777
     assert engines[0].served[-1] == [0, 1]  # its own share again, same seeds
     assert pool.restarts == 1
@@ -146,15 +149,7 @@ def test_a_call_lost_with_its_connection_is_not_counted_as_a_restart(fakes, monk
     hosts, events = Hosts(), []
     engines, pool = pool_of(2, hosts, 1, events)
     engines[0].dead = True
-    original = rollout_pool.wait_for
-
-    def wait_for(ref, actor, what, timeout_s):
-        engine, _ = ref
-        if engine.dead and what == "restarting":
-            engine.dead = False  # answers again, same pid
-        return original(ref, actor, what, timeout_s)
-
-    monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+    answer_when_restarting(monkeypatch)  # the same pid
     out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
     assert len(out) == 4 and events == [("answers again", 0)] and pool.live == [0, 1] and pool.pids[0] == 100
     assert engines[0].served[-1] == [0, 1] and pool.restarts == 0
@@ -176,33 +171,24 @@ def test_an_elastic_start_takes_an_engine_into_the_fleet_when_it_starts(fakes, c
     assert pool.restarts == 0
 
 
-def test_an_engine_whose_host_is_lost_while_it_is_revived_leaves_once_and_its_prompts_go_to_the_survivors(fakes, capsys):
-    """A partition (tests/e2e/test_partition.py, a run of the suite on 2026-11-28): engine 1's call failed, then it answered as the same
-    process, and the re-sync its revival runs found its host marked dead after all: the update's own recovery took it
-    out of the fleet. The call that was being recovered must not send it its prompts again nor take it out twice
+def test_an_engine_whose_host_is_lost_while_it_is_revived_leaves_once_and_its_prompts_go_to_the_survivors(
+        fakes, capsys, monkeypatch):
+    """A partition (tests/e2e/test_partition.py, a run of the suite on 2026-11-28): engine 1's call failed, then it
+    answered as the same process, and the re-sync its revival runs found its host marked dead after all: the update's
+    own recovery took it out of the fleet. The call that was being recovered must not send it its prompts again nor take it out twice
     ("list.remove(x): x not in list" ended the run): its share goes to the survivor."""
     hosts, events = Hosts(), []
     engines, pool = pool_of(2, hosts, 1, events)
     engines[1].dead = True
-    original = rollout_pool.wait_for
-
-    def wait_for(ref, actor, what, timeout_s):
-        engine, _ = ref
-        if engine is engines[1] and engine.dead and what == "restarting" and not hosts.lost:
-            engine.dead = False  # answers again, same pid
-        return original(ref, actor, what, timeout_s)
+    answer_when_restarting(monkeypatch, may=lambda engine: not hosts.lost)  # the same pid, until its host is found lost
 
     def resync_finds_the_host_lost(w, new_process):
         events.append(("answers again", w))
         engines[w].dead, hosts.lost = True, {f"rollout worker {w}"}
         pool.recover_all()  # what EngineWeights.update does when the transfer to it fails
 
-    rollout_pool.wait_for = wait_for
     pool.on_restart = resync_finds_the_host_lost
-    try:
-        out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
-    finally:
-        rollout_pool.wait_for = original
+    out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
     assert [r.prompt for r in out] == [[0], [1], [2], [3]] and pool.live == [0]
     assert events == [("answers again", 1)]
     assert engines[0].served == [[0, 1], [2, 3]]  # its own share, then engine 1's, the same seeds
