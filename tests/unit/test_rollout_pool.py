@@ -175,8 +175,8 @@ def test_an_engine_whose_host_is_lost_while_it_is_revived_leaves_once_and_its_pr
         fakes, capsys, monkeypatch):
     """A partition (tests/e2e/test_partition.py, a run of the suite on 2026-11-28): engine 1's call failed, then it
     answered as the same process, and the re-sync its revival runs found its host marked dead after all: the update's
-    own recovery took it out of the fleet. The call that was being recovered must not send it its prompts again nor take it out twice
-    ("list.remove(x): x not in list" ended the run): its share goes to the survivor."""
+    own recovery took it out of the fleet. The call that was being recovered must neither send it its prompts again
+    nor take it out twice ("list.remove(x): x not in list" ended the run): its share goes to the survivor."""
     hosts, events = Hosts(), []
     engines, pool = pool_of(2, hosts, 1, events)
     engines[1].dead = True
