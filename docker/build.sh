@@ -86,16 +86,7 @@ if [[ -n ${TORCH_INDEX_URL+set} ]]; then
     say "torch from ${TORCH_INDEX_URL:-$configured} (TORCH_INDEX_URL)"
 else
     index=$(arg_default TORCH_INDEX_URL)
-    if [[ -z $index ]] || python3 - "$index" "$ca" <<'EOF'
-import ssl, sys, urllib.request
-ctx = ssl.create_default_context(cafile=sys.argv[2] or None)
-try:
-    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=20, context=ctx)
-except Exception as e:
-    print(f"  ({sys.argv[1]}: {e})")
-    sys.exit(1)
-EOF
-    then
+    if [[ -z $index ]] || python3 docker/index_answers.py "$index" "$ca"; then
         say "torch from ${index:-$configured} (the Dockerfile's default)"
     elif [[ $kind == cpu ]]; then
         # the image's Python decides which wheel fits, not this machine's

@@ -22,17 +22,8 @@ ca_mount=""
 if [ -n "$ca" ]; then ca_mount="-v $(readlink -f "$ca"):/run/pip_ca.crt:ro"; fi
 ls "$wheelhouse"/torch-2.13.0*.whl >/dev/null 2>&1 && torch_index=skip
 # An index that does not answer would only show as pip's retries and "no matching distribution": say what to do.
-if [ -n "$torch_index" ] && [ "$torch_index" != skip ] && ! python3 - "$torch_index" "$ca" <<'EOF'
-import ssl, sys, urllib.request
-ctx = ssl.create_default_context(cafile=sys.argv[2] or None)
-try:
-    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=20, context=ctx)
-except Exception as e:
-    print(f"docker/wheelhouse.sh: the torch index {sys.argv[1]} does not answer ({e})", file=sys.stderr)
-    sys.exit(1)
-EOF
-then
-    echo "docker/wheelhouse.sh: put the torch==2.13.0 wheel for the base image's Python into $wheelhouse first" \
+if [ -n "$torch_index" ] && [ "$torch_index" != skip ] && ! python3 docker/index_answers.py "$torch_index" "$ca" >&2; then
+    echo "docker/wheelhouse.sh: the torch index does not answer; put the torch==2.13.0 wheel for the base image's Python into $wheelhouse first" \
          "(make docker-cpu puts the CPU wheel this machine's pip resolves there when the index does not answer)," \
          "or set TORCH_INDEX_URL (empty: pip's configured index)" >&2
     exit 1
