@@ -26,8 +26,6 @@ from actors.transport.client import OneTripRayClient
 TOL = 1e-4  # float32 on both sides
 
 
-
-
 @pytest.fixture(scope="module")
 def setup(ray_cluster, tiny_model_dir):
     import ray
