@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from actors.runtime.devices import resolve_dtype
 from actors.runtime.process_groups import listening_store
-from actors.runtime.sockets import interface_of, local_ip_towards, reach
+from actors.runtime.sockets import PortBoard, interface_of, local_ip_towards, reach
 from learner.config import LearnerConfig
 from learner.lora import apply_lora
 
@@ -118,34 +118,48 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
+def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int, timeout, *, port_key: str = "",
+                     board: PortBoard | None = None, connect_timeout_s: float | None = None, master_host: str = ""):
+    """This rank's end of the ranks' rendezvous store on `master_addr`. With `port_key` (what a run passes),
+    rank 0 listens on a port the OS picks in its own process and posts it on `board` (Ray's key-value store)
+    under that key, and the others read it there: nothing else on the node can take the port in between.
+    Without it (a test's own ranks), `master_port` as given; a lone rank listens on any free port."""
+    board = board or PortBoard()
+    if rank == 0:
+        store = listening_store(master_addr, 0 if port_key or world_size == 1 else master_port, timeout)
+        if port_key and world_size > 1:
+            board.publish(port_key, store.port)
+        return store
+    if port_key:
+        master_port = board.wait(port_key, timeout.total_seconds(), f"learner rank {rank}")
+    if connect_timeout_s is not None:
+        reach(master_addr, master_port, connect_timeout_s, f"learner rank {rank}",
+              f"learner rank 0's rendezvous{f' on {master_host}' if master_host else ''}")
+    return dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
+
+
 def init_process_group(on_gpu: bool, master_addr: str, master_port: int, rank: int, world_size: int,
-                       connect_timeout_s: float | None = None, master_host: str = "") -> None:
+                       connect_timeout_s: float | None = None, master_host: str = "", port_key: str = "") -> int:
     """The ranks' torch.distributed world, listening on `master_addr` only: rank 0 serves the
     rendezvous store there (torch's env:// store would listen on every interface), and gloo's
-    own sockets use the interface that holds this node's address on the way to it.
+    own sockets use the interface that holds this node's address on the way to it. Returns the store's port.
 
     Another rank first makes sure rank 0's host answers at `master_addr` (`connect_timeout_s`,
     ray.connect_timeout_s; None: no such check): torch's store would retry an unreachable address for its
     whole timeout (30 minutes) and then say only that it timed out. `master_host`: rank 0's hostname, for
-    the error."""
+    the error. `port_key`: rendezvous_store."""
     from deepspeed.constants import default_pg_timeout
 
     timeout = default_pg_timeout  # what deepspeed.init_distributed would use
-    if rank == 0:
-        # Alone, no peer needs the port the driver picked: any free one (another process may have taken that
-        # one since; it cost every actor a restart in a test run).
-        store = listening_store(master_addr, master_port if world_size > 1 else 0, timeout)
-    else:
-        if connect_timeout_s is not None:
-            reach(master_addr, master_port, connect_timeout_s, f"learner rank {rank}",
-                  f"learner rank 0's rendezvous{f' on {master_host}' if master_host else ''}")
-        store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
+    store = rendezvous_store(master_addr, master_port, rank, world_size, timeout, port_key=port_key,
+                             connect_timeout_s=connect_timeout_s, master_host=master_host)
     if not on_gpu and not os.environ.get("GLOO_SOCKET_IFNAME"):
         ifname = interface_of(local_ip_towards(master_addr))
         if ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = ifname
     dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
+    return store.port
 
 
 def seed_everything(seed: int) -> None:

@@ -56,12 +56,13 @@ class LearnerWorker:
     @starts_with_few_full_collections  # its imports: actors/runtime/start_up.py
     def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, *, rank: int, world_size: int,
                  master_addr: str, master_port: int, total_steps: int, seed: int, reference_on_learner: bool = False,
-                 master_host: str = "", connect_timeout_s: float | None = None):
+                 master_host: str = "", connect_timeout_s: float | None = None, port_key: str = ""):
         """`reference_on_learner`: this rank computes the reference log-probs of its shard itself
         (RunConfig.reference_on_learner): with LoRA from its base model, adapters off; else from a
         frozen copy of the starting model that it holds. `master_host`, `connect_timeout_s`: rank 0's
         hostname and how long another rank waits for rank 0's host to answer at `master_addr`
-        (rank_setup.init_process_group; a run passes ray.connect_timeout_s)."""
+        (rank_setup.init_process_group; a run passes ray.connect_timeout_s). `port_key`: where rank 0 posts the
+        port it bound and the others read it (rank_setup.rendezvous_store; a run passes it, `master_port` 0)."""
         skip_deepspeed_muon()  # before DeepSpeed asks whether the optimizer is Muon (rank_setup.py: why)
         import deepspeed
         from transformers import AutoModelForCausalLM
@@ -82,7 +83,9 @@ class LearnerWorker:
                           # Ray gives each rank its own device(s), so the rank is local rank 0 there.
                           LOCAL_RANK="0")
         self.pinned_ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")  # before init sets it from the route
-        init_process_group(self.on_gpu, master_addr, master_port, rank, world_size, connect_timeout_s, master_host)
+        master_port = init_process_group(self.on_gpu, master_addr, master_port, rank, world_size, connect_timeout_s,
+                                         master_host, port_key)
+        os.environ["MASTER_PORT"] = str(master_port)  # the port bound, where rank 0 picked it
         if not self.on_gpu:  # DeepSpeed compiles its shared-memory op here once: say so; a stale lock is an error
             check_shm_op_build(build_dir())
         # DeepSpeed adopts the group made above (it initializes torch.distributed only if nobody did)

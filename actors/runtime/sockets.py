@@ -15,10 +15,51 @@ import psutil
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS picks it; another process may take it before it is used)."""
+    """A TCP port free on `host` now (the OS picks it; another process may take it before it is used: never hand
+    it to another process to bind, PortBoard is the way)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+class PortBoard:
+    """Where learner rank 0 posts the rendezvous port it bound (port 0: the OS's pick, in its own process) and
+    the other ranks read it: no port is chosen in one process and bound in another, where anything on the node
+    could take it in between ("Address already in use" at a run's start, issue 59). Ray's key-value store (in
+    its GCS, which every process of the run reaches) holds it; `kv`: a dict-like stand-in for tests."""
+
+    NAMESPACE = "raygrpo"
+
+    def __init__(self, kv=None):
+        self.kv = kv
+
+    def publish(self, key: str, port: int) -> None:
+        if self.kv is not None:
+            self.kv[key] = port
+            return
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(key, str(port), overwrite=True, namespace=self.NAMESPACE)
+
+    def read(self, key: str) -> int | None:
+        if self.kv is not None:
+            return self.kv.get(key)
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        value = _internal_kv_get(key, namespace=self.NAMESPACE)
+        return int(value) if value else None
+
+    def wait(self, key: str, timeout_s: float, who: str) -> int:
+        """The port posted under `key`, polled every 0.1 s for at most `timeout_s`; then a TimeoutError naming
+        `who` waited for it."""
+        deadline = time.monotonic() + timeout_s
+        while (port := self.read(key)) is None:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{who} waited {timeout_s:.0f}s for learner rank 0 to post the port of its "
+                                   f"rendezvous ({key!r} in Ray's key-value store): rank 0 did not start; its log "
+                                   "says why")
+            time.sleep(0.1)
+        return port
 
 
 def local_ip_towards(address: str) -> str:

@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 from actors.runtime.process_groups import new_gloo_group
-from actors.runtime.sockets import free_port
 from actors.transport.registry import resolve_backend
 from cluster.bench.report import per_second, progress, ratio
 from cluster.driver.worker_groups import LearnerGroup
+from cluster.launch.placement import learner_port_key
 from learner.batch import TrainBatch
 from learner.worker import LearnerWorker
 
@@ -31,9 +31,9 @@ def fixed_batch(rollouts, pad_id: int, seed: int = 0, with_ref: bool = False):
 
 def start_learners(ray, model: str, lcfg, algo, ranks: int, timeout_s: float):
     """`ranks` LearnerWorker actors (the config `lcfg`), ready: parts 2, 4 and 6 train and sync with them."""
-    port, master = free_port(), ray.util.get_node_ip_address()
+    key, master = learner_port_key(), ray.util.get_node_ip_address()
     handles = [ray.remote(LearnerWorker).options(num_cpus=lcfg.num_cpus, num_gpus=lcfg.num_gpus, max_restarts=0)
-               .remote(model, lcfg, algo, rank=r, world_size=ranks, master_addr=master, master_port=port,
+               .remote(model, lcfg, algo, rank=r, world_size=ranks, master_addr=master, master_port=0, port_key=key,
                        total_steps=1000, seed=0) for r in range(ranks)]
     ray.get([h.info.remote() for h in handles], timeout=timeout_s)
     return handles

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from actors.rewards.model_actor import RewardModelActor
 from actors.rollout import RolloutWorker
-from actors.runtime.sockets import free_port
 from cluster.launch.hosts import node_table
 from cluster.launch.network import bundle_node, bundle_nodes
 from cluster.launch.shared_storage import check_shared_storage
@@ -43,13 +43,20 @@ class Actors:
     reward_models: dict = field(default_factory=dict)  # model:PATH entry -> its RewardModelActor
     reward_model_paths: dict = field(default_factory=dict)  # model:PATH entry -> its model directory
     placement_group: object | None = None
-    learner_port: int = 0
+    learner_port_key: str = ""  # where learner rank 0 posts its rendezvous port (learner_port_key)
     master_address: str = "127.0.0.1"  # where learner rank 0 listens (rendezvous, weight sender)
     master_hostname: str = ""
     learner_bundles: list = field(default_factory=list)  # the placement-group bundle of each learner rank
     learner_nodes: list = field(default_factory=list)  # the Ray node id each learner rank was placed on
     # An elastic start: the engines with no room at start (their handle None until start_waiting_rollouts)
     waiting_rollouts: list = field(default_factory=list)
+
+
+def learner_port_key() -> str:
+    """A fresh key under which a new set of learner ranks' rank 0 posts the rendezvous port it bound (the OS's
+    pick, in its own process) for the others (learner/rank_setup.py rendezvous_store). The driver picks no port:
+    one picked here and bound there seconds later could be taken in between ("Address already in use")."""
+    return f"learner-rendezvous-{uuid.uuid4().hex}"
 
 
 def resources(cpus: float, gpus: float) -> dict:
@@ -156,13 +163,13 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
     def at(i, restart_elsewhere: bool = True):
         return scheduling(pg, i, nodes[i], soft=restart_elsewhere)
 
-    out = Actors(placement_group=pg, learner_port=free_port(), master_address=master, master_hostname=master_host,
+    out = Actors(placement_group=pg, learner_port_key=learner_port_key(), master_address=master, master_hostname=master_host,
                  learner_nodes=[nodes[b] for b in learner_bundle], waiting_rollouts=list(range(engines, r.num_workers)))
     out.rollouts = [start_engine(cfg, i, at(rollout_bundle[i])) for i in range(engines)]
     out.learner_bundles = learner_bundle
     # Hard: rank 0's node is the address every peer was told (learner ranks are never restarted by Ray).
     out.learners = start_learners(cfg, [at(b, restart_elsewhere=False) for b in learner_bundle], master,
-                                  out.learner_port, master_host)
+                                  out.learner_port_key, master_host)
     if with_reference:
         out.reference = (
             ray.remote(ReferenceActor)
@@ -202,8 +209,9 @@ def start_waiting_rollouts(actors: Actors, cfg) -> None:
           "the fleet, with the current weights, when a node with room does", flush=True)
 
 
-def start_learners(cfg, where: list, master: str, port: int, master_host: str) -> list:
-    """A LearnerWorker per rank, `where[rank]` its scheduling strategy; rank 0 listens on `master`:`port`."""
+def start_learners(cfg, where: list, master: str, port_key: str, master_host: str) -> list:
+    """A LearnerWorker per rank, `where[rank]` its scheduling strategy; rank 0 listens on `master`, on a port it
+    posts under `port_key` (learner_port_key)."""
     import ray
 
     lrn = cfg.learner
@@ -213,7 +221,7 @@ def start_learners(cfg, where: list, master: str, port: int, master_host: str) -
     return [learner_cls
             .options(num_cpus=lrn.num_cpus, num_gpus=lrn.num_gpus, max_restarts=0, scheduling_strategy=where[rank])
             .remote(cfg.model.path, lrn, cfg.algo, rank=rank, world_size=lrn.num_ranks, master_addr=master,
-                    master_port=port, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
+                    master_port=0, port_key=port_key, total_steps=cfg.trainer.steps, seed=cfg.trainer.seed,
                     reference_on_learner=cfg.reference_on_learner(), master_host=master_host,
                     connect_timeout_s=cfg.ray.connect_timeout_s)
             for rank in range(lrn.num_ranks)]
@@ -246,9 +254,9 @@ def restart_learners(actors: Actors, cfg, hosts) -> None:
         table = node_table()
         actors.master_address = table[actors.learner_nodes[0]]["address"]
         actors.master_hostname = table[actors.learner_nodes[0]]["hostname"]
-    actors.learner_port = free_port()
+    actors.learner_port_key = learner_port_key()  # a fresh key: the old rank 0's post is stale
     where = [scheduling(pg, b, node, soft=False) for b, node in zip(actors.learner_bundles, actors.learner_nodes)]
-    actors.learners = start_learners(cfg, where, actors.master_address, actors.learner_port, actors.master_hostname)
+    actors.learners = start_learners(cfg, where, actors.master_address, actors.learner_port_key, actors.master_hostname)
 
 
 def nodes_with_room(nodes: list[str], need: dict, wait_s: float, hosts) -> list[str]:

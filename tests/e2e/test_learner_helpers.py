@@ -8,6 +8,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from cluster.launch.placement import learner_port_key
 from learner import grpo
 from learner.batch import TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
@@ -24,9 +25,10 @@ def start_ranks(ray, model_dir, cfg: LearnerConfig, algo: AlgoConfig, *, total_s
     """cfg.num_ranks LearnerWorker actors that form one DeepSpeed group (constructor finished).
     `lendable`: with the "lend" concurrency group, as cluster/launch/placement.py starts them in async on CPU."""
     actor = ray.remote(num_cpus=0.5, **({"concurrency_groups": {"lend": 1}} if lendable else {}))(LearnerWorker)
-    port = free_port()
+    # As a run does: rank 0 binds a port of its own and posts it (a port picked here was taken in between once)
+    key = learner_port_key()
     ranks = [actor.remote(str(model_dir), cfg, algo, rank=r, world_size=cfg.num_ranks, master_addr="127.0.0.1",
-                          master_port=port, total_steps=total_steps, seed=seed) for r in range(cfg.num_ranks)]
+                          master_port=0, port_key=key, total_steps=total_steps, seed=seed) for r in range(cfg.num_ranks)]
     ray.get([w.info.remote() for w in ranks])
     return ranks
 

@@ -1,15 +1,23 @@
 """A learner rank's torch.distributed world (learner/rank_setup.py), in this process: gloo on loopback."""
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import socket
 import subprocess
 import sys
+import threading
+import types
 from pathlib import Path
 
+import pytest
 import torch.distributed as dist
 
-from learner.rank_setup import init_process_group
+from actors.runtime.sockets import PortBoard
+from cluster.config import RunConfig
+from cluster.launch import placement
+from cluster.launch.placement import learner_port_key
+from learner.rank_setup import init_process_group, rendezvous_store
 
 
 def test_a_lone_rank_starts_even_when_the_port_the_driver_picked_was_taken_since(monkeypatch):
@@ -51,3 +59,55 @@ def test_a_learner_rank_answers_deepspeeds_is_it_muon_without_compiling_muon():
     out = subprocess.run([sys.executable, "-c", ASKS_IF_MUON.format(skip=skip)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-3:] == ["learner.rank_setup", "False", "False"]
+
+
+def test_ranks_meet_on_the_port_rank_0_bound_itself_though_the_one_passed_was_taken():
+    """Issue 59, item 10: the driver picked learner rank 0's port and rank 0 bound it seconds later, in another
+    process; `make test` died there with "Address already in use" when something took it in between. Now a run
+    passes a port key (cluster/launch/placement.py learner_port_key): rank 0 binds a port the OS picks in its own
+    process and posts it, and rank 1 reads it. Here the port passed is held by another socket all along."""
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    board, key, timeout = PortBoard(kv={}), learner_port_key(), datetime.timedelta(seconds=20)
+    stores = {}
+
+    def rank(r):
+        stores[r] = rendezvous_store("127.0.0.1", taken.getsockname()[1], r, 2, timeout, port_key=key, board=board)
+
+    try:
+        peer = threading.Thread(target=rank, args=(1,), daemon=True)
+        peer.start()  # rank 1 first: it waits for rank 0's post
+        rank(0)
+        peer.join(20)
+        assert board.read(key) == stores[0].port != taken.getsockname()[1]
+        stores[1].set("hello", "from rank 1")
+        assert stores[0].get("hello") == b"from rank 1"
+    finally:
+        taken.close()
+
+
+def test_a_rank_that_never_sees_rank_0s_port_says_whom_it_waited_for():
+    with pytest.raises(TimeoutError, match=r"learner rank 1 waited 0s for learner rank 0 to post the port"):
+        PortBoard(kv={}).wait("learner-rendezvous-x", 0.2, "learner rank 1")
+
+
+def test_a_run_passes_the_learner_ranks_no_port_only_a_key(monkeypatch):
+    """The driver's half of item 10: start_learners hands every rank master_port 0 and one port key."""
+    calls = []
+
+    class FakeActorClass:
+        def options(self, **_):
+            return self
+
+        def remote(self, *args, **kwargs):
+            calls.append(kwargs)
+
+    fake_ray = types.SimpleNamespace(remote=lambda *a, **k: FakeActorClass())
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    monkeypatch.setattr(placement, "lends_idle_cores", lambda cfg: False)
+    cfg = RunConfig()
+    cfg.learner.num_ranks = 2
+    placement.start_learners(cfg, [None, None], "127.0.0.1", "learner-rendezvous-k", "host")
+    assert [(c["master_port"], c["port_key"]) for c in calls] == [(0, "learner-rendezvous-k")] * 2
