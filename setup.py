@@ -49,6 +49,9 @@ setup(
         "math-verify[antlr4_13_2]==0.9.0",
         "peft==0.21.2",
         "pyyaml",
+        # the run-dir lock (cluster/run/rundir.py): SoftFileLease, its heartbeat and its owner record;
+        # torch, ray and huggingface-hub pull filelock in too, with lower bounds (3.x) below the 4.3 it was tested on
+        "filelock>=4.3,<5",
         "numpy",
         "tqdm",
         "matplotlib",

@@ -1,12 +1,12 @@
 """A run dir belongs to one run: claimed with a lock, checked against what is already there.
 
 `claim(cfg, overwrite)` runs before any actor starts and refuses, with a message saying what to do:
-- a run dir another live `raygrpo train` holds (lock file `raygrpo.lock`: host, pid and the process's
-  start time; a lock left by a dead process on this host is taken over, with a message, also when
-  its pid now belongs to another process (a restarted container gives the new run the same pid
-  and hostname); so is one from another host
-  (a shared filesystem) whose holder stopped touching it: a holder touches its lock every
-  `HEARTBEAT_S`, and a claimant watches the file's mtime, never its own clock, for `STALE_AFTER_S`);
+- a run dir another live `raygrpo train` holds (lock file `raygrpo.lock`, a `filelock.SoftFileLease`:
+  host, pid and the process's start; `raygrpo.lock.holder` beside it says since when and which command).
+  A lock left by a dead process on this host is taken over, with a message, also when its pid now
+  belongs to another process (a restarted container gives the new run the same pid and hostname); so is
+  one from another host (a shared filesystem) whose holder stopped touching it: a holder touches its
+  lock every `HEARTBEAT_S`, and a claimant watches the file, never comparing clocks, for `STALE_AFTER_S`;
 - a run dir whose saved config.yaml differs from this run's in anything but `trainer.steps`,
   `checkpoint.resume` and `trainer.run_dir` (continuing a run with other settings would mix two runs in
   one record; a run dir moved or copied elsewhere is still the same run);
@@ -22,19 +22,26 @@ import os
 import shutil
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import yaml
+from filelock import LeaseSettingsMismatch, OwnerRecord, SoftFileLease, Timeout
+
+# filelock writes its own host names into the lock (a container's pid namespace appended), and exports no
+# public way to get this host's: compared against to tell "gone from this host" from "another host".
+from filelock._identity import host_name
 
 from cluster.paths import absolute_paths
 from learner.checkpoint_manifest import list_checkpoints, verify
 
 LOCK = "raygrpo.lock"
+HOLDER = "raygrpo.lock.holder"  # since when and which command hold LOCK: for the message a second run gets
 HEARTBEAT_S = 10.0  # how often a holder touches its lock
 STALE_AFTER_S = 35.0  # a lock from another host untouched this long (watched, not compared with our clock) is stale
+# filelock takes over an unreadable lock (half written, or written by a raygrpo before filelock) once it has
+# seen it unchanged for 2 s (filelock._soft.MALFORMED_LOCK_AGE_THRESHOLD); a claimant waits that long and a little
+UNREADABLE_WAIT_S = 3.0
 # what may change between a run and its continuation in the same run dir; trainer.run_dir too: the dir
 # itself, moved or copied elsewhere, is still the same run
 CONTINUATION_KEYS = {"trainer.steps", "checkpoint.resume", "trainer.run_dir"}
@@ -45,101 +52,75 @@ class RunDirError(ValueError):
 
 
 class RunDirClaim:
-    """The lock on a run dir, held until `release()`."""
+    """The lock on a run dir, held until `release()`: a `filelock.SoftFileLease` on `LOCK`.
+
+    filelock writes the holder's host, pid and process start into the lock, takes over at once a lock
+    whose holder on this host is gone (a reused pid does not count: the start must match), and, for a
+    holder on another host (a shared filesystem), touches the lock every `HEARTBEAT_S` and lets a
+    claimant take it only once it has seen it untouched for `STALE_AFTER_S` on its own clock. What the
+    lock file cannot hold for the message (since when, which command) is written beside it, in `HOLDER`.
+    """
 
     def __init__(self, run_dir: Path):
-        self.run_dir, self.lock = run_dir, run_dir / LOCK
-        self.lock.parent.mkdir(parents=True, exist_ok=True)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid()),
-              "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv), "heartbeat_s": HEARTBEAT_S}
-        self._stop = threading.Event()
-        for _ in range(20):
-            try:
-                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._handle_held(me)
-                continue
-            with os.fdopen(fd, "w") as fh:
-                json.dump(me, fh)
-            threading.Thread(target=self._heartbeat, args=(me,), daemon=True, name="run-dir-lock-heartbeat").start()
-            return
-        raise RunDirError(f"could not take the lock {self.lock}: it keeps changing hands")
-
-    def _heartbeat(self, me: dict) -> None:
-        """Touch the lock while it is ours: what another host's claimant watches (`_watch`)."""
-        while not self._stop.wait(HEARTBEAT_S):
-            if _read_lock(self.lock) != me:
-                return
-            try:
-                os.utime(self.lock)
-            except OSError:
-                return
-
-    def _handle_held(self, me: dict) -> None:
-        holder = _read_lock(self.lock)
-        if holder is None:  # being written right now by another process, or an empty leftover
-            time.sleep(0.2)
-            holder = _read_lock(self.lock)
-            if holder is None:
-                if self.lock.exists() and time.time() - self.lock.stat().st_mtime > 5:
-                    print(f"taking over {self.lock}: unreadable lock file left by a crashed run", file=sys.stderr)
-                    self.lock.unlink(missing_ok=True)
-                return
-        if holder.get("host") == me["host"] and not _alive(holder.get("pid", -1), holder.get("started")):
-            self._take_over(holder, "is gone")
-            return
-        if holder.get("host") != me["host"] and "heartbeat_s" in holder:
-            verdict = self._watch(holder)
-            if verdict == "changed":  # released or taken meanwhile: try again
-                return
-            if verdict == "stale":
-                self._take_over(holder, f"has not touched it for {STALE_AFTER_S:.0f}s")
-                return
-        raise RunDirError(
-            f"run dir {self.run_dir} is in use by another run: pid {holder.get('pid')} on host {holder.get('host')} "
-            f"since {holder.get('since')} ({holder.get('command', '?')}). Wait for it to finish or stop it, or use "
-            f"another trainer.run_dir. If that process is really gone (another host), delete {self.lock}.")
-
-    def _take_over(self, holder: dict, why: str) -> None:
-        """Remove the lock `holder` left (the caller then claims it), saying so."""
-        print(f"taking over {self.lock}: its holder (pid {holder.get('pid')} on {holder.get('host')}, "
-              f"since {holder.get('since')}) {why}", file=sys.stderr)
-        if _read_lock(self.lock) == holder:  # not already taken over by someone else
-            self.lock.unlink(missing_ok=True)
-
-    def _watch(self, holder: dict) -> str:
-        """Whether another host's holder is alive: "alive" if it touches the lock within
-        STALE_AFTER_S, "stale" if the lock's mtime stays the same that long, "changed" if the lock
-        is released or replaced meanwhile. Only mtimes are compared, so clock skew between hosts
-        does not matter."""
-        print(f"{self.lock} is held by pid {holder.get('pid')} on {holder.get('host')}; watching it for "
-              f"{STALE_AFTER_S:.0f}s to see whether that run is alive (a live run touches it every "
-              f"{holder['heartbeat_s']}s)", file=sys.stderr)
+        self.run_dir, self.lock, self.about = run_dir, run_dir / LOCK, run_dir / HOLDER
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._lease = SoftFileLease(self.lock, lease_duration=STALE_AFTER_S, heartbeat_interval=HEARTBEAT_S)
+        existed, before, about = self.lock.exists(), self._lease.owner, _read_json(self.about)
         try:
-            first = self.lock.stat().st_mtime_ns
-        except FileNotFoundError:
-            return "changed"
-        deadline = time.monotonic() + STALE_AFTER_S
-        while time.monotonic() < deadline:
-            time.sleep(min(1.0, STALE_AFTER_S / 10))
-            try:
-                mtime = self.lock.stat().st_mtime_ns
-            except FileNotFoundError:
-                return "changed"
-            if _read_lock(self.lock) != holder:
-                return "changed"
-            if mtime != first:
-                return "alive"
-        return "stale"
+            self._lease.acquire(timeout=0)
+        except Timeout:
+            self._wait_for_a_stale_holder(about)
+        except LeaseSettingsMismatch as e:  # a raygrpo with other HEARTBEAT_S / STALE_AFTER_S holds it
+            raise RunDirError(f"run dir {run_dir} is locked by a raygrpo that judges its lock otherwise ({e}); "
+                              f"wait for that run to finish, or use another trainer.run_dir") from None
+        if existed:  # filelock took over a lock left behind: say whose
+            gone = "is gone" if before is None or before.hostname == host_name() else \
+                f"has not touched it for {STALE_AFTER_S:.0f}s"
+            print(f"taking over {self.lock}: its holder ({_describe(before, about)}) {gone}", file=sys.stderr)
+        self._me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "command": " ".join(sys.argv)}
+        self.about.write_text(json.dumps(self._me))
+
+    def _wait_for_a_stale_holder(self, about: dict | None) -> None:
+        """The lock is taken: wait as long as filelock needs to judge a holder that may be gone, else refuse.
+        A lease from another host is stale once untouched for STALE_AFTER_S; an unreadable lock (being
+        written, or one a raygrpo before filelock wrote) once unchanged for UNREADABLE_WAIT_S."""
+        holder = self._lease.owner
+        if holder is None:
+            wait = UNREADABLE_WAIT_S
+        elif holder.mode == "lease" and holder.hostname != host_name():
+            wait = STALE_AFTER_S + 1.0
+            print(f"{self.lock} is held by {_describe(holder, about)}; watching it for {STALE_AFTER_S:.0f}s to see "
+                  f"whether that run is alive (a live run touches it every {HEARTBEAT_S}s)", file=sys.stderr)
+        else:  # a live process on this host, or a holder on another host that promised no heartbeat
+            wait = 0.0
+        try:
+            self._lease.acquire(timeout=wait, poll_interval=min(0.5, STALE_AFTER_S / 10))
+        except Timeout:
+            holder = self._lease.owner
+            raise RunDirError(
+                f"run dir {self.run_dir} is in use by another run: {_describe(holder, _read_json(self.about))}. "
+                f"Wait for it to finish or stop it, or use another trainer.run_dir. If that process is really gone "
+                f"(another host), delete {self.lock}.") from None
 
     def release(self) -> None:
-        self._stop.set()
-        holder = _read_lock(self.lock)
-        if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
-            self.lock.unlink(missing_ok=True)
+        if self._lease.is_locked:
+            if _read_json(self.about) == self._me:
+                self.about.unlink(missing_ok=True)
+            self._lease.release()
 
 
-def _read_lock(path: Path) -> dict | None:
+def _describe(holder: OwnerRecord | None, about: dict | None) -> str:
+    """'pid P on host H since S (command)' for the message, from the lock and the HOLDER file beside it."""
+    if holder is None:
+        return "unknown: the lock is unreadable, left by a crashed run or a raygrpo before filelock"
+    if about and about.get("pid") == holder.pid:
+        return (f"pid {holder.pid} on host {about.get('host')} since {about.get('since')} "
+                f"({about.get('command', '?')})")
+    return f"pid {holder.pid} on host {holder.hostname}"
+
+
+def _read_json(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else None
@@ -147,37 +128,12 @@ def _read_lock(path: Path) -> dict | None:
         return None
 
 
-def _start_time(pid: int) -> float | None:
-    """When process `pid` started (seconds since the epoch, 10 ms ticks); None if it cannot be read."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _alive(pid, started: float | None = None) -> bool:
-    """Whether the process that wrote a lock on this host still runs: `pid` exists and, when the
-    lock recorded it (`started`; older locks did not), started at that time, so a reused pid does not count."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        pass
-    if isinstance(started, (int, float)):
-        now = _start_time(pid)
-        return now is None or abs(now - started) < 0.05  # unreadable: assume it is the holder
-    return True
-
-
 def claim(cfg, overwrite: bool = False) -> RunDirClaim:
     """Lock `cfg.trainer.run_dir` for this run and check that continuing in it loses nothing."""
     run_dir = Path(cfg.trainer.run_dir)
     lock = RunDirClaim(run_dir)
     try:
-        previous = [p for p in run_dir.iterdir() if p.name != LOCK]
+        previous = [p for p in run_dir.iterdir() if p.name not in (LOCK, HOLDER)]
         if overwrite and previous:
             aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             aside.mkdir(parents=True)

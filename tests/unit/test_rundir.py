@@ -1,6 +1,7 @@
 """A run dir belongs to one run (cluster/run/rundir.py): lock, config continuity, unusable checkpoints."""
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -9,13 +10,14 @@ import sys
 import threading
 import time
 
-import psutil
 import pytest
 import yaml
+from filelock import SoftFileLease
+from filelock._identity import host_name
 
 from cluster.config import load_config, save_config
 from cluster.run import rundir
-from cluster.run.rundir import LOCK, RunDirError, claim
+from cluster.run.rundir import HOLDER, LOCK, RunDirError, claim
 from learner.export import export_checkpoint
 
 
@@ -29,48 +31,85 @@ def cfg_for(tmp_path, *overrides):
     return load_config(None, [f"model.path={m}", f"trainer.run_dir={tmp_path / 'run'}", *overrides])
 
 
+def _holder_process(run_dir, then="import os; os._exit(0)"):
+    """Another `raygrpo train`'s claim: a process that takes the run dir's lock, says so, then runs `then`
+    (by default it dies without releasing it, as a SIGKILLed run does)."""
+    code = (f"import pathlib; from cluster.run.rundir import RunDirClaim; held = RunDirClaim(pathlib.Path({str(run_dir)!r})); "
+            f"print('held', flush=True); {then}")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _lease_marker(path, pid, host, *, mode="lease", start=None, duration=None):
+    """A lock as filelock writes it (protocol filelock/2), for a holder this test cannot start: another host's,
+    or this host's with another start."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["filelock/2", f"pid={pid}", f"host={host}", f"mode={mode}"]
+    if mode == "lease":
+        lines += ["token=" + "ab" * 16, f"duration={duration if duration is not None else rundir.STALE_AFTER_S!r}"]
+    if start is not None:
+        lines.append(f"start={start}")
+    path.write_text("".join(f"{line}\n" for line in lines))
+
+
 def test_a_live_holder_refuses_a_second_run_and_a_dead_one_is_taken_over(tmp_path, capsys):
     cfg = cfg_for(tmp_path)
     first = claim(cfg)
-    with pytest.raises(RunDirError, match=f"in use by another run: pid {__import__('os').getpid()}"):
+    with pytest.raises(RunDirError, match=f"in use by another run: pid {os.getpid()} on host {socket.gethostname()} since "):
         claim(cfg)
     first.release()
-    assert not (tmp_path / "run" / LOCK).exists()
-    # a lock left behind by a process that died (SIGKILL): taken over with a message
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / "run" / LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout)}))
+    assert not (tmp_path / "run" / LOCK).exists() and not (tmp_path / "run" / HOLDER).exists()
+    # a lock left behind by a process that died holding it (os._exit: no release, as after SIGKILL):
+    # taken over at once, with a message naming it
+    dead = _holder_process(tmp_path / "run")
+    dead.wait()
+    assert (tmp_path / "run" / LOCK).exists()
+    t0 = time.monotonic()
     claim(cfg).release()
-    assert f"its holder (pid {int(dead.stdout)}" in capsys.readouterr().err
+    assert time.monotonic() - t0 < rundir.UNREADABLE_WAIT_S  # judged by its pid, not waited out
+    assert f"its holder (pid {dead.pid} on host {socket.gethostname()} since " in capsys.readouterr().err
 
 
 def test_a_lock_whose_pid_now_belongs_to_another_process_is_taken_over(tmp_path, capsys):
     """A restarted container runs the new `raygrpo train` with the old one's hostname and, often, pid:
-    the lock records the holder's start time, so a pid now held by another process is not the holder."""
+    the lock records the holder's start, so a pid now held by another process is not the holder."""
     cfg = cfg_for(tmp_path)
     lock = tmp_path / "run" / LOCK
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    me = psutil.Process().create_time()
-    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": me - 120.0}))
-    claim(cfg).release()  # our own pid, but we started later: the holder was a previous incarnation
+    _lease_marker(lock, os.getpid(), host_name(), start=1)
+    claim(cfg).release()  # our own pid, but another start: the holder was a previous incarnation
     assert f"its holder (pid {os.getpid()}" in capsys.readouterr().err
 
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = _holder_process(tmp_path / "run", then="import time; time.sleep(60)")
     try:
-        started = psutil.Process(other.pid).create_time()
-        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": started}))
         with pytest.raises(RunDirError, match=f"in use by another run: pid {other.pid}"):
             claim(cfg)  # that process is the holder
-        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid, "started": started - 3600}))
+        marker = lock.read_text()
+        lock.write_text(re.sub(r"start=\d+", "start=1", marker))
         claim(cfg).release()  # that pid, but another process
-        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid}))
+        lock.write_text(re.sub(r"start=\d+\n", "", marker))
         with pytest.raises(RunDirError, match="in use by another run"):
-            claim(cfg)  # a lock of an older raygrpo (no start time): a live pid is the holder, as before
+            claim(cfg)  # a lock with no start recorded: a live pid is the holder
     finally:
         other.kill()
         other.wait()
-    held = claim(cfg)  # and the lock a claim writes carries its start time
-    assert json.loads(lock.read_text())["started"] == me
+    held = claim(cfg)  # and the lock a claim writes carries its start
+    assert SoftFileLease(lock).owner.start is not None
     held.release()
+
+
+def test_an_unreadable_lock_left_by_a_crashed_run_is_taken_over_once_it_stays_unchanged(tmp_path, capsys):
+    """A lock half written when its run died, or the JSON lock a raygrpo before filelock wrote: nobody can say
+    whose it is, so it is taken over once it has not changed for UNREADABLE_WAIT_S, with a message."""
+    cfg = cfg_for(tmp_path)
+    lock = tmp_path / "run" / LOCK
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 1, "since": "2026-11-22 10:00:00"}))
+    t0 = time.monotonic()
+    claim(cfg).release()
+    assert time.monotonic() - t0 > 1.0  # watched, not taken at first sight (it may be being written)
+    err = capsys.readouterr().err
+    assert f"taking over {lock}" in err and "the lock is unreadable" in err
 
 
 def test_a_different_config_is_refused_unless_overwrite_which_moves_the_old_run_aside(tmp_path, capsys):
@@ -113,32 +152,32 @@ def test_export_refuses_a_non_empty_target(tmp_path):
     assert (out / "model.safetensors").read_text() == "someone's model"
 
 
-def _foreign_lock(path, **extra):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    holder = {"host": "another-host.example", "pid": 4242, "since": "2026-11-22 10:00:00", "command": "raygrpo train",
-              **extra}
-    path.write_text(json.dumps(holder))
-    return holder
+def _foreign_lock(run_dir, *, mode="lease", duration=None):
+    """The lock of a run on another host sharing this filesystem, with the note beside it that run wrote."""
+    _lease_marker(run_dir / LOCK, 4242, "another-host.example", mode=mode, duration=duration)
+    (run_dir / HOLDER).write_text(json.dumps({"host": "another-host.example", "pid": 4242, "since": "2026-11-22 10:00:00",
+                                              "command": "raygrpo train"}))
 
 
 def test_a_live_claim_touches_its_lock_until_released(tmp_path, monkeypatch):
     monkeypatch.setattr(rundir, "HEARTBEAT_S", 0.05)
     lock = claim(cfg_for(tmp_path))
     path = tmp_path / "run" / LOCK
-    assert json.loads(path.read_text())["heartbeat_s"] == 0.05
+    assert json.loads((tmp_path / "run" / HOLDER).read_text())["pid"] == os.getpid()
     os.utime(path, (1_000_000, 1_000_000))  # long ago
     time.sleep(0.5)
     assert path.stat().st_mtime > 1_000_000  # the heartbeat touched it
     lock.release()
-    assert not path.exists()
+    assert not path.exists() and not (tmp_path / "run" / HOLDER).exists()
 
 
 def test_a_lock_from_another_host_is_taken_over_only_when_its_heartbeat_stopped(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(rundir, "STALE_AFTER_S", 0.6)
+    monkeypatch.setattr(rundir, "HEARTBEAT_S", 0.2)  # filelock wants it below STALE_AFTER_S
     cfg = cfg_for(tmp_path)
     path = tmp_path / "run" / LOCK
     # Alive on another host: its heartbeat keeps touching the lock, so the claim is refused.
-    _foreign_lock(path, heartbeat_s=0.05)
+    _foreign_lock(tmp_path / "run", duration=0.6)
     stop = threading.Event()
 
     def beat():
@@ -148,18 +187,18 @@ def test_a_lock_from_another_host_is_taken_over_only_when_its_heartbeat_stopped(
     beater = threading.Thread(target=beat)
     beater.start()
     try:
-        with pytest.raises(RunDirError, match="in use by another run: pid 4242 on host another-host.example"):
+        with pytest.raises(RunDirError, match="in use by another run: pid 4242 on host another-host.example since 2026-11-22"):
             claim(cfg)
     finally:
         stop.set()
         beater.join()
-    assert json.loads(path.read_text())["host"] == "another-host.example"  # left alone
+    assert SoftFileLease(path).owner.hostname == "another-host.example"  # left alone
     # Its heartbeat stopped (the run died): taken over after watching it, with a message.
     claim(cfg).release()
     err = capsys.readouterr().err
     assert "watching it for" in err and "has not touched it for" in err
-    # A holder that declares no heartbeat (an older raygrpo) is never judged by one: refused as before.
-    _foreign_lock(path)
+    # A holder that promises no heartbeat (an exclusive lock, not a lease) is never judged by one: refused.
+    _foreign_lock(tmp_path / "run", mode="exclusive")
     with pytest.raises(RunDirError, match="delete"):
         claim(cfg)
 
