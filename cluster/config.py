@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -25,6 +25,7 @@ from actors.runtime.checks import at_least
 from cluster.config_names import unknown_key_problems
 from cluster.data.files import path_problem, split_paths
 from cluster.data.model_check import model_problems, weight_problems
+from cluster.launch.gpu_layout import gpu_layout_problems
 from cluster.paths import absolute_paths
 from learner.config import AlgoConfig, CheckpointConfig, LearnerConfig, ReferenceConfig
 
@@ -91,7 +92,9 @@ class TrainerConfig:
     max_staleness: int = 1
     # pipeline: groups in flight over all engines (submitted, or back and not yet trained on): how far the
     # engines may run ahead of the learner; 0: max_staleness x prompts_per_step (more would be generated only
-    # to be dropped as stale once the engines keep up: cluster/driver/pipeline.py)
+    # to be dropped as stale once the engines keep up: cluster/driver/pipeline.py), at most
+    # PIPELINE_STEPS_AHEAD x prompts_per_step whatever max_staleness is (issue 59: a bound of 10^9 versions
+    # took 10^9 prompts from the stream and the driver's memory grew 25 MB/s)
     pipeline_groups_in_flight: int = 0
     seed: int = 0
     run_dir: str = "runs/raygrpo"
@@ -116,6 +119,13 @@ class TrainerConfig:
     logprob_diff_warn: float = 0.05  # mean |learner - vLLM| log-prob of the sampled tokens (fresh batches): warn above
     logprob_diff_ceiling: float = 1.0  # ... and count as unhealthy above this
 
+    # What a default in-flight bound resolves to at most (steps of prompts ahead), what an explicit one may be
+    # at most, and the largest max_staleness taken: past these numbers a bound is no bound (the engines never
+    # run that far ahead), and such a value is a typo or a way to say "never drop", which trainer.steps says.
+    PIPELINE_STEPS_AHEAD: ClassVar[int] = 8
+    PIPELINE_MAX_STEPS_AHEAD: ClassVar[int] = 64
+    MAX_STALENESS: ClassVar[int] = 1000
+
     def problems(self) -> list[str]:
         p = []
         if not self.run_dir.strip():
@@ -138,6 +148,15 @@ class TrainerConfig:
             p.append(f"trainer.mode must be sync|async|pipeline, got {self.mode!r}")
         at_least(p, "trainer.pipeline_groups_in_flight", self.pipeline_groups_in_flight, 0, " (0: max_staleness x prompts_per_step)")
         at_least(p, "trainer.max_staleness", self.max_staleness, 0)
+        if self.max_staleness > self.MAX_STALENESS:
+            p.append(f"trainer.max_staleness={self.max_staleness} is above {self.MAX_STALENESS}: a bound that large is none "
+                     "(the engines never run that far ahead); to train on every group whatever its age, set "
+                     f"trainer.max_staleness to trainer.steps ({self.steps}) or to at most {self.MAX_STALENESS}")
+        most = self.PIPELINE_MAX_STEPS_AHEAD * self.prompts_per_step
+        if self.pipeline_groups_in_flight > most:
+            p.append(f"trainer.pipeline_groups_in_flight={self.pipeline_groups_in_flight} is above "
+                     f"{self.PIPELINE_MAX_STEPS_AHEAD} x trainer.prompts_per_step = {most}: the engines would run that many "
+                     "steps ahead and their groups go stale; lower it (0: max_staleness x prompts_per_step)")
         if self.actor_timeout_s <= 0:
             p.append(f"trainer.actor_timeout_s must be > 0, got {self.actor_timeout_s}")
         return p
@@ -236,6 +255,7 @@ class RunConfig:
             p.append(f"trainer.prompts_per_step ({t.prompts_per_step}) < rollout.num_workers ({r.num_workers}): some engines would idle")
         if r.tensor_parallel_size > 1 and r.num_gpus == 0:
             p.append("rollout.tensor_parallel_size > 1 needs GPUs (set rollout.num_gpus); on CPU use 1")
+        p += gpu_layout_problems(self)  # layouts NCCL, vLLM or Ray refuse at start (cluster/launch/gpu_layout.py)
         if self.algo.ratio_level == "sequence" and self.algo.clip_high > 0.01:
             p.append(
                 f"algo.ratio_level=sequence (GSPO) with clip_high={self.algo.clip_high}: GSPO's sequence ratios need "
