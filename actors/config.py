@@ -173,6 +173,18 @@ class RewardConfig:
     # the private key in http_client_key (or in this same file). Read by the driver, relative to where it runs.
     http_client_cert: str = ""
     http_client_key: str = ""
+    # code_tests (actors/rewards/code.py): programs run against the row's tests in a sandbox (actors/runtime/sandbox/)
+    code_format: str = "auto"  # humaneval | mbpp | auto (read per row from its columns: test_list -> mbpp)
+    code_tests_key: str = ""  # the tests column; "": `test` (humaneval), `test_list` (mbpp)
+    code_entry_point_key: str = "entry_point"  # humaneval: the column naming the function under test
+    code_score: str = "fraction"  # fraction of the tests passed | all (1.0 only if every test passed)
+    # strict: fresh user/network/mount/pid namespaces, a built root, no capabilities (probed at start; refused
+    # where the machine cannot give it) | process: the weaker level, a process group with rlimits only
+    code_sandbox: str = "strict"
+    code_timeout_s: float = 10.0  # wall clock for one program's tests together; then its sandbox is killed
+    code_workers: int = 2  # programs run at once
+    code_memory_mb: int = 512  # address space of a test's process (and the size of its writable /tmp)
+    code_max_output_kb: int = 1024  # stdout + stderr of one test; past it the test is output_limit
 
     def problems(self) -> list[str]:
         p = []
@@ -203,7 +215,23 @@ class RewardConfig:
         at_least(p, "reward.http_concurrency", self.http_concurrency, 1)
         if not self.http_max_response_mb > 0:
             p.append(f"reward.http_max_response_mb must be > 0, got {self.http_max_response_mb}")
+        p += self._code_problems()
         if self.http_client_key and not self.http_client_cert:
             p.append(f"reward.http_client_key is set ({self.http_client_key!r}) but reward.http_client_cert is not: "
                      "set the client certificate it belongs to")
+        return p
+
+    def _code_problems(self) -> list[str]:
+        p = []
+        for key, allowed in (("code_format", ("auto", "humaneval", "mbpp")), ("code_score", ("fraction", "all")),
+                             ("code_sandbox", ("strict", "process"))):
+            if getattr(self, key) not in allowed:
+                p.append(f"reward.{key} must be {'|'.join(allowed)}, got {getattr(self, key)!r}")
+        if self.code_timeout_s <= 0:
+            p.append(f"reward.code_timeout_s must be > 0, got {self.code_timeout_s}")
+        at_least(p, "reward.code_workers", self.code_workers, 1)
+        at_least(p, "reward.code_memory_mb", self.code_memory_mb, 64, " (the interpreter itself needs ~30 MB)")
+        at_least(p, "reward.code_max_output_kb", self.code_max_output_kb, 1)
+        if not self.code_entry_point_key:
+            p.append("reward.code_entry_point_key is empty: name the entry point column (humaneval)")
         return p

@@ -86,6 +86,7 @@ class Tally:
         self.values = {s: [NAN] * n for s in specs}
         self.stats = {s: FunctionStats() for s in specs}
         self.errors: list[str] = []
+        self.tests: list[list[dict] | None] = [None] * n  # per sample, a code reward's per-test outcomes
         self.names = names
         self.t0 = time.monotonic()
 

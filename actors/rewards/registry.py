@@ -5,6 +5,7 @@
     model:PATH                     a reward model: a HF AutoModelForSequenceClassification directory
                                    with one label, scored by a RewardModelActor     model.py
     http://... or https://...      a remote verifier                               http.py
+    code_tests                     programs run against the row's tests, sandboxed  code.py
 
 Adding a kind: one module with a `RewardKind` (base.py) and one line in KINDS. The scorer
 (scorer.py), the config check, the metric names and the driver (which actors to start) all ask
@@ -20,6 +21,7 @@ Light on purpose (no torch, no Ray): the driver checks a config before anything 
 from __future__ import annotations
 
 from actors.rewards.base import RewardKind, safe_name
+from actors.rewards.code import CodeKind
 from actors.rewards.http import HttpKind
 from actors.rewards.model import ModelKind
 from actors.rewards.python import PythonKind
@@ -28,7 +30,7 @@ from actors.rewards.python import PythonKind
 # model, not user code). And a batch is sent to the kinds in this order, then waited for in it: the
 # verifiers and reward models get their work first, then the Python functions are scored on the caller's
 # thread and processes while the others work (python last).
-KINDS: dict[str, RewardKind] = {k.name: k for k in (HttpKind(), ModelKind(), PythonKind())}
+KINDS: dict[str, RewardKind] = {k.name: k for k in (HttpKind(), ModelKind(), CodeKind(), PythonKind())}
 
 
 def kind_for(spec: str) -> RewardKind | None:

@@ -85,6 +85,8 @@ class RewardResult:
     functions: dict[str, FunctionStats] = field(default_factory=dict)  # name -> this batch's stats
     unscorable: int = 0  # samples left out of their group and of the loss
     failed: list[bool] = field(default_factory=list)  # per sample: it got reward.fallback (see combine)
+    # per sample: a code reward's tests, [{"test", "outcome", "detail"}] (actors/rewards/code.py); None: no code reward
+    tests: list = field(default_factory=list)
 
 
 def combine(values: dict[str, list], weights: dict[str, float], env_rewards: list[float], fallback: float,
@@ -218,8 +220,8 @@ class RewardScorer:
             self.runners[kind.name] = kind.start([], self.cfg)
         return self.runners[kind.name]
 
-    def _values(self, specs: list[str], batch: Batch):
-        """({spec: per sample float | None | NaN}, {spec: FunctionStats}, error messages)."""
+    def _values(self, specs: list[str], batch: Batch) -> Tally:
+        """The Tally: per spec and sample float | None | NaN, per spec its FunctionStats, the error messages."""
         tally = Tally(specs, len(batch), self.names)
         kinds = {s: self.kinds.get(s) or kind_for(s) for s in specs}
         notes = {s: note for s in specs if (note := kinds[s].timeout_setting(s, self.cfg)) is not None}
@@ -236,7 +238,7 @@ class RewardScorer:
             st.values = [v for v in values if v is not None and not is_error(v)]
             st.unscorable = sum(v is None for v in values)
             st.errors = sum(is_error(v) for v in values)
-        return tally.values, tally.stats, tally.errors
+        return tally
 
     # ------------------------------------------------------------------ the public calls
     def score(self, prompts: list, completions: list, examples: list[dict], max_new_tokens: int | None = None,
@@ -248,7 +250,8 @@ class RewardScorer:
             raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions, {len(examples)} examples")
         t0 = time.perf_counter()
         texts, ids, fields, env_rewards = self._samples(completions, examples, max_new_tokens)
-        values, stats, errors = self._values(self.specs, Batch(prompts, texts, ids, fields))
+        tally = self._values(self.specs, Batch(prompts, texts, ids, fields))
+        values, stats, errors = tally.values, tally.stats, tally.errors
         rewards, unscorable, failed = combine(values, self.weights, env_rewards, self.cfg.fallback, group_size or 1)
         for spec in self.specs:  # said when it happens, per function, not only counted: how many and its first error
             bad = [i for i, v in enumerate(values[spec]) if is_error(v)]
@@ -260,7 +263,7 @@ class RewardScorer:
                 print(f"reward: {self.names[spec]} failed {len(bad)} of {len(texts)} sample(s) ({'; '.join(what)}), "
                       f"first: {stats[spec].first_error}", file=sys.stderr, flush=True)
         return RewardResult(rewards, len(errors), errors[:MAX_ERROR_SAMPLES], time.perf_counter() - t0, values,
-                            {self.names[s]: stats[s] for s in self.specs}, sum(unscorable), failed)
+                            {self.names[s]: stats[s] for s in self.specs}, sum(unscorable), failed, tally.tests)
 
     def judge(self, prompts: list, completions: list, examples: list[dict]) -> list[bool]:
         """Is each completion correct? The verdict (1.0) of the first answer checker among the configured
@@ -272,7 +275,7 @@ class RewardScorer:
         if checker is None:
             return [r > 0 for r in self.score(prompts, completions, examples).rewards]  # NaN > 0 is False
         texts, ids, fields, _ = self._samples(completions, examples, None)
-        values, _, _ = self._values([checker], Batch(prompts, texts, ids, fields))
+        values = self._values([checker], Batch(prompts, texts, ids, fields)).values
         return [v == 1.0 for v in values[checker]]
 
     def close(self) -> None:
