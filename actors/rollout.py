@@ -30,6 +30,7 @@ from actors.multiturn.trajectories import ChatTokens, run_trajectories
 from actors.pipeline import EngineLoop
 from actors.runtime.devices import eager_cpu_engine_env, on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.sockets import network_view
+from actors.runtime.start_ledger import ENGINE, record_start
 from actors.runtime.start_up import starts_with_few_full_collections
 from actors.runtime.threads import node_cores, use_threads
 from actors.transport.base import LAST_UPDATE_PARTS
@@ -53,6 +54,7 @@ class RolloutWorker:
         problems = cfg.problems()
         if problems:
             raise ValueError("invalid RolloutConfig: " + "; ".join(problems))
+        record_start(ENGINE, worker_index=worker_index)  # the test suite's cost file; a no-op in a user's run
         self.cfg = cfg
         self.worker_index = worker_index
         self.model_path = str(model_path)

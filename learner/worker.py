@@ -24,6 +24,7 @@ import torch
 
 from actors.runtime.devices import on_gpu, resolve_dtype
 from actors.runtime.sockets import network_view
+from actors.runtime.start_ledger import LEARNER_GROUP, record_start
 from actors.runtime.start_up import starts_with_few_full_collections
 from actors.runtime.threads import node_cores, use_threads
 from learner import checkpoint, grpo
@@ -63,6 +64,8 @@ class LearnerWorker:
         hostname and how long another rank waits for rank 0's host to answer at `master_addr`
         (rank_setup.init_process_group; a run passes ray.connect_timeout_s). `port_key`: where rank 0 posts the
         port it bound and the others read it (rank_setup.rendezvous_store; a run passes it, `master_port` 0)."""
+        if rank == 0:  # one line per group started (the test suite's cost file; a no-op in a user's run)
+            record_start(LEARNER_GROUP, world_size=world_size)
         skip_deepspeed_muon()  # before DeepSpeed asks whether the optimizer is Muon (rank_setup.py: why)
         import deepspeed
         from transformers import AutoModelForCausalLM

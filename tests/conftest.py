@@ -21,6 +21,9 @@ from cluster.models.tinychat import TinyChatSpec, build_tiny_chat_model  # noqa:
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
 from cluster.models.tinyreward import RewardModelSpec, build_reward_model  # noqa: E402
 
+# `--suite-costs=PATH` (make test): each test's seconds and the engines, learner groups and Ray clusters it started
+pytest_plugins = ["suite_costs"]
+
 # Built once per machine and reused across sessions (the builder is deterministic and caches).
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
 

@@ -7,6 +7,7 @@ import time
 
 import psutil
 
+from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
 
 # Set in every Ray worker process. No hub access anywhere; keep tokenizers single-threaded so
@@ -88,6 +89,7 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
     start_with_retries(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                                         runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True),
                        cleanup)
+    record_start(RAY_CLUSTER, how="embedded")  # the test suite's cost file; a no-op in a user's run
 
 
 def child_pids() -> set[int]:
