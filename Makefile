@@ -38,13 +38,16 @@ demo: install
 # the files with the most tests first): the slowest e2e files first (tests/conftest.py).
 # The unit tier runs in pytest processes of its own, first: e2e tests run training in the test
 # process, and a worker that had run them broke the unit tests' output capture (capsys) after them.
-# Both tiers run, whatever the first gives; the target fails if either failed. The e2e tier keeps every
-# test's duration in .cache/tests/e2e-junit.xml (the console shows the slowest 15): where its time goes.
+# Both tiers run, whatever the first gives; the target fails if either failed. Each tier writes its section
+# of .cache/tests/suite-costs.json: every test's seconds and the vLLM engines, learner groups and Ray clusters
+# it started (tests/suite_costs.py), with the heaviest tests in suite-costs.txt beside it (the console shows
+# the top 10); the e2e tier also keeps its JUnit report in .cache/tests/e2e-junit.xml.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+COSTS := --suite-costs=.cache/tests/suite-costs.json
 test: install lint
-	$(PY) -m pytest $(XDIST) tests/unit; unit=$$?; \
-	$(PY) -m pytest $(XDIST) --junitxml=.cache/tests/e2e-junit.xml tests/e2e tests/docker; e2e=$$?; \
+	$(PY) -m pytest $(XDIST) $(COSTS) --suite-costs-tier=unit tests/unit; unit=$$?; \
+	$(PY) -m pytest $(XDIST) $(COSTS) --suite-costs-tier=e2e --junitxml=.cache/tests/e2e-junit.xml tests/e2e tests/docker; e2e=$$?; \
 	echo "make test: unit tier exit $$unit, e2e tier exit $$e2e"; test $$unit = 0 -a $$e2e = 0
 
 test-unit: install

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.launch.ray_cluster import NODE_START_ENV
 
 BIN = Path(sys.executable).parent
@@ -218,6 +219,7 @@ def ray_head(host: Host, temp_dir: str, log, num_cpus: int = 3) -> None:
     ray_start(host, ["--head", f"--port={GCS_PORT}", f"--dashboard-host={host.address}",
                      f"--dashboard-port={DASHBOARD_PORT}", "--include-dashboard=true", f"--num-cpus={num_cpus}"],
               temp_dir, log, USER_ENV)
+    record_start(RAY_CLUSTER, how=f"ray start --head on {host.hostname}")  # the suite's cost file
 
 
 def ray_worker(host: Host, head: Host, temp_dir: str, log, num_cpus: int = 3) -> None:

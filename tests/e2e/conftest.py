@@ -7,6 +7,7 @@ import torch
 from filelock import FileLock
 from finished_run import finish_a_run, once_for_the_session
 
+from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.launch.ray_cluster import worker_runtime_env
 from learner.op_build import build_dir, check_shm_op_build, environment_ninja
 
@@ -67,6 +68,7 @@ def ray_cluster():
     # system config here, so that no variable reaches the CLI runs this process starts)
     ray.init(num_cpus=8, include_dashboard=False, runtime_env=worker_runtime_env(), log_to_driver=True,
              _system_config={"prestart_worker_first_driver": False})
+    record_start(RAY_CLUSTER, how="the e2e session's cluster")  # the suite's cost file (tests/suite_costs.py)
     yield ray
     ray.shutdown()
 

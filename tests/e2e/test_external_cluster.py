@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from actors.runtime.sockets import free_port
+from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.launch.ray_cluster import NODE_START_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +99,7 @@ def hand_started_head(ports_given: dict | None = None):
                 if proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"ray start --head did not come up: {(Path(temp_dir) / 'head.log').read_text()}") from None
                 time.sleep(2)
+        record_start(RAY_CLUSTER, how="hand-started head")  # the suite's cost file (tests/suite_costs.py)
         yield f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}"
     finally:
         # SIGTERM lets the head drain; then whatever is left of its process group goes

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from actors.runtime.sockets import free_port
+from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,6 +154,7 @@ def run_sbatch(slurm_cluster, args: list[str], head_args: str = "", timeout_s: f
          f"--output={d}/job.out", f"--chdir={ROOT}", f"--export=ALL,RAYGRPO_VENV={Path(sys.executable).parents[1]}",
          "docker/slurm.sbatch", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert submit.returncode == 0, submit.stderr
+    record_start(RAY_CLUSTER, how="docker/slurm.sbatch")  # the job starts a head (the suite's cost file)
     job = submit.stdout.strip().split(";")[0]
     t0, state = time.time(), ""
     try:
