@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from cluster.driver.worker_groups import RolloutPool
 
 POLL_S = 0.02  # between two polls of the engines when none had anything
+WAITING_LINE_S = 30.0  # next_batch says what it waits for (each engine's groups and its last answer) this often
+STOP_JOIN_S = 5.0  # at most this for the feeder's threads to end (daemons: one in a call to a hung engine is left)
+WAITING_LINE_S = 30.0  # next_batch says what it waits for (each engine's groups and its last answer) this often
+STOP_JOIN_S = 5.0  # at most this for the feeder's threads to end (daemons: one in a call to a hung engine is left)
 
 
 def in_flight_bound(t) -> int:
@@ -54,8 +58,10 @@ def in_flight_bound(t) -> int:
     prompts_per_step of them are ahead in the queue. With a bigger bound and engines that keep up with the
     learner, the queue holds more than a batch, groups wait a step longer, reach staleness max_staleness + 1
     and are dropped and generated again: with twice the bound the bench dropped 161 groups for 192 trained
-    in 12 steps (docs/STATUS.md, "Pipeline mode"; tests/unit/test_pipeline.py simulates it)."""
-    return t.pipeline_groups_in_flight or t.max_staleness * t.prompts_per_step
+    in 12 steps (docs/STATUS.md, "Pipeline mode"; tests/unit/test_pipeline.py simulates it). And never more than
+    PIPELINE_STEPS_AHEAD steps of prompts by default, whatever max_staleness: with max_staleness 10^9 the feeder took
+    10^9 prompts from the stream (issue 59)."""
+    return t.pipeline_groups_in_flight or min(t.max_staleness, t.PIPELINE_STEPS_AHEAD) * t.prompts_per_step
 
 
 class PipelineFeeder:
@@ -84,6 +90,8 @@ class PipelineFeeder:
         self._revive = False  # an engine died or came back as another process: next_batch deals with it
         self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": 0}
         self._last_engine: list[dict] = [{} for _ in pool.handles]
+        self._last_back = [time.monotonic()] * len(pool.handles)  # when each engine last handed a group back
+        self._last_back = [time.monotonic()] * len(pool.handles)  # when each engine last handed a group back
         self._stop = False
         self._error: BaseException | None = None
         self._threads = [threading.Thread(target=self._guarded, args=(self._feed,), name="pipeline-feed", daemon=True),
@@ -102,7 +110,8 @@ class PipelineFeeder:
         Batch; and the pipeline's metrics since the last batch (cluster/run/metrics.py PIPELINE_KEYS)."""
         t, version = self.cfg.trainer, self.weight_version()
         want, taken, stale = t.prompts_per_step, [], 0
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline, say_at = start + timeout_s, start + WAITING_LINE_S
         self._check_fleet()  # an engine back, or new on a node that joined, is fed from this batch on
         with self._cv:
             while len(taken) < want:
@@ -115,9 +124,15 @@ class PipelineFeeder:
                     continue
                 if not self._ready:
                     self._raise_if_failed()
-                    if time.monotonic() > deadline:
+                    now = time.monotonic()
+                    if now > deadline:
                         raise TimeoutError(f"pipeline: {len(taken)} of {want} groups in {timeout_s:.0f}s "
-                                           "(trainer.actor_timeout_s); the engines' logs are in the run dir")
+                                           f"(trainer.actor_timeout_s); {self._engines_waited_on(now)}; the engines' "
+                                           "logs are in the run dir")
+                    if now >= say_at:
+                        say_at = now + WAITING_LINE_S
+                        print(f"pipeline: waiting for groups, {len(taken)} of {want} after {now - start:.0f}s (at most "
+                              f"{timeout_s:.0f}s, trainer.actor_timeout_s); {self._engines_waited_on(now)}", flush=True)
                     self._cv.wait(timeout=1.0)
                     continue
                 group, ref, stats = self._ready.popleft()
@@ -148,6 +163,30 @@ class PipelineFeeder:
         if self.reference is not None and groups:
             batch.ref_logp = [row for _, ref, _ in taken for row in ref]
         return batch, {"stale_groups": stale, **engine}
+
+    def _engines_waited_on(self, now: float) -> str:
+        """Each engine fed: the groups it holds and when it last handed one back (called with the condition held);
+        the one silent longest while holding groups is named first, as the one to look at."""
+        fed = [w for w in self._feeding if w in self.pool.live]
+        silent = {w: now - self._last_back[w] for w in fed if self._held[w]}
+        parts = [f"rollout worker {w}: {len(self._held[w])} group(s) in flight, "
+                 + (f"none back for {silent[w]:.0f}s" if w in silent else "nothing asked of it") for w in fed]
+        if silent:
+            worst = max(silent, key=silent.get)
+            parts.insert(0, f"rollout worker {worst} has answered nothing for the longest ({silent[worst]:.0f}s)")
+        return "; ".join(parts) or "no engine is fed"
+
+    def _engines_waited_on(self, now: float) -> str:
+        """Each engine fed: the groups it holds and when it last handed one back (called with the condition held);
+        the one silent longest while holding groups is named first, as the one to look at."""
+        fed = [w for w in self._feeding if w in self.pool.live]
+        silent = {w: now - self._last_back[w] for w in fed if self._held[w]}
+        parts = [f"rollout worker {w}: {len(self._held[w])} group(s) in flight, "
+                 + (f"none back for {silent[w]:.0f}s" if w in silent else "nothing asked of it") for w in fed]
+        if silent:
+            worst = max(silent, key=silent.get)
+            parts.insert(0, f"rollout worker {worst} has answered nothing for the longest ({silent[worst]:.0f}s)")
+        return "; ".join(parts) or "no engine is fed"
 
     def _check_fleet(self) -> None:
         """From the loop's thread: every engine whose host was lost leaves the fleet (below rollout.min_workers
@@ -197,21 +236,23 @@ class PipelineFeeder:
     def _pending(self) -> int:
         return sum(len(h) for h in self._held) + len(self._arrived) + len(self._ready) + len(self._again)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float | None = None) -> None:
         """Stop feeding and every engine's loop (aborting what runs); `checkpoint_state` still says what was
-        in flight."""
+        in flight. `wait_s`: at most this for each engine to answer (None: trainer.actor_timeout_s); a run
+        stopping on a signal passes what is left of trainer.stop_grace_s (the engines are torn down next)."""
+        wait_s = self.cfg.trainer.actor_timeout_s if wait_s is None else wait_s
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         for th in self._threads:
             if th.is_alive():
-                th.join(timeout=60)
+                th.join(timeout=min(STOP_JOIN_S, wait_s))
         for w in self._supplied():  # not one found dead or out of the fleet: it runs nothing
             try:
                 wait_for(self.pool.handles[w].pipeline_stop.remote(), f"rollout worker {w}", "stopping its engine loop",
-                         self.cfg.trainer.actor_timeout_s)
+                         wait_s)
             except ActorFailed:
-                pass  # a dead engine runs nothing
+                pass  # a dead engine (or one that does not answer in time) runs nothing the run still needs
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -272,6 +313,8 @@ class PipelineFeeder:
                 if out is None:  # the engine died: its replacement gets these
                     self._again.extend(examples)
                     continue
+                if not self._held[w]:  # its wait for a group back starts now
+                    self._last_back[w] = time.monotonic()
                 for (key, _, _), ex in zip(groups, examples):
                     self._held[w][key] = (ex, out["pid"])
 
@@ -309,6 +352,8 @@ class PipelineFeeder:
                 continue
             with self._cv:
                 self._lost_groups(w, out["pid"])
+                if out["rollouts"]:
+                    self._last_back[w] = time.monotonic()
                 for ro in out["rollouts"]:
                     held = self._held[w].pop(ro.prompt, None)
                     if held is not None:

@@ -114,8 +114,8 @@ class Trainer:
             raise
         finally:
             self.stop.restore()
-            try:
-                self._stop_feeder()
+            try:  # stopping on a signal: the engines' loops get what is left of trainer.stop_grace_s, no more
+                self._stop_feeder(self.stop.grace_left() if self.stop.requested else None)
             except Exception as e:  # noqa: BLE001 - the run's own error (if any) is the one to raise
                 print(f"pipeline: stopping the engine loops failed ({type(e).__name__}: {e})", flush=True)
             self._teardown()
@@ -197,12 +197,12 @@ class Trainer:
                 "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": rollout_restarts,
                 "reward_model_restarts": reward_model_restarts}
 
-    def _stop_feeder(self) -> None:
-        """trainer.mode=pipeline: stop the engines' loops; the groups still in flight are said, and the data
-        position with their prompts kept for the final checkpoint."""
+    def _stop_feeder(self, wait_s: float | None = None) -> None:
+        """trainer.mode=pipeline: stop the engines' loops (`wait_s`: PipelineFeeder.stop); the groups still in
+        flight are said, and the data position with their prompts kept for the final checkpoint."""
         if self.feeder is not None:
             feeder, self.feeder = self.feeder, None
-            feeder.stop()
+            feeder.stop(wait_s)
             self.position_after_feeder = feeder.checkpoint_state()
             lost = len(self.position_after_feeder.get("in_flight", []))
             if lost:

@@ -12,6 +12,7 @@ import _thread
 import signal
 import sys
 import threading
+import time
 
 
 class Interrupted(KeyboardInterrupt):
@@ -37,6 +38,7 @@ class StopSignals:
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.signum: int | None = None  # the signal that asked to stop
+        self.asked_at: float | None = None  # time.monotonic() of that signal
         self.armed = False  # True while training: a stop can wait for the step boundary
         self._old: dict = {}
         self._timer: threading.Timer | None = None
@@ -44,6 +46,13 @@ class StopSignals:
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+    def grace_left(self, at_least_s: float = 1.0) -> float:
+        """Seconds of trainer.stop_grace_s left since the first signal (at least `at_least_s`): how long the way
+        out may still wait on an actor."""
+        if self.asked_at is None:
+            return self.grace_s
+        return max(at_least_s, self.grace_s - (time.monotonic() - self.asked_at))
 
     def install(self) -> None:
         """Take over SIGTERM and SIGINT (after ray.init, which sets its own SIGTERM handler)."""
@@ -61,6 +70,8 @@ class StopSignals:
         self._old = {}
 
     def _handle(self, signum, frame) -> None:
+        if self.asked_at is None:
+            self.asked_at = time.monotonic()
         if self.requested or not self.armed or self.grace_s <= 0:
             self.signum = self.signum or signum
             raise Interrupted(self.signum)

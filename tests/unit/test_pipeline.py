@@ -3,6 +3,11 @@ flight a checkpoint records, the config's refusals, per-token version metrics, A
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import signal
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +20,7 @@ from cluster.driver.batch import Batch, CollectStats, ScoredGroup
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.step_row import version_metrics
 from cluster.run.resume import resume_point
+from cluster.run.stopping import Interrupted, StopSignals
 from learner.config import AlgoConfig
 from learner.grpo import LossInputs, decoupled_weights, no_correction, policy_loss, tis_weights
 from tests.unit.test_collect import checkpointing_trainer
@@ -216,6 +222,9 @@ def test_sync_and_async_batches_have_the_rollouts_version_on_every_token():
     ({"trainer.eval_every": 2}, "does not support evaluations during training"),
     ({"rollout.stop": ["\n"]}, "does not support rollout.stop strings"),
     ({"rollout.kv_after_update": "drop"}, "rollout.kv_after_update must be recompute|keep"),
+    ({"trainer.max_staleness": 10**9}, "trainer.max_staleness=1000000000 is above 1000: a bound that large is none"),
+    ({"trainer.pipeline_groups_in_flight": 10**6}, "trainer.pipeline_groups_in_flight=1000000 is above 64 x "
+                                                   "trainer.prompts_per_step"),
 ])
 def test_pipeline_config_names_what_it_does_not_support(override, problem):
     cfg = RunConfig()
@@ -295,7 +304,7 @@ def test_the_final_checkpoint_records_what_was_in_flight_when_the_engines_stoppe
     examples = t.stream.examples
     t.cfg.trainer.mode, t.stream, t.step = "pipeline", PromptStream(examples, seed=0), 3
     stopped = []
-    t.feeder = SimpleNamespace(stop=lambda: stopped.append(True),
+    t.feeder = SimpleNamespace(stop=lambda wait_s=None: stopped.append(True),
                                checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
     t._stop_feeder()
     assert stopped and t.feeder is None
@@ -407,3 +416,75 @@ def test_an_engine_found_dead_while_the_others_are_asked_is_recovered_not_raised
     f._revive = True  # engine 0 answered as another process
     f._check_fleet()
     assert pool.live == [0] and ("leave", 1) in pool.events and f._supplied() == [0]
+
+
+class TakeGuard:
+    """A PromptStream that records how many prompts each take asks for, and refuses a take no bound would allow
+    (with max_staleness 10^9 the feeder asked for 2 x 10^9 and grew the driver's memory 25 MB/s: issue 59)."""
+
+    def __init__(self):
+        self.stream, self.asked = PromptStream([Example(f"p{i}", prompt_ids=[1, i]) for i in range(50)], seed=0), []
+
+    def take(self, n):
+        self.asked.append(n)
+        if n > 10_000:
+            raise MemoryError(f"asked for {n} prompts")
+        return self.stream.take(n)
+
+    def state(self, **kw):
+        return self.stream.state(**kw)
+
+
+def engines_that_never_finish(f: PipelineFeeder) -> None:
+    """Every engine takes what it is given and hands nothing back."""
+    idle = {"pid": 1, "rollouts": [], "stats": {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0}}
+    f._call = lambda w, call, what: {"pid": 1} if what == "taking prompts" else idle
+    f.pool.pids = [1] * len(f.pool.handles)
+    for h in f.pool.handles:
+        h.pipeline_take = h.pipeline_stop = SimpleNamespace(remote=lambda: None)
+
+
+def test_a_huge_max_staleness_keeps_few_groups_in_flight_and_sigterm_stops_within_the_grace(monkeypatch):
+    """Issue 59, item 1: trainer.mode=pipeline with max_staleness=1000000000 showed nothing for 150 s, the driver
+    grew to 7 GB, and a SIGTERM was not honoured within trainer.stop_grace_s. Now the default bound is at most
+    PIPELINE_STEPS_AHEAD steps of prompts, and a SIGTERM while the loop waits for groups stops it within the grace."""
+    stream = TakeGuard()
+    f = feeder(version=0, stream=stream, max_staleness=10**9)
+    engines_that_never_finish(f)
+    monkeypatch.setattr("cluster.driver.pipeline.wait_for", lambda *a, **k: None)  # the engines' pipeline_stop
+    signals = StopSignals(grace_s=1.0)
+    signals.install()
+    signals.armed = True
+    sigterm = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    sigterm.start()
+    t0 = time.monotonic()
+    try:
+        for th in f._threads:
+            th.start()
+        with pytest.raises(Interrupted):
+            f.next_batch(timeout_s=30)
+        f.stop(signals.grace_left())
+    finally:
+        sigterm.cancel()  # a test that failed before the signal must not send it to the test runner
+        signals.restore()
+    assert time.monotonic() - t0 < 0.3 + 1.0 + 2.0  # the signal, the grace, a wait of the loop's
+    assert 0 < max(stream.asked) and sum(stream.asked) <= RunConfig().trainer.PIPELINE_STEPS_AHEAD * 2
+    assert sum(map(len, f._held)) == sum(stream.asked)
+
+
+def test_a_wait_for_groups_says_what_it_waits_for_and_names_the_silent_engine(monkeypatch, capsys):
+    """Issue 59, items 1 and 4: "pipeline: 0 of 4 groups in 60s" named no engine while one was hung. Now a waiting
+    line comes every WAITING_LINE_S and the timeout names each engine's groups, the one silent longest first."""
+    monkeypatch.setattr("cluster.driver.pipeline.WAITING_LINE_S", 0.0)
+    f = feeder(version=0, pool=FakePool(engines=2))
+    now = time.monotonic()
+    f._held[0] = {0: (Example("a"), 1)}
+    f._held[1] = {1: (Example("b"), 1), 2: (Example("c"), 1)}
+    f._last_back = [now - 2, now - 95]
+    with pytest.raises(TimeoutError) as e:
+        f.next_batch(timeout_s=0.5)
+    assert re.search(r"rollout worker 1 has answered nothing for the longest \(9[5-7]s\)", str(e.value))
+    assert re.search(r"rollout worker 0: 1 group\(s\) in flight, none back for [2-4]s", str(e.value))
+    line = capsys.readouterr().out
+    assert "pipeline: waiting for groups, 0 of 2 after 0s (at most 0s, trainer.actor_timeout_s)" in line
+    assert "rollout worker 1 has answered nothing for the longest" in line
