@@ -126,13 +126,6 @@ class TrainerConfig:
     PIPELINE_MAX_STEPS_AHEAD: ClassVar[int] = 64
     MAX_STALENESS: ClassVar[int] = 1000
 
-    # What a default in-flight bound resolves to at most (steps of prompts ahead), what an explicit one may be
-    # at most, and the largest max_staleness taken: past these numbers a bound is no bound (the engines never
-    # run that far ahead), and such a value is a typo or a way to say "never drop", which trainer.steps says.
-    PIPELINE_STEPS_AHEAD: ClassVar[int] = 8
-    PIPELINE_MAX_STEPS_AHEAD: ClassVar[int] = 64
-    MAX_STALENESS: ClassVar[int] = 1000
-
     def problems(self) -> list[str]:
         p = []
         if not self.run_dir.strip():
@@ -155,15 +148,6 @@ class TrainerConfig:
             p.append(f"trainer.mode must be sync|async|pipeline, got {self.mode!r}")
         at_least(p, "trainer.pipeline_groups_in_flight", self.pipeline_groups_in_flight, 0, " (0: max_staleness x prompts_per_step)")
         at_least(p, "trainer.max_staleness", self.max_staleness, 0)
-        if self.max_staleness > self.MAX_STALENESS:
-            p.append(f"trainer.max_staleness={self.max_staleness} is above {self.MAX_STALENESS}: a bound that large is none "
-                     "(the engines never run that far ahead); to train on every group whatever its age, set "
-                     f"trainer.max_staleness to trainer.steps ({self.steps}) or to at most {self.MAX_STALENESS}")
-        most = self.PIPELINE_MAX_STEPS_AHEAD * self.prompts_per_step
-        if self.pipeline_groups_in_flight > most:
-            p.append(f"trainer.pipeline_groups_in_flight={self.pipeline_groups_in_flight} is above "
-                     f"{self.PIPELINE_MAX_STEPS_AHEAD} x trainer.prompts_per_step = {most}: the engines would run that many "
-                     "steps ahead and their groups go stale; lower it (0: max_staleness x prompts_per_step)")
         if self.max_staleness > self.MAX_STALENESS:
             p.append(f"trainer.max_staleness={self.max_staleness} is above {self.MAX_STALENESS}: a bound that large is none "
                      "(the engines never run that far ahead); to train on every group whatever its age, set "
