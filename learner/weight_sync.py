@@ -162,6 +162,7 @@ class WeightSync:
         self.backend = backend(fields.pop("backend"))
         self.client = OneTripRayClient(list(rollout_handles))
         self.timeout_s = float(init_info.get("timeout_s", 600))
+        self.client.timeout_s = self.timeout_s  # every wait on the engines bounded (init, update)
         info = self.backend.trainer_init_info(fields, rank)
         if rank == 0:  # a connection left stale by a healed partition fails here, not half-way into the init
             reach_actors(self.client.handles, min(self.timeout_s, REACH_ACTORS_S))

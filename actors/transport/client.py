@@ -6,8 +6,13 @@ vLLM's four engine methods; `OneTripRayClient` answers them with one Ray call pe
 """
 from __future__ import annotations
 
-from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest  # noqa: TID253 (vLLM side)
+from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
+    WeightTransferInitRequest,
+    WeightTransferUpdateRequest,
+)
 from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient  # noqa: TID253 (vLLM side)
+
+from actors.transport.nccl import engine_payloads
 
 
 class OneTripRayClient(RayVLLMWeightSyncClient):
@@ -26,20 +31,44 @@ class OneTripRayClient(RayVLLMWeightSyncClient):
     # (RolloutWorker.apply_weight_update), and `last_fingerprints` holds one report per engine.
     fingerprint_shapes: dict | None = None
     last_fingerprints: list[dict] | None = None
+    timeout_s: float | None = None  # per wait on the engines (WeightSync sets the init info's timeout_s)
+    pending: PendingUpdate | None = None  # the update in flight (the NCCL sender watches it: nccl_trainer.py)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        """Each engine gets its own payload (actors/transport/nccl.py engine_payloads: under NCCL its own
+        rank offset; vLLM's client sends one payload to all, and every engine's first worker took rank 1)."""
+        import ray
+
+        payloads = engine_payloads(init_info, len(self.handles))
+        refs = [h.init_weight_transfer_engine.remote(WeightTransferInitRequest(init_info=p))
+                for h, p in zip(self.handles, payloads)]
+        try:
+            ray.get(refs, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            late = [i for i, r in enumerate(refs) if r not in done]
+            raise TimeoutError(f"weight-transfer init: engine(s) {late} of {len(refs)} did not join the transfer "
+                               f"group in {self.timeout_s:.0f}s (trainer.actor_timeout_s)") from None
+
+    def peer_failure(self) -> str | None:
+        """Why an engine's call of the update in flight failed (its error), or None while none has."""
+        return self.pending.failure() if self.pending is not None else None
 
     def start_weight_update(self) -> None:
         pass
 
     def update_weights(self, update_info) -> None:
-        self.submit_update_weights(update_info).join(None)
+        self.submit_update_weights(update_info).join(self.timeout_s)
 
     def submit_update_weights(self, update_info) -> PendingUpdate:
         """Issue the update on every engine without waiting (the gloo sender calls this, then
         broadcasts on the same thread)."""
         request = WeightTransferUpdateRequest(update_info=update_info)
         self.last_fingerprints = None
-        return PendingUpdate(self, [h.apply_weight_update.remote(request, self.next_version, self.fingerprint_shapes)
-                                    for h in self.handles])
+        self.pending = PendingUpdate(self, [h.apply_weight_update.remote(request, self.next_version,
+                                                                         self.fingerprint_shapes)
+                                            for h in self.handles])
+        return self.pending
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         pass
@@ -58,6 +87,19 @@ class PendingUpdate:
         done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
         if done:
             ray.get(done)
+
+    def failure(self) -> str | None:
+        """'engine i of n: its error' for the first call that failed, None while none has (never blocks)."""
+        import ray
+
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        for i, ref in enumerate(self.refs):
+            if ref in done:
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception as e:  # noqa: BLE001 - described, the caller raises
+                    return f"engine {i} of {len(self.refs)}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None
 
     def join(self, timeout_s: float | None) -> None:
         import ray
