@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -185,8 +186,10 @@ class RayConfig:
         at_least(p, "ray.num_cpus", self.num_cpus, 0, " (0: the machine's)")
         if self.connect_timeout_s <= 0:
             p.append(f"ray.connect_timeout_s must be > 0, got {self.connect_timeout_s}")
-        if self.network_interface != self.network_interface.strip() or " " in self.network_interface:
-            p.append(f"ray.network_interface must be an interface name such as eth0, got {self.network_interface!r}")
+        if self.network_interface and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", self.network_interface):
+            # Linux's names: at most 15 characters (IFNAMSIZ 16 with the NUL); gloo and NCCL get it in their env
+            p.append(f"ray.network_interface must be one network interface's name (letters, digits and _ . : -, at "
+                     f"most 15 characters, such as eth0 or eth0:1), got {self.network_interface!r}")
         if self.node_wait_s <= 0:
             p.append(f"ray.node_wait_s must be > 0, got {self.node_wait_s}")
         if self.placement not in ("separate", "colocate"):

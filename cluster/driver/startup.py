@@ -24,7 +24,7 @@ from cluster.data.model_check import eos_warning
 from cluster.driver.placement_record import PlacementRecord, actor_name
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
 from cluster.launch.placement import Actors, apply_thread_budget, create_actors, wait_ready
-from cluster.launch.ray_cluster import pin_network_interface, start_ray
+from cluster.launch.ray_cluster import embedded_cluster, pin_network_interface, start_ray
 from cluster.run import logs
 from cluster.run.stopping import StopSignals
 
@@ -90,7 +90,8 @@ def start_actors(cfg: RunConfig, run_dir: Path, scorer: RewardScorer, stop: Stop
     waits on while it loads). `scorer` is handed the reward models' handles; `stop` is installed after
     ray.init (which installs its own SIGTERM handler) and stops at once until training starts."""
     logs.start_run_log(run_dir)  # third-party INFO lines of the driver into RUN_DIR/logs/driver.log
-    pin_network_interface(cfg.ray.network_interface)  # before start_ray: the workers' env is fixed there
+    # before start_ray: the workers' env is fixed there (an embedded cluster's interface must exist on this host)
+    pin_network_interface(cfg.ray.network_interface, embedded=embedded_cluster(cfg.ray.address))
     start_ray(cfg.ray.address, cfg.ray.num_cpus, logs.worker_env(run_dir))  # the workers' output: RUN_DIR/logs/
     stop.install()
     divert_node_death_lines()  # a lost host is said in raygrpo's words (cluster/launch/hosts.py)

@@ -45,9 +45,20 @@ def worker_runtime_env(extra_env: dict[str, str] | None = None, more: dict | Non
     return {**more, "env_vars": {**env, **more.get("env_vars", {})}}
 
 
-def pin_network_interface(interface: str) -> None:
+def embedded_cluster(address: str) -> bool:
+    """Whether start_ray(address) starts a cluster of its own on this host (else it joins one: ray.address, or
+    RAY_ADDRESS as in a `ray job submit` job)."""
+    return not address and not os.environ.get("RAY_ADDRESS")
+
+
+def pin_network_interface(interface: str, embedded: bool = False) -> None:
     """ray.network_interface: set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME in the driver, from where
-    they reach every actor (worker_runtime_env). "": leave the driver's own as they are."""
+    they reach every actor (worker_runtime_env). "": leave the driver's own as they are. `embedded`: every actor
+    runs on this host, so the interface must exist here; refused naming the key and this host's interfaces, where
+    gloo would fail later in C++ ("Unable to find address") without naming it (issue 59)."""
+    if interface and embedded and interface not in psutil.net_if_addrs():
+        raise ValueError(f"ray.network_interface={interface!r}: this host has no such network interface (it has "
+                         f"{', '.join(sorted(psutil.net_if_addrs()))}); name one of them, or leave the key empty")
     if interface:
         for k in SOCKET_IFNAME_VARS:
             os.environ[k] = interface

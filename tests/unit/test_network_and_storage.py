@@ -47,7 +47,32 @@ def test_network_interface_and_connect_timeout_are_checked():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["ray.network_interface=eth 0", "ray.connect_timeout_s=0"], validate_paths=False)
     text = "\n".join(e.value.problems)
-    assert "ray.network_interface must be an interface name" in text and "ray.connect_timeout_s must be > 0" in text
+    assert "ray.network_interface must be one network interface's name" in text
+    assert "ray.connect_timeout_s must be > 0" in text
+
+
+@pytest.mark.parametrize("name", ["eth0:1;rm", "eth0;rm -rf /", "$(id)", "a" * 16, "eth0,eth1"])
+def test_a_network_interface_that_is_no_interface_name_is_refused_by_key(name):
+    """Issue 59, item 8: 'eth0:1;rm' passed the config check and failed 32 s later in gloo's C++ ("Unable to find
+    address"), which does not name the key."""
+    with pytest.raises(ConfigError, match=r"ray.network_interface must be one network interface's name"):
+        load_config(None, [f"ray.network_interface={name!r}"], validate_paths=False)
+
+
+@pytest.mark.parametrize("name", ["eth0", "eth0:1", "enp0s31f6", "br-1a2b.100", "lo"])
+def test_interface_names_linux_gives_pass_the_config_check(name):
+    assert load_config(None, [f"ray.network_interface={name}"], validate_paths=False).ray.network_interface == name
+
+
+def test_an_embedded_cluster_refuses_an_interface_this_host_lacks_naming_those_it_has(clean_ifname_env):
+    with pytest.raises(ValueError, match=r"ray.network_interface='nosuch0': this host has no such network interface "
+                                         r"\(it has .*lo"):
+        pin_network_interface("nosuch0", embedded=True)
+    assert "GLOO_SOCKET_IFNAME" not in os.environ  # nothing pinned
+    pin_network_interface("lo", embedded=True)
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    pin_network_interface("nosuch0", embedded=False)  # a joined cluster: its nodes' interfaces are not this host's
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "nosuch0"
 
 
 def test_network_view_names_the_host_the_address_and_the_interface(clean_ifname_env):
