@@ -29,12 +29,12 @@ PR_SET_DUMPABLE = 4
 NOT_RUN = "not run: the program's time ran out on an earlier test"
 
 
-def _limit(which, value):
+def _limit(which, value, headroom=0):
     value = int(value)
     soft, hard = resource.getrlimit(which)
     if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
-    resource.setrlimit(which, (value, value))
+        value = min(value, hard - headroom)
+    resource.setrlimit(which, (value, value + headroom))
 
 
 def _child(spec, test, report_w, out_w, nonce):
@@ -49,7 +49,7 @@ def _child(spec, test, report_w, out_w, nonce):
     memory = spec["memory_mb"] * 1024 * 1024
     _limit(resource.RLIMIT_AS, memory)
     _limit(resource.RLIMIT_FSIZE, memory)
-    _limit(resource.RLIMIT_CPU, spec["timeout_s"] + 1)
+    _limit(resource.RLIMIT_CPU, spec["timeout_s"] + 1, headroom=1)  # SIGXCPU at the soft limit, SIGKILL a second on
     _limit(resource.RLIMIT_NOFILE, spec["nofile"])
     if spec["nproc"]:
         _limit(resource.RLIMIT_NPROC, spec["nproc"])
@@ -81,27 +81,31 @@ def _kill_group(pid):
 
 
 def _kill_namespace():
-    """As the pid namespace's init: every other process in it, whatever its group or session."""
+    """As the pid namespace's init: every other process in it, whatever its group or session. Again until
+    none is left, since a fork bomb forks while it is being killed."""
     me = os.getpid()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
+    for _ in range(100):
+        others = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != me]
+        for pid in others:
             try:
-                os.kill(int(name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
             pass
-    except ChildProcessError:
-        pass
+        if not others:
+            return
 
 
 def _ended(status, spec):
     """How a child that wrote no verdict ended."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        if sig in (signal.SIGXCPU, signal.SIGKILL):
-            return {"outcome": "timeout", "detail": f"killed by {signal.Signals(sig).name} (CPU time)"}
+        if sig == signal.SIGXCPU:
+            return {"outcome": "timeout", "detail": "past its CPU seconds (SIGXCPU)"}
         if sig == signal.SIGXFSZ:
             return {"outcome": "output_limit", "detail": "file size limit"}
         return {"outcome": "error", "detail": f"killed by {signal.Signals(sig).name}"}

@@ -6,6 +6,7 @@
     /dev                        null, zero, random, urandom only
     /proc                       this pid namespace's, read-only
     /tmp                        the program's one writable place: a tmpfs of reward.code_memory_mb
+    /                           a tmpfs holding the mount points, read-only once they are made
 
 Nothing else exists there: not the run dir, the home dir, the project, /etc or the host's /tmp. The
 network namespace has only a loopback that is down (no route anywhere, 127.0.0.1 included). The
@@ -33,7 +34,7 @@ INSIDE_WORKDIR = "/tmp"
 def _setup_script(root: str, prefix: str, memory_mb: int) -> str:
     """sh, run as the new namespaces' root: build the root over `root` (the host's empty temp dir)."""
     q = shlex.quote
-    lines = ["set -e", f"mount -t tmpfs -o size={memory_mb}m,mode=0755 raygrpo-code {q(root)}", f"cd {q(root)}"]
+    lines = ["set -e", f"mount -t tmpfs -o size=1m,mode=0755 raygrpo-root {q(root)}", f"cd {q(root)}"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):  # /bin -> usr/bin on merged-/usr systems
             lines.append(f"ln -s {q(os.readlink(d))} {q(d.lstrip('/'))}")
@@ -41,10 +42,11 @@ def _setup_script(root: str, prefix: str, memory_mb: int) -> str:
             lines += [f"mkdir -p {q(d.lstrip('/'))}", f"mount -o bind,ro {q(d)} {q(d.lstrip('/'))}"]
     if not any(prefix == d or prefix.startswith(d + "/") for d in SYSTEM_DIRS):
         lines += [f"mkdir -p {q(prefix.lstrip('/'))}", f"mount -o bind,ro {q(prefix)} {q(prefix.lstrip('/'))}"]
-    lines.append("mkdir -p dev proc tmp && chmod 1777 tmp")
+    lines += ["mkdir -p dev proc tmp", f"mount -t tmpfs -o size={memory_mb}m,mode=1777 raygrpo-tmp tmp"]
     for dev in DEVICES:
         lines += [f"touch dev/{dev}", f"mount -o bind /dev/{dev} dev/{dev}"]
     lines.append("mount -t proc -o ro,nosuid,nodev,noexec proc proc")
+    lines.append(f"mount -o remount,ro {q(root)}")  # the root itself: nothing but /tmp is writable
     return "\n".join(lines)
 
 
