@@ -7,6 +7,8 @@ from actors.runtime.checks import at_least
 from actors.transport.cpu_packing import DEFAULT_PACK_ABOVE_ELEMENTS
 from actors.transport.registry import BACKENDS
 
+ENGINE_CORE_CHOICES = ("auto", "process", "in_actor")  # rollout.engine_core
+
 
 @dataclass
 class RolloutConfig:
@@ -65,6 +67,15 @@ class RolloutConfig:
     # log-probs are the new policy's) or "keep" (no re-prefill; the new tokens come from new weights over
     # old-weight keys/values). Measured in docs/DESIGN.md (issue 40); recompute is the default.
     kv_after_update: str = "recompute"
+    # Where vLLM's engine core (its scheduler and its busy loop of model steps) runs: "process" (its own
+    # process, vLLM's default and what a GPU engine needs), "in_actor" (inside the rollout actor: on a 2-core
+    # CPU machine a process more per engine costs memory and context switches for nothing) or "auto"
+    # (in_actor on CPU, process on GPU). Set through VLLM_ENABLE_V1_MULTIPROCESSING before vLLM starts.
+    engine_core: str = "auto"
+
+    def engine_core_in_own_process(self, gpu: bool) -> bool:
+        """rollout.engine_core resolved for an engine on a GPU (`gpu`) or on CPU."""
+        return {"process": True, "in_actor": False}.get(self.engine_core, gpu)
 
     def min_live_workers(self) -> int:
         """The fewest engines the run generates with (rollout.min_workers; unset: num_workers)."""
@@ -84,6 +95,9 @@ class RolloutConfig:
         at_least(p, "rollout.max_turns", self.max_turns, 1)
         if self.kv_after_update not in ("recompute", "keep"):
             p.append(f"rollout.kv_after_update must be recompute|keep, got {self.kv_after_update!r}")
+        if self.engine_core not in ENGINE_CORE_CHOICES:
+            p.append(f"rollout.engine_core must be {'|'.join(ENGINE_CORE_CHOICES)}, got {self.engine_core!r} "
+                     "(auto: in the actor on CPU, its own process on GPU)")
         if self.env and self.env_timeout_s <= 0:
             p.append(f"rollout.env_timeout_s must be > 0, got {self.env_timeout_s}")
         if self.env and self.env_num_procs < 1:

@@ -8,8 +8,15 @@ own request (n=1), so a finished sample frees its slot at once.
 
 A weight update lands between two engine steps: `pause()` waits for the step under way to end and
 keeps the loop from starting another, the update loads, `resume()` lets it go on. No running
-request is dropped. Every token is stamped with the weight version in the engine when it was
-sampled (the step's output), so a request that spans an update carries both versions.
+request is dropped. With the engine core in its own process (the GPU default) the core steps on its
+own, so an update also stops its scheduler: actors/update_hold.py.
+
+Every token carries the weight version of the step that computed it. vLLM's engine core labels each
+step's outputs with the version it holds when the step runs (`EngineCoreOutputs.weight_version`, set
+by `update_weight_version` while an update holds the engine), and a finished request's output gives
+those labels as spans over its tokens (`CompletionOutput.weight_versions`). The version in the actor
+when the outputs are read is not it: a core in its own process queues outputs, and those computed
+before an update may be read after it. A request that spans an update carries both versions.
 
 What the cache of a running request holds after an update is a choice (`rollout.kv_after_update`):
   recompute  vLLM preempts every running request and resets the prefix cache
@@ -62,7 +69,8 @@ class EngineLoop:
     def __init__(self, llm, sampling_params: Callable, decode: Callable, version: Callable[[], int],
                  kv_after_update: str, threads: Callable[[], int], lora_request=None):
         """sampling_params(): one sample's SamplingParams; decode(list of id lists) -> texts;
-        version(): the engine's weight version now; threads(): the torch threads to compute with."""
+        version(): the engine's weight version now (a new request's cache salt); threads(): the torch threads
+        to compute with."""
         if kv_after_update not in KV_CHOICES:
             raise ValueError(f"kv_after_update must be one of {KV_CHOICES}, got {kv_after_update!r}")
         self.llm, self.engine = llm, llm.llm_engine
@@ -178,7 +186,6 @@ class EngineLoop:
                         return
                     self._add_waiting()
                     self._stepping = True
-                    version = self.version()  # what samples this step (an update waits for its end)
                 t0 = time.perf_counter()
                 try:
                     outputs = self.engine.step()
@@ -187,7 +194,7 @@ class EngineLoop:
                         self._stepping = False
                         self.busy_s += time.perf_counter() - t0
                         self._cv.notify_all()
-                self._record(outputs, version)
+                self._record(outputs)
         except BaseException as e:  # noqa: BLE001 - said by the next submit/take
             self._error = e
             with self._cv:
@@ -208,8 +215,8 @@ class EngineLoop:
             self._running[g.key] = g
         self._waiting = []
 
-    def _record(self, outputs, version: int) -> None:
-        """Append each request's new tokens, stamped with `version`, the one that sampled them."""
+    def _record(self, outputs) -> None:
+        """Append each request's new tokens; a finished one's versions from vLLM's labels (token_versions)."""
         with self._cv:
             for out in outputs:
                 key, j = out.request_id.rsplit("-", 1)
@@ -223,11 +230,22 @@ class EngineLoop:
                     raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(new)} tokens")
                 s.token_ids += new
                 s.logprobs += logprobs
-                s.versions += [version] * len(new)
                 self.tokens += len(new)
                 if out.finished:
                     if c.finish_reason not in FINISH_REASONS:
                         raise RuntimeError(f"vLLM ended a request with finish_reason {c.finish_reason!r}")
+                    s.versions = token_versions(c.weight_versions, len(s.token_ids), out.request_id)
                     s.finish_reason = c.finish_reason
                     if g.done():
                         self._done.append(self._running.pop(g.key))
+
+
+def token_versions(spans, n: int, request_id: str) -> list[int]:
+    """Each of a request's `n` tokens' weight version, from vLLM's spans (`WeightVersionSpan(version, start,
+    end)`: tokens start..end-1 were computed by the weights labelled `version`), which must cover them all."""
+    spans = list(spans or ())
+    versions = [int(sp.version) for sp in spans for _ in range(sp.start, sp.end)]
+    if len(versions) != n or (spans and spans[0].start) or any(a.end != b.start for a, b in zip(spans, spans[1:])):
+        raise RuntimeError(f"vLLM labelled {len(versions)} of request {request_id}'s {n} tokens with a weight version "
+                           f"({spans!r}); every token must carry the version that computed it")
+    return versions

@@ -8,10 +8,11 @@ API under the same names, and `apply_weight_update` runs a whole update in one c
 learner's client drives (actors/transport/client.py; the backends are in actors/transport/).
 What generate returns is in actors/completions.py.
 
-On CPU the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the default would add
-an engine-core process and a worker process per engine, which on a 2-core machine costs
-memory and context switches for nothing. vLLM loads our general plugin (actors/transport/vllm_plugin.py)
-in whichever process builds the model, here the actor itself.
+On CPU the engine core runs in the actor by default (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
+rollout.engine_core=auto): vLLM's default would add an engine-core process per engine, which on a
+2-core machine costs memory and context switches for nothing. On GPU it runs in its own process
+(vLLM's default); rollout.engine_core=process gives a CPU engine that layout too. vLLM loads our
+general plugin (actors/transport/vllm_plugin.py) in whichever process builds the model.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from actors.transport.fingerprint import WORKER_EXTENSION
 from actors.transport.lora_adapter import EngineAdapter
 from actors.transport.registry import backend, resolve_backend
 from actors.transport.vllm_plugin import PACK_ABOVE_ENV
+from actors.update_hold import UpdateHold
 
 CPU_PREFILL_BUDGET = 4096  # tokens per engine step on CPU (vLLM's CPU default)
 
@@ -59,9 +61,9 @@ class RolloutWorker:
         self.worker_index = worker_index
         self.model_path = str(model_path)
         gpu = on_gpu(cfg.num_gpus)
+        # Before vLLM is imported: envs are read lazily, but keep it obviously first.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg.engine_core_in_own_process(gpu) else "0"
         if not gpu:
-            # Before vLLM is imported: envs are read lazily, but keep it obviously first.
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads or max(1, int(cfg.num_cpus))))
             os.environ[PACK_ABOVE_ENV] = str(cfg.cpu_pack_above_elements)  # read by actors/transport/vllm_plugin.py
             for k, v in eager_cpu_engine_env(cfg.enforce_eager, gpu).items():  # read where vLLM decorates
@@ -97,6 +99,7 @@ class RolloutWorker:
             **kwargs,
         )
         self._adapter = EngineAdapter(self.llm)  # LoRA adapters from the learner (adapter-mode sync)
+        self._hold = UpdateHold(self.llm)  # pipeline mode: no engine step from start to finish of an update
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = stop_token_ids(self.model_path, self.tokenizer.eos_token_id)
         self._warm_up()
@@ -360,6 +363,7 @@ class RolloutWorker:
                 self.llm.finish_weight_update()
             except Exception:  # noqa: BLE001 - the state is being replaced anyway
                 pass
+            # The hold stays: the weights are half loaded until the full sync that follows finishes.
             self._updating = False
         with self._loop_paused():
             self.llm.init_weight_transfer_engine(request)
@@ -368,19 +372,16 @@ class RolloutWorker:
         self.llm.shutdown_weight_transfer_engine()
 
     def start_weight_update(self) -> None:
-        """Pipeline mode: between two engine steps, running requests kept (finish_weight_update resumes)."""
-        if self._loop is not None and not self._updating:
-            self._loop.pause()
+        """Pipeline mode: the engine held between two steps first (actors/update_hold.py), running requests
+        kept; finish_weight_update, or a failed update, lets it go on."""
+        if not self._updating:
+            self._hold.hold(self._loop)
         try:
             self.llm.start_weight_update()
         except BaseException:
-            self._resume_loop()
+            self._hold.release()
             raise
         self._updating = True
-
-    def _resume_loop(self) -> None:
-        if self._loop is not None:
-            self._loop.resume()
 
     def set_threads(self, n: int) -> None:
         """The torch threads this engine computes with from now on (the driver's thread budget)."""
@@ -393,7 +394,7 @@ class RolloutWorker:
             self.llm.update_weights(request)
         except BaseException:
             self._updating = False  # vLLM's worker ends the update on a failed chunk, too
-            self._resume_loop()
+            self._hold.release()
             raise
 
     def finish_weight_update(self, weight_version: int | str | None = None) -> dict:
@@ -414,7 +415,7 @@ class RolloutWorker:
                 self.update_weight_version(weight_version)
         finally:
             self._updating = False
-            self._resume_loop()
+            self._hold.release()
         return {"engine_finish_s": t1 - t0, "prefix_reset_and_version_s": time.perf_counter() - t1, **loop}
 
     def apply_weight_update(self, request, weight_version: int | str, fingerprint_shapes: dict | None = None) -> dict:
