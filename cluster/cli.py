@@ -1,4 +1,4 @@
-"""`raygrpo train | data | submit | show | export | plot | demo | bench`: the command line.
+"""`raygrpo train | data | submit | show | export | plot | demo | bench | plan`: the command line.
 
 Errors a user can fix (config, data, model path, reward functions, a dead actor) are printed
 as one clear message and exit with status 2 (bad input) or 1 (the run failed), without a
@@ -93,6 +93,12 @@ def cmd_bench(args) -> int:
     from cluster.bench import run_bench
 
     return run_bench(args)
+
+
+def cmd_plan(args) -> int:
+    from cluster.plan.command import run_plan
+
+    return run_plan(args)
 
 
 def _positive_int(text: str) -> int:
@@ -283,7 +289,31 @@ def build_parser() -> argparse.ArgumentParser:
                    "--model 0)")
     b.add_argument("--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s, to report learner MFU")
     b.add_argument("--timeout", type=float, default=900, help="seconds any single wait may take")
+    b.add_argument("--calibrate", nargs="?", const="runs/calibrate/profile.json", default=None, metavar="FILE",
+                   help="instead of the parts: measure what `raygrpo plan --cluster local` needs with the config's model "
+                   "(generation tokens/s by batch and length, learner tokens/s and memory by micro-batch, sync bytes/s, "
+                   "reward cost; a few minutes) and write the profile to FILE (default runs/calibrate/profile.json)")
     b.set_defaults(fn=cmd_bench)
+
+    pn = add("plan", help="predict a run's step time and memory on a cluster, and recommend its placement",
+             description="Predicts, before anything starts, the step time by phase and the memory per device of "
+             "CONFIG on a cluster, for the config as given and for the placement it recommends (engines x TP, "
+             "learner ranks, ZeRO stage, micro-batch, schedule), with every candidate it weighed and why the winner "
+             "won; refuses, with the reason, a cluster on which nothing fits (exit 2). Method: docs/plan.md.")
+    pn.add_argument("config", help="YAML config (model.path: a model directory, or a published model's name)")
+    pn.add_argument("overrides", nargs="*", help=_overrides_help())
+    pn.add_argument("--cluster", required=True, help="local (this machine, from its calibration: raygrpo bench "
+                    "--calibrate), NODESxDEVICESxNAME (e.g. 2x8xH100), or a YAML of nodes (docs/plan.md)")
+    pn.add_argument("--profile", default=None, metavar="FILE", help="a calibration profile (default for local: "
+                    "runs/calibrate/profile.json); with a GPU spec its measured overheads replace the assumed ones")
+    pn.add_argument("--efficiency", type=float, default=None, help="share of the devices' published peak FLOP/s "
+                    "reached (default 0.4)")
+    pn.add_argument("--mean-new-tokens", type=float, default=None, help="mean completion length (default: half of "
+                    "rollout.max_new_tokens, all of it with rollout.min_new_tokens = max_new_tokens)")
+    pn.add_argument("--prompt-tokens", type=int, default=None, help="mean prompt length (default: from the data)")
+    pn.add_argument("--json", action="store_true", help="print one JSON object: as_given, recommended (+ overrides)")
+    pn.add_argument("--write", default=None, metavar="FILE", help="write the config with the recommended overrides")
+    pn.set_defaults(fn=cmd_plan)
     return p
 
 

@@ -1,0 +1,197 @@
+"""Seconds per phase of one step, and what each schedule waits for.
+
+A step trains on B prompts x G completions, each of p prompt tokens and on average m completion tokens,
+the longest M (the tail: rollout.max_new_tokens unless told otherwise). Lengths are taken as uniform on
+[0, min(2m, M)], so a micro-batch of b right-padded sequences is padded to the expected longest,
+U b / (b + 1) (U = min(2m, M)).
+
+    generation   one engine serves n = BG/E sequences, c at a time (its KV cache, vLLM's max_num_seqs):
+                 n m / r(c) + (M - m) / r(1) + prefill     r(c): decode tokens/s at c sequences
+                 (the second term is the tail: the longest completion finishing alone)
+    reference    forward of BG (p + m) tokens (algo.beta > 0), on the learner ranks or its own device
+    reward       BG completions x the measured (or assumed) cost of one
+    training     mu x padded tokens x (6 or 8) P / (R F e), plus ZeRO's traffic per micro-batch:
+                 stage 0-1 an all-reduce of the grads per step, 2 a reduce-scatter per micro-batch,
+                 3 also the weights gathered 2 (3 with checkpointing) times per micro-batch
+    weight sync  w P bytes over the link from learner rank 0 to the engines, plus the update's overhead
+
+    sync      step = generation + reward + reference + training + weight sync
+    async     step = max(generation + reward [+ reference actor], training [+ reference on learner])
+                     + weight sync                  (colocated: nothing overlaps, the sum)
+    pipeline  step = max(generation without its tail + re-prefill after each update, training) + weight sync
+              (the engines refill freed slots at once, so the tail costs nothing; staleness >= 1 lets the
+              engines run ahead; the idle share of an engine is 1 - its busy time / step)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from cluster.plan.memory import EngineMemory, LearnerLayout, LearnerMemory, engine_memory, learner_memory
+from cluster.plan.shapes import ModelShape
+
+MODES = ("sync", "async", "pipeline")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One step's work, from the run's config."""
+
+    prompts: int
+    group: int
+    prompt_tokens: int
+    mean_new_tokens: float
+    max_new_tokens: int
+    max_model_len: int
+    mu: int
+    beta: float
+    max_staleness: int
+    dtype_bytes: int
+    gpu_memory_utilization: float
+    eager: bool
+
+    @property
+    def sequences(self) -> int:
+        return self.prompts * self.group
+
+    def padded_new_tokens(self, micro_batch: int) -> float:
+        u = min(2 * self.mean_new_tokens, self.max_new_tokens)
+        return max(self.mean_new_tokens, u * micro_batch / (micro_batch + 1))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A placement and schedule. `colocate`: learner rank i and engine i share one device."""
+
+    engines: int
+    tp: int
+    ranks: int
+    zero_stage: int
+    micro_batch: int
+    mode: str
+    offload: bool = False
+    gradient_checkpointing: bool = False
+    reference: str = "none"  # none | learner | actor
+    colocate: bool = False
+
+    def devices(self) -> int:
+        ref = 1 if self.reference == "actor" else 0
+        return max(self.ranks, self.engines * self.tp) + ref if self.colocate else self.ranks + self.engines * self.tp + ref
+
+    def describe(self) -> str:
+        return (f"{self.engines} engine(s) x TP{self.tp}, {self.ranks} learner rank(s) ZeRO-{self.zero_stage}"
+                f"{' +offload' if self.offload else ''}, micro-batch {self.micro_batch}"
+                f"{' +ckpt' if self.gradient_checkpointing else ''}, {self.mode}, reference {self.reference}"
+                f"{', colocated' if self.colocate else ''}")
+
+
+@dataclass
+class Prediction:
+    candidate: Candidate
+    step_s: float
+    phases: dict[str, float]
+    learner: LearnerMemory
+    engine: EngineMemory | None
+    engine_idle_fraction: float
+    problems: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"step_s": self.step_s, "phases": self.phases, "learner_peak_bytes": self.learner.peak,
+                "learner_memory": self.learner.to_dict(), "engine_memory": self.engine.to_dict() if self.engine else None,
+                "engine_idle_fraction": self.engine_idle_fraction, "placement": asdict(self.candidate),
+                "fits": self.fits, "problems": self.problems, "sources": self.sources}
+
+
+def training_s(speeds, shape: ModelShape, wl: Workload, c: Candidate, cross_node: bool) -> float:
+    per_rank = math.ceil(wl.sequences / c.ranks)
+    micro = math.ceil(per_rank / c.micro_batch) * wl.mu
+    micro_tokens = c.micro_batch * (wl.prompt_tokens + wl.padded_new_tokens(c.micro_batch))
+    compute = speeds.train_s(micro * micro_tokens, c.micro_batch, c.gradient_checkpointing, micro_tokens)
+    nbytes = shape.params() * wl.dtype_bytes
+    if c.zero_stage <= 1:
+        comm = 2 * speeds.collective_s(nbytes, c.ranks, cross_node) * wl.mu
+    else:
+        gathers = (3 if c.gradient_checkpointing else 2) if c.zero_stage == 3 else 0
+        comm = micro * (1 + gathers) * speeds.collective_s(nbytes, c.ranks, cross_node)
+    if c.offload:  # grads down and weights up over PCIe (~25 GB/s), Adam on the host (~1e9 params/s a rank)
+        comm += wl.mu * (2 * nbytes / c.ranks / 25e9 + shape.params() / c.ranks / 1e9)
+    return compute + comm
+
+
+def generation_s(speeds, wl: Workload, c: Candidate, concurrent: int) -> tuple[float, float]:
+    """(body, tail) seconds of one engine's share of the step."""
+    n = math.ceil(wl.sequences / c.engines)
+    conc = max(1, min(concurrent, n))
+    ctx = int(wl.prompt_tokens + wl.mean_new_tokens / 2)
+    body = n * wl.mean_new_tokens / speeds.decode_tokens_per_s(conc, ctx, c.tp) + speeds.prefill_s(n * wl.prompt_tokens) / c.tp
+    tail = max(wl.max_new_tokens - wl.mean_new_tokens, 0) / speeds.decode_tokens_per_s(1, wl.max_model_len, c.tp)
+    return body, tail
+
+
+def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes: float, devices_per_node: int,
+            total_devices: int, local: bool = False, headroom: float = 1.0) -> Prediction:
+    """The prediction for one candidate: phases, step time, memory, and what does not fit."""
+    learner_nodes = math.ceil(c.ranks / devices_per_node)
+    lay = LearnerLayout(ranks=c.ranks, zero_stage=c.zero_stage, dtype_bytes=wl.dtype_bytes, micro_batch=c.micro_batch,
+                        seq_len=int(wl.prompt_tokens + wl.padded_new_tokens(c.micro_batch)),
+                        completion_len=int(wl.padded_new_tokens(c.micro_batch)), gradient_checkpointing=c.gradient_checkpointing,
+                        offload_optimizer=c.offload, offload_params=c.offload and c.zero_stage == 3,
+                        ranks_per_node=min(c.ranks, devices_per_node), reference_copy=c.reference == "learner")
+    mem = learner_memory(shape, lay)
+    measured_peak = speeds.peak_learner_bytes(c.micro_batch)
+    if local and measured_peak:  # on this machine the calibration measured it
+        mem = LearnerMemory(**{**asdict(mem), "activations": max(measured_peak - mem.states - mem.logits, 0.0)})
+    seqs = math.ceil(wl.sequences / c.engines)
+    problems = []
+    eng = None
+    if not local:
+        eng = engine_memory(shape, device_bytes, wl.gpu_memory_utilization, c.tp, wl.dtype_bytes, wl.max_model_len,
+                            seqs, int(wl.prompt_tokens + wl.mean_new_tokens), wl.eager)
+        if not eng.starts:
+            problems.append(f"engine: {eng.weights / 1e9:.1f} GB of weights + {eng.activation_peak / 1e9:.1f} GB activations "
+                            f"leave {eng.kv_cache / 1e9:.1f} GB of KV cache in rollout.gpu_memory_utilization "
+                            f"{wl.gpu_memory_utilization} x {device_bytes / 1e9:.0f} GB, under one sequence's "
+                            f"{eng.kv_needed_one / 1e9:.2f} GB")
+        room = device_bytes * headroom * ((1 - wl.gpu_memory_utilization) if c.colocate else 1.0)
+        if mem.peak > room:
+            problems.append(f"learner: {mem.peak / 1e9:.1f} GB per device (states {mem.states / 1e9:.1f}, activations "
+                            f"{(mem.activations + mem.logits) / 1e9:.1f}) > {room / 1e9:.1f} GB")
+        if c.devices() > total_devices:
+            problems.append(f"needs {c.devices()} devices, the cluster has {total_devices}")
+    concurrent = eng.concurrent if eng else seqs
+    body, tail = generation_s(speeds, wl, c, concurrent)
+    ref = speeds.forward_s(wl.sequences * (wl.prompt_tokens + wl.mean_new_tokens)) if c.reference != "none" else 0.0
+    if c.reference == "learner":
+        ref /= c.ranks
+    train = training_s(speeds, shape, wl, c, cross_node=learner_nodes > 1)
+    sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.ranks + c.engines * c.tp > devices_per_node)
+    reward = speeds.reward_s(wl.sequences)
+    phases, step, busy = schedule(c, body, tail, reward, ref, train, sync)
+    return Prediction(c, step, phases, mem, eng, max(0.0, 1 - busy / step) if step > 0 else 0.0, problems, [speeds.source])
+
+
+def schedule(c: Candidate, body: float, tail: float, reward: float, ref: float, train: float,
+             sync: float) -> tuple[dict[str, float], float, float]:
+    """(phases, step seconds, engine busy seconds) of one step under c.mode (module docstring)."""
+    ref_actor = ref if c.reference == "actor" else 0.0
+    ref_learner = ref if c.reference == "learner" else 0.0
+    gen = body + tail
+    phases = {"generation": gen, "generation_tail": tail, "reward": reward, "reference": ref, "training": train,
+              "weight_sync": sync, "wait_engines": 0.0, "wait_learner": 0.0}
+    if c.mode == "sync" or c.colocate:
+        return phases, gen + reward + ref + train + sync, gen
+    engine_side = (gen if c.mode == "async" else body) + reward + ref_actor
+    learner_side = train + ref_learner
+    # On `local` the overlapped sides share the machine's cores, as the thread budget splits them: the
+    # calibration measured each side at its share, so the max holds there too (checked in docs/plan.md).
+    core = max(engine_side, learner_side)
+    phases["wait_engines"] = core - engine_side
+    phases["wait_learner"] = core - learner_side
+    if c.mode == "pipeline":
+        phases["generation"], phases["generation_tail"] = body, 0.0
+    return phases, core + sync, (gen if c.mode == "async" else body)
