@@ -1,4 +1,4 @@
-"""`raygrpo train | data | submit | show | export | plot | demo | bench | plan`: the command line.
+"""`raygrpo train | data | submit | show | score | export | plot | demo | bench | plan`: the command line.
 
 Errors a user can fix (config, data, model path, reward functions, a dead actor) are printed
 as one clear message and exit with status 2 (bad input) or 1 (the run failed), without a
@@ -64,6 +64,18 @@ def cmd_show(args) -> int:
 
     show(args.run_dir, args.step, args.n)
     return 0
+
+
+def cmd_score(args) -> int:
+    from cluster.config import ConfigError, load_config
+
+    cfg = load_config(args.config, args.overrides, validate_paths=False)  # only the reward section is used
+    from cluster.score import run_score
+
+    try:
+        return run_score(cfg.reward, args.file, args.out, cfg.rollout.max_new_tokens, cfg.trainer.actor_timeout_s)
+    except ValueError as e:  # a bad row, a reward function that cannot start, a sandbox level the machine lacks
+        raise ConfigError([str(e)], f"raygrpo score {args.config} {args.file}") from None
 
 
 def cmd_export(args) -> int:
@@ -187,6 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--step", type=int, default=None, help="the step to show (default: the last one logged)")
     sh.add_argument("-n", type=int, default=None, help="at most this many completions (default: all of the step's)")
     sh.set_defaults(fn=cmd_show)
+
+    sc = add("score", help="score hand-written completions with the config's reward functions (no run starts)",
+             description="Scores each row of FILE.jsonl (a JSON object per line: completion, prompt and the "
+             "dataset's fields) with CONFIG's reward functions, every kind, as training would; no engine or learner "
+             "starts. Prints per row each function's score and, for code_tests, every test's outcome; --out writes "
+             "one row per input row, in order: reward, rewards (name -> score or null), tests (code only).")
+    sc.add_argument("config", help="YAML config whose reward section is used, e.g. examples/cpu_demo.yaml")
+    sc.add_argument("file", metavar="FILE.jsonl", help="rows to score")
+    sc.add_argument("overrides", nargs="*", help=_overrides_help())
+    sc.add_argument("--out", default=None, metavar="SCORES.jsonl", help="write the scores, one row per input row")
+    sc.set_defaults(fn=cmd_score)
 
     e = add("export", help="write a checkpoint as a plain HF model directory",
             description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "

@@ -407,7 +407,7 @@ def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tok
     if samples > len(stats.samples):  # group advantages are per group: a round's equal the batch's
         advantages = group_advantages(torch.tensor(res.rewards, dtype=torch.float64), G, advantage_estimator).tolist()
         by_name = {scorer.names[spec]: values for spec, values in res.per_function.items()}  # the metrics' names
-        stats.samples += sample_rows(live, res.rewards, by_name, advantages, G, samples - len(stats.samples))
+        stats.samples += sample_rows(live, res.rewards, by_name, advantages, G, samples - len(stats.samples), res.tests)
     groups = []
     for g, (ex, ro) in enumerate(live):
         rewards = res.rewards[g * G:(g + 1) * G]

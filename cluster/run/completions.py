@@ -8,7 +8,9 @@ is one row of `completions.jsonl` in the run dir (and a TensorBoard text summary
      "rewards": {"gsm8k": 1.0}, "advantage": 0.87, "finish_reason": "stop", "num_tokens": 23}
 
 `prompt` is the dataset's prompt as it is (a string or chat messages). Multi-turn rows add
-`messages` (the whole transcript, roles included), `turns`, `env_reward` and `env_error`. With
+`messages` (the whole transcript, roles included), `turns`, `env_reward` and `env_error`. A code reward
+(`code_tests`) adds `tests`: per test {"test", "outcome", "detail"}, outcome passed | failed | error |
+timeout | memory | output_limit. With
 trainer.mode=pipeline a row adds `versions`: per completion token, the weight version that sampled it.
 `raygrpo show RUN_DIR` prints them (`format_row`).
 """
@@ -34,10 +36,11 @@ def _number(v) -> float | None:
 
 
 def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[float]], advantages: list[float],
-                group_size: int, k: int) -> list[dict]:
+                group_size: int, k: int, tests: list | None = None) -> list[dict]:
     """Rows for k completions of one scored round. `live`: (example, rollout) pairs, the rollout's
-    completions G each; `rewards`, `advantages` and every `per_function[name]` run over all of them
-    in order (completion j of group g at g * G + j). A function's NaN (its call failed) is null."""
+    completions G each; `rewards`, `advantages`, every `per_function[name]` and `tests` (a code reward's
+    per-test outcomes, RewardResult.tests) run over all of them in order (completion j of group g at
+    g * G + j). A function's NaN (its call failed) is null."""
     rows = []
     for g, j in pick(len(live), group_size, k):
         example, rollout = live[g]
@@ -50,6 +53,8 @@ def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[f
                     "env_reward": c.env_reward, "env_error": c.env_error}
         else:
             row["num_tokens"] = len(c.token_ids)
+        if tests and tests[at] is not None:  # code_tests: [{"test", "outcome", "detail"}]
+            row["tests"] = tests[at]
         if getattr(c, "versions", None) is not None:  # trainer.mode=pipeline: per token, the version that sampled it
             row["versions"] = c.versions
         rows.append(row)
@@ -107,7 +112,15 @@ def format_row(row: dict) -> str:
     out.append("prompt:")
     out.append(_messages_text(prompt) if isinstance(prompt, list) else _indent(prompt))
     out += ["completion:", _indent(row["completion"])]
+    if row.get("tests"):
+        out += ["tests:", *test_lines(row["tests"])]
     return "\n".join(out)
+
+
+def test_lines(tests: list[dict], indent: str = "  ") -> list[str]:
+    """A code reward's per-test outcomes, one line each: '  failed   assert add(1, 2) == 3: AssertionError'."""
+    return [f"{indent}{t.get('outcome', '?'):<12} {t.get('test', '')}"
+            + (f": {t['detail']}" if t.get("detail") else "") for t in tests]
 
 
 def markdown(rows: list[dict]) -> str:
