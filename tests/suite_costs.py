@@ -174,18 +174,21 @@ def render(data: dict, top: int = DEFAULT_TOP, tier: str | None = None, by: str 
                    f"{m['load_avg_end'][0]} at the end)")
         out.append(f"   {tot['tests']} tests ({tot['failed']} failed), {tot['test_s']:.0f} test-seconds; started: "
                    + ", ".join(f"{tot.get(k, 0)} {COLUMNS[k]}" for k in KINDS))
-        head = f"{'seconds':>9} {'engines':>7} {'learners':>8} {'clusters':>8}  {'outcome':<7}  "
+        # set-up: the test's share of fixture set-up (a module or session fixture's whole cost falls on the
+        # first test that asked for it: a quick test can head the list for the cluster it started)
+        head = f"{'seconds':>9} {'set-up':>7} {'engines':>7} {'learners':>8} {'clusters':>8}  {'outcome':<7}  "
         tests = sorted(t["tests"], key=lambda r: -(r[by] if by == "duration_s" else r["starts"].get(by, 0)))
         out += [f"-- the {min(top, len(tests))} heaviest tests (by {by})", head + "test"]
-        out += [_row(r["duration_s"], r["starts"], r["outcome"], r["nodeid"]) for r in tests[:top]]
+        out += [_row(r["duration_s"], r.get("setup_s", 0.0), r["starts"], r["outcome"], r["nodeid"]) for r in tests[:top]]
         out += ["-- by file", head + "file"]
-        out += [_row(f["test_s"], f, f"{f['tests']} tests", f["file"]) for f in t["files"]]
+        out += [_row(f["test_s"], None, f, f"{f['tests']} tests", f["file"]) for f in t["files"]]
         out.append("")
     return "\n".join(out)
 
 
-def _row(seconds: float, starts: dict, outcome: str, name: str) -> str:
-    return (f"{seconds:>9.1f} {starts.get('engine', 0):>7} {starts.get('learner_group', 0):>8} "
+def _row(seconds: float, setup_s: float | None, starts: dict, outcome: str, name: str) -> str:
+    setup = f"{setup_s:>7.1f}" if setup_s is not None else f"{'':>7}"
+    return (f"{seconds:>9.1f} {setup} {starts.get('engine', 0):>7} {starts.get('learner_group', 0):>8} "
             f"{starts.get('ray_cluster', 0):>8}  {outcome:<7}  {name}")
 
 

@@ -82,6 +82,9 @@ def test_a_learner_group_is_counted_once_by_its_rank_0(tmp_path, monkeypatch):
 def test_an_embedded_ray_cluster_is_counted_once_it_started_and_a_joined_one_not(tmp_path, monkeypatch):
     monkeypatch.setenv(LEDGER_ENV, str(tmp_path / "ledger.jsonl"))
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: None))
+    monkeypatch.setitem(sys.modules, "ray._private", types.SimpleNamespace(  # what the embedded start reads of Ray
+        ray_constants=types.SimpleNamespace(ENABLE_RAY_CLUSTER=True)))
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token"))  # never the home's token file
     monkeypatch.setattr(ray_cluster, "join_cluster", lambda address, runtime_env=None: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     ray_cluster.start_ray("", num_cpus=8)
