@@ -38,6 +38,16 @@ def ignored(path: str, patterns: list[str]) -> bool:
     return verdict
 
 
+def test_the_images_hold_what_the_strict_code_sandbox_runs():
+    """reward.code_sandbox=strict (actors/runtime/sandbox/strict.py) runs programs through these tools."""
+    from actors.runtime.sandbox.strict import TOOLS
+
+    for name in DOCKERFILES:
+        text = (ROOT / "docker" / name).read_text()
+        assert "command -v unshare >/dev/null && command -v setpriv >/dev/null || need=\"$need util-linux\"" in text
+    assert set(TOOLS) == {"unshare", "setpriv", "chroot", "mount", "sh"}  # util-linux, coreutils (chroot), sh: base
+
+
 def test_dockerfiles_copy_only_what_exists_and_what_the_context_sends():
     for name in DOCKERFILES:
         path = ROOT / "docker" / name
