@@ -10,6 +10,7 @@ from pathlib import Path
 from cluster.bench import cross_host, pipeline_summary
 from cluster.bench import pipeline as pipeline_part
 from cluster.bench import rewards as reward_part
+from cluster.bench.calibrate import run_calibrate
 from cluster.bench.learner_sync import (
     bench_learner_and_sync,
     bench_raw_broadcast,
@@ -43,6 +44,8 @@ from cluster.models.warmstart import WarmStartSpec, warm_start
 
 def run_bench(args) -> int:
     """`raygrpo bench`. A part that fails still leaves the parts before it in the JSON (with `error`)."""
+    if getattr(args, "calibrate", None):  # the profile `raygrpo plan --cluster local` reads, not the parts
+        return run_calibrate(args)
     res: dict = {}
     try:
         return _run_bench(args, res)

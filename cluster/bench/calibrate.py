@@ -1,0 +1,179 @@
+"""`raygrpo bench --calibrate [FILE]`: what `raygrpo plan --cluster local` needs, measured here.
+
+With the config's model (`model.path=DIR` among the overrides, or `--model PATH`; default the bench's
+tiny model) and the machine at hand, in this process (no Ray; an in-process vLLM engine), a few minutes:
+
+- generation tokens/s by batch size (sequences at once) and completion length (every completion runs to
+  its length: rollout.min_new_tokens = max_new_tokens);
+- learner tokens/s and memory by micro-batch: a float32 forward + backward + Adam step of the model
+  (plain torch, as one rank at ZeRO-0; DeepSpeed's own overhead is not in it: docs/plan.md);
+- sync bytes/s: a gloo broadcast of the model's bytes between two processes, and a 1-element one (the
+  floor an update pays whatever its size);
+- reward cost: the config's built-in reward functions on sample completions.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from actors.config import RolloutConfig
+from actors.rewards.functions import REWARDS
+from actors.rollout import RolloutWorker
+from actors.runtime.sockets import free_port
+from cluster.bench.report import machine_info, model_spec, progress
+from cluster.config import load_config
+from cluster.models.tinymodel import build_tiny_model, num_parameters
+from cluster.plan.profile import CalibrationProfile
+from cluster.plan.shapes import read_shape
+
+GEN_BATCHES = (1, 4, 16, 64)
+GEN_LENGTHS = (16, 64)
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+LEARNER_SEQ = 64  # prompt + completion tokens of each calibrated sequence
+SYNC_REPEATS = 3
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+
+class PeakRss:
+    """The process's highest RSS while the block runs (sampled every 2 ms)."""
+
+    def __enter__(self):
+        self.peak, self._stop = _rss(), threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, _rss())
+
+
+def measure_generation(model: str, threads: int) -> list[dict]:
+    cfg = RolloutConfig(max_model_len=max(GEN_LENGTHS) + 64, max_new_tokens=max(GEN_LENGTHS), threads=threads)
+    worker = RolloutWorker(model, cfg)
+    prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
+    worker.generate(prompt, group_size=2, seeds=[0], max_new_tokens=4)  # warm-up
+    points = []
+    for length in GEN_LENGTHS:
+        worker.cfg.min_new_tokens = length  # every completion runs to its length (vLLM min_tokens)
+        for batch in GEN_BATCHES:
+            t0 = time.perf_counter()
+            out = worker.generate(prompt, group_size=batch, seeds=[1], max_new_tokens=length)
+            secs = time.perf_counter() - t0
+            tokens = sum(len(c.token_ids) for r in out for c in r.completions)
+            points.append({"batch": batch, "new_tokens": length, "prompt_tokens": len(prompt[0]),
+                           "tokens_per_s": tokens / secs, "seconds": secs})
+            progress(f"calibrate: generation batch {batch} x {length} tokens: {tokens / secs:.0f} tok/s")
+    del worker  # the engine and its KV cache go before the learner loads
+    return points
+
+
+def measure_learner(model: str, threads: int) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    base = _rss()
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).train()
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-6)
+    g = torch.Generator().manual_seed(0)
+    points = []
+    for mb in MICRO_BATCHES:
+        ids = torch.randint(0, lm.config.vocab_size, (mb, LEARNER_SEQ), generator=g)
+        secs = []
+        with PeakRss() as peak:
+            for _ in range(3):  # the first allocates Adam's moments and warms the kernels
+                t0 = time.perf_counter()
+                logits = lm(ids).logits[:, :-1]
+                lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))
+                (-lp.mean()).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                secs.append(time.perf_counter() - t0)
+        s = statistics.median(secs[1:])
+        points.append({"micro_batch": mb, "seq_len": LEARNER_SEQ, "tokens_per_s": mb * LEARNER_SEQ / s,
+                       "peak_bytes": peak.peak - base, "seconds": s})
+        progress(f"calibrate: learner micro-batch {mb}: {mb * LEARNER_SEQ / s:.0f} tok/s, peak {(peak.peak - base) / 2**20:.0f} MiB")
+    return points
+
+
+def _broadcast_peer(rank: int, port: int, nbytes: int, repeats: int, out) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    big, small = torch.zeros(nbytes, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint8)
+    times = {"big": [], "small": []}
+    for name, t in (("small", small), ("big", big)):
+        for _ in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.broadcast(t, 0)
+            times[name].append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    if rank == 1:
+        out.put({k: statistics.median(v[1:]) for k, v in times.items()})
+
+
+def measure_sync(nbytes: int) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_broadcast_peer, args=(r, port, nbytes, SYNC_REPEATS, q)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    res = q.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+    return {"bytes_per_s": nbytes / max(res["big"] - res["small"], 1e-9), "overhead_s": res["small"]}
+
+
+def measure_reward(names: list[str], n: int = 2000) -> float:
+    fns = [REWARDS[x] for x in names if isinstance(x, str) and x in REWARDS]
+    if not fns:
+        return 0.0
+    t0 = time.perf_counter()
+    for i in range(n):
+        for fn in fns:
+            fn("What is 12 + 30?", f"The answer is {i % 97}.", answer="42")
+    return (time.perf_counter() - t0) / n
+
+
+def run_calibrate(args) -> int:
+    t_start = time.perf_counter()
+    cfg = load_config(None, list(args.overrides or []), validate_paths=False)
+    model = args.model or cfg.model.path
+    if not model:
+        model = str(build_tiny_model(Path(args.cache_dir).resolve() / "base-h128-l4", model_spec(128, 4)))
+    shape = read_shape(model)
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // 2)  # the thread budget gives an engine and a learner rank half the cores each
+    progress(f"calibrate: {model} ({shape.params() / 1e6:.2f}M parameters), {threads} thread(s) per side, {cores} cores")
+    gen = measure_generation(model, threads)
+    learner = measure_learner(model, threads)
+    params = num_parameters(model) if (Path(model) / "model.safetensors").exists() else shape.params()
+    sync = measure_sync(params * 4)
+    progress(f"calibrate: sync {sync['bytes_per_s'] / 1e6:.0f} MB/s, floor {sync['overhead_s'] * 1e3:.2f} ms")
+    reward = measure_reward(list(cfg.reward.functions))
+    prof = CalibrationProfile(machine=machine_info().get("cpu_model") or "this machine", cores=cores, model=str(model),
+                              model_params=params, dtype_bytes=4, generation=gen, learner=learner,
+                              sync_bytes_per_s=sync["bytes_per_s"], sync_overhead_s=sync["overhead_s"],
+                              reward_s_per_completion=reward, seconds=time.perf_counter() - t_start)
+    path = prof.save(args.calibrate)
+    print(f"raygrpo bench --calibrate: profile of this machine written to {path.resolve()} "
+          f"({prof.seconds:.0f} s, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB); "
+          f"use it: raygrpo plan CONFIG --cluster local --profile {path}")
+    return 0

@@ -1,0 +1,46 @@
+"""`raygrpo bench --calibrate`'s measurements (cluster/bench/calibrate.py) and the profile they make.
+The generation part needs a vLLM engine (tens of seconds here): it runs in `raygrpo bench --calibrate`
+itself (docs/plan.md has its figures), not in this unit tier."""
+import pytest
+
+from cluster.bench.calibrate import PeakRss, measure_learner, measure_reward, measure_sync
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
+from cluster.plan.profile import CalibrationProfile, ProfileError
+
+
+def test_peak_rss_sees_an_allocation_inside_the_block():
+    with PeakRss() as p:
+        before = p.peak
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"x" * len(block[::4096])  # touch every page
+        del block
+    assert p.peak - before >= 48 * 2**20
+
+
+def test_learner_points_grow_with_the_micro_batch(tmp_path):
+    model = build_tiny_model(tmp_path / "m", TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                                                           intermediate_size=128))
+    pts = measure_learner(str(model), threads=1)
+    assert [p["micro_batch"] for p in pts] == sorted(p["micro_batch"] for p in pts)
+    assert all(p["tokens_per_s"] > 0 for p in pts)
+    assert pts[-1]["peak_bytes"] > pts[0]["peak_bytes"] > 0  # more sequences, more activations
+
+
+def test_sync_measures_a_rate_and_a_floor():
+    res = measure_sync(8 * 2**20)
+    assert res["bytes_per_s"] > 1e6 and 0 < res["overhead_s"] < 1
+
+
+def test_reward_cost_of_the_builtins():
+    assert measure_reward(["exact_match"], n=200) > 0
+    assert measure_reward(["not-a-builtin"], n=10) == 0.0
+
+
+def test_profile_round_trip_and_an_incomplete_one_refused(tmp_path):
+    prof = CalibrationProfile(machine="m", cores=2, model="x", model_params=10, dtype_bytes=4,
+                              generation=[{"batch": 1, "tokens_per_s": 1.0}],
+                              learner=[{"micro_batch": 1, "tokens_per_s": 1.0, "peak_bytes": 1}], sync_bytes_per_s=1.0)
+    assert CalibrationProfile.load(prof.save(tmp_path / "p.json")) == prof
+    prof.generation = []
+    with pytest.raises(ProfileError, match="calibrate again"):
+        CalibrationProfile.load(prof.save(tmp_path / "q.json"))
