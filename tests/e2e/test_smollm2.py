@@ -124,7 +124,9 @@ import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
+from actors.runtime.start_ledger import record_start
 export, ids = sys.argv[1], json.loads(sys.argv[2])
+record_start("engine", how="vllm.LLM in a test")  # the suite's cost file (tests/suite_costs.py)
 llm = LLM(model=export, dtype="float32", max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=64 << 20)
 scored = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0),
                       use_tqdm=False)[0]

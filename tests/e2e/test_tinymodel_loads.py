@@ -11,6 +11,7 @@ import weakref
 import pytest
 import torch
 
+from actors.runtime.start_ledger import ENGINE, record_start
 from cluster.models.tinychat import ENDOFTEXT, IM_END
 from cluster.models.tinymodel import EOS, PAD, num_parameters
 
@@ -56,6 +57,7 @@ def stock_vllm(ray_cluster, tiny_model_dir, tiny_chat_model_dir):
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
+        record_start(ENGINE, how="vllm.LLM in a test")  # the suite's cost file (tests/suite_costs.py)
         llm = LLM(model=tiny_dir, dtype="float32", max_model_len=64, kv_cache_memory_bytes=16 << 20,
                   enforce_eager=True, seed=0)
         outs = llm.generate(["12+34=", "7*8="], SamplingParams(max_tokens=8, temperature=1.0, seed=0), use_tqdm=False)
@@ -66,6 +68,7 @@ def stock_vllm(ray_cluster, tiny_model_dir, tiny_chat_model_dir):
         if first() is not None:  # the chat check must not run beside the tiny model's engine
             raise RuntimeError("the first vllm.LLM was not collected after `del`")
 
+        record_start(ENGINE, how="vllm.LLM in a test")
         llm = LLM(model=chat_dir, dtype="float32", max_model_len=128, kv_cache_memory_bytes=16 << 20,
                   enforce_eager=True, seed=0)
         tok = llm.get_tokenizer()
