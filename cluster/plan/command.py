@@ -58,7 +58,7 @@ def as_given_candidate(cfg: RunConfig) -> Candidate:
     return Candidate(engines=cfg.rollout.num_workers, tp=cfg.rollout.tensor_parallel_size, ranks=lrn.num_ranks,
                      zero_stage=int(lrn.zero_stage), micro_batch=lrn.micro_batch_size, mode=cfg.trainer.mode,
                      offload=lrn.offload_optimizer, gradient_checkpointing=lrn.gradient_checkpointing, reference=ref,
-                     colocate=cfg.ray.placement == "colocate")
+                     colocate=cfg.ray.placement == "colocate", spread="SPREAD" in cfg.ray.strategy)
 
 
 def speeds_for(cluster: ClusterSpec, shape, wl: Workload, profile_path: str | None):

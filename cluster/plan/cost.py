@@ -73,6 +73,7 @@ class Candidate:
     gradient_checkpointing: bool = False
     reference: str = "none"  # none | learner | actor
     colocate: bool = False
+    spread: bool = False  # ray.strategy SPREAD: the learner ranks land on every node, their traffic crosses nodes
 
     def devices(self) -> int:
         ref = 1 if self.reference == "actor" else 0
@@ -82,7 +83,7 @@ class Candidate:
         return (f"{self.engines} engine(s) x TP{self.tp}, {self.ranks} learner rank(s) ZeRO-{self.zero_stage}"
                 f"{' +offload' if self.offload else ''}, micro-batch {self.micro_batch}"
                 f"{' +ckpt' if self.gradient_checkpointing else ''}, {self.mode}, reference {self.reference}"
-                f"{', colocated' if self.colocate else ''}")
+                f"{', colocated' if self.colocate else ''}{', SPREAD' if self.spread else ''}")
 
 
 @dataclass
@@ -136,10 +137,12 @@ def generation_s(speeds, wl: Workload, c: Candidate, concurrent: int) -> tuple[f
 def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes: float, devices_per_node: int,
             total_devices: int, local: bool = False, headroom: float = 1.0) -> Prediction:
     """The prediction for one candidate: phases, step time, memory, and what does not fit."""
-    learner_nodes = math.ceil(c.ranks / devices_per_node)
+    nodes = max(1, total_devices // devices_per_node)
+    learner_nodes = min(nodes, c.ranks) if c.spread else math.ceil(c.ranks / devices_per_node)
     lay = LearnerLayout(ranks=c.ranks, zero_stage=c.zero_stage, dtype_bytes=wl.dtype_bytes, micro_batch=c.micro_batch,
-                        seq_len=int(wl.prompt_tokens + wl.padded_new_tokens(c.micro_batch)),
-                        completion_len=int(wl.padded_new_tokens(c.micro_batch)), gradient_checkpointing=c.gradient_checkpointing,
+                        # the peak is the worst micro-batch's: every completion at max_new_tokens
+                        seq_len=wl.prompt_tokens + wl.max_new_tokens, completion_len=wl.max_new_tokens,
+                        gradient_checkpointing=c.gradient_checkpointing,
                         offload_optimizer=c.offload, offload_params=c.offload and c.zero_stage == 3,
                         ranks_per_node=min(c.ranks, devices_per_node), reference_copy=c.reference == "learner")
     mem = learner_memory(shape, lay)

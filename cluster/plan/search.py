@@ -105,7 +105,7 @@ def overrides(c: Candidate, per_engine_gpus: float = 1.0, local: bool = False) -
     out = [f"rollout.num_workers={c.engines}", f"learner.num_ranks={c.ranks}", f"learner.zero_stage={c.zero_stage}",
            f"learner.offload_optimizer={str(c.offload).lower()}", f"learner.micro_batch_size={c.micro_batch}",
            f"learner.gradient_checkpointing={str(c.gradient_checkpointing).lower()}", f"trainer.mode={c.mode}",
-           "ray.placement=separate"]
+           "ray.placement=separate", "ray.strategy=PACK"]
     out.append(f"learner.offload_params={str(c.offload and c.zero_stage == 3).lower()}")
     if not local:
         out += [f"rollout.tensor_parallel_size={c.tp}", f"rollout.num_gpus={c.tp * per_engine_gpus:g}", "learner.num_gpus=1"]
