@@ -129,6 +129,7 @@ class RewardKind:
     name = ""  # "python", "model", "http": the key in registry.KINDS
     form = ""  # how a user writes one, for the error on an entry no kind recognises
     stats: tuple[str, ...] = ()  # metrics it reports beyond scorer.REWARD_STATS (a reward model: "truncated")
+    judges = False  # its 1.0 is a verdict of correctness (held-out evaluation asks it, as the answer checkers)
 
     def recognises(self, spec: str) -> bool:
         raise NotImplementedError

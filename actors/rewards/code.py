@@ -117,6 +117,7 @@ def refusal(level: str, reason: str) -> str:
 class CodeKind(RewardKind):
     name = "code"
     form = f"{NAME!r} (code run against the row's tests)"
+    judges = True  # 1.0: every test passed (held-out evaluation's pass rate)
 
     def recognises(self, spec: str) -> bool:
         return spec == NAME

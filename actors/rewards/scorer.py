@@ -267,9 +267,10 @@ class RewardScorer:
 
     def judge(self, prompts: list, completions: list, examples: list[dict]) -> list[bool]:
         """Is each completion correct? The verdict (1.0) of the first answer checker among the configured
-        functions (gsm8k, math_verify, exact_match); without one, exact_match when the data has the answer
-        column; else a positive total reward. (Held-out evaluation.)"""
-        checker = next((s for s in self.specs if s in ANSWER_CHECKERS), None)
+        functions (gsm8k, math_verify, exact_match, or a kind that judges: code_tests, every test passed);
+        without one, exact_match when the data has the answer column; else a positive total reward.
+        (Held-out evaluation.)"""
+        checker = next((s for s in self.specs if s in ANSWER_CHECKERS or self.kinds[s].judges), None)
         if checker is None and examples and all(self.cfg.answer_key in e for e in examples):
             checker = "exact_match"
         if checker is None:

@@ -128,3 +128,9 @@ def test_raygrpo_score_refuses_a_bad_row(tmp_path, capsys):
     rows.write_text('{"prompt": "no completion"}\n')
     assert cli.main(["score", "examples/cpu_demo.yaml", str(rows)]) == 2
     assert "rows.jsonl:1: each line must be a JSON object with a `completion`" in capsys.readouterr().err
+
+
+def test_held_out_evaluation_counts_a_program_correct_only_when_every_test_passed(scorer):
+    verdicts = scorer.judge(["p"] * 2, ["def is_even(n):\n    return n % 2 == 0", "def is_even(n):\n    return n == 2"],
+                            [MBPP, MBPP])
+    assert verdicts == [True, False]  # the second passes 2 of 3: a reward of 2/3, not a pass
