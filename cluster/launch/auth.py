@@ -113,3 +113,19 @@ def explain_auth_failure(e: BaseException, cluster: str) -> ClusterAuthError | N
                                 f"{TOKEN_HELP}")
     return ClusterAuthError(f"the Ray cluster at {cluster} rejected the token from {source} (a token of another "
                             f"cluster?); {TOKEN_HELP}")
+
+
+def keep_token_private(say=print) -> str | None:
+    """The token file Ray reads (RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token) made 0600 where it is ours and others
+    may read it: Ray's `ray.init()` writes a new one with the umask's mode (0644 seen, issue 59), and with it
+    anyone on the machine could submit code to the cluster. Returns the path changed, or None."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+    try:
+        st = path.stat()
+        if st.st_uid != os.getuid() or not st.st_mode & 0o077:
+            return None
+        path.chmod(0o600)
+    except OSError:
+        return None  # none there, or not ours to change
+    say(f"Ray's token file {path} was readable by others: now 0600 (only you can read it)", flush=True)
+    return str(path)

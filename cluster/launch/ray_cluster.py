@@ -1,6 +1,7 @@
 """Starting or joining a Ray cluster, and the environment every Ray worker gets."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -8,7 +9,13 @@ import time
 import psutil
 
 from actors.runtime.start_ledger import RAY_CLUSTER, record_start
-from cluster.launch.auth import explain_auth_failure, gcs_auth_mode, resolve_gcs_address, use_cluster_auth_mode
+from cluster.launch.auth import (
+    explain_auth_failure,
+    gcs_auth_mode,
+    keep_token_private,
+    resolve_gcs_address,
+    use_cluster_auth_mode,
+)
 
 # Set in every Ray worker process. No hub access anywhere; keep tokenizers single-threaded so
 # several actors share a small machine without oversubscribing its cores.
@@ -33,6 +40,14 @@ SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #   (`prestart_worker_first_driver`; 2 on a 2-core machine, ~1.4 CPU-s each). Every actor of a run has the
 #   run's runtime env (worker_runtime_env), so none of them is ever used: they only cost each start CPU.
 NODE_START_ENV = {"RAY_agent_register_timeout_ms": "300000", "RAY_prestart_worker_first_driver": "0"}
+
+# An embedded cluster is one machine's, so Ray's GCS, raylet, agents and every worker's gRPC server listen on
+# 127.0.0.1 only (issue 59: all on * / 0.0.0.0 before). Ray binds them to the node's IP, and turns a 127.0.0.1
+# given as `_node_ip_address` into the machine's reachable IP (services.resolve_ip_for_localhost); it takes the
+# loopback as the node's IP only where its clusters are off: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, its default on
+# macOS and Windows (ray_constants.ENABLE_RAY_CLUSTER, read at import: set for the nodes ray.init starts, which
+# pass it to every worker). A joined cluster is left as its nodes were started.
+LOOPBACK_ONLY_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def worker_runtime_env(extra_env: dict[str, str] | None = None, more: dict | None = None) -> dict:
@@ -97,10 +112,31 @@ def start_ray(address: str, num_cpus: int, runtime_env: dict | None = None) -> N
 
     # address="local": a new cluster even where `ray start` left one behind on this machine, which
     # ray.init() with no address would join (and then refuse num_cpus).
-    start_with_retries(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-                                        runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True),
-                       cleanup)
+    with loopback_only():
+        start_with_retries(lambda: ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                                            runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True),
+                           cleanup)
+    keep_token_private()  # the token ray.init may just have written
     record_start(RAY_CLUSTER, how="embedded")  # the test suite's cost file; a no-op in a user's run
+
+
+@contextlib.contextmanager
+def loopback_only():
+    """While the embedded cluster starts: Ray takes 127.0.0.1 as this node's IP (LOOPBACK_ONLY_ENV), unless the
+    user set that variable."""
+    from ray._private import ray_constants
+
+    name, value = LOOPBACK_ONLY_ENV
+    if name in os.environ:
+        yield
+        return
+    was = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name], ray_constants.ENABLE_RAY_CLUSTER = value, False
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+        ray_constants.ENABLE_RAY_CLUSTER = was
 
 
 def child_pids() -> set[int]:
@@ -185,3 +221,4 @@ def join_cluster(address: str, runtime_env: dict | None = None) -> None:
         ray.init(address=gcs, runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True)
     except Exception as e:
         raise (explain_auth_failure(e, gcs) or e) from e
+    keep_token_private()

@@ -1,0 +1,45 @@
+"""Issue 59, item 13, on a started cluster: the embedded default cluster's every listening socket (the GCS, the
+raylet, the dashboard and runtime-env agents, the driver's and an actor's gRPC servers) is on the loopback, and
+Ray's token file is 0600. What it tests is the start itself, so it starts its own cluster (in a subprocess, with
+its own HOME: the session's cluster and the user's token file are not touched)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = """
+import json, os, stat, psutil, ray
+from cluster.launch.ray_cluster import start_ray
+start_ray("", 2)
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def pid(self):
+        return os.getpid()
+
+ray.get(Probe.remote().pid.remote())
+mine = {p.pid: p.name() for p in [psutil.Process(), *psutil.Process().children(recursive=True)]}
+listening = sorted({(c.laddr.ip, mine[c.pid]) for c in psutil.net_connections("inet")
+                    if c.status == psutil.CONN_LISTEN and c.pid in mine})
+token = os.path.expanduser("~/.ray/auth_token")
+print(json.dumps({"listening": listening, "node_ip": ray.util.get_node_ip_address(),
+                  "token_mode": oct(stat.S_IMODE(os.stat(token).st_mode)) if os.path.exists(token) else None}))
+ray.shutdown()
+"""
+
+
+def test_the_embedded_cluster_listens_on_the_loopback_only_and_its_token_is_private(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    names = {name for _, name in seen["listening"]}
+    assert {"gcs_server", "raylet"} <= names and any("Probe" in n for n in names), seen
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1") for ip, _ in seen["listening"]), seen["listening"]
+    assert seen["node_ip"] == "127.0.0.1"
+    assert seen["token_mode"] in (None, "0o600"), seen
