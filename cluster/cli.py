@@ -126,7 +126,7 @@ def _seed(text: str) -> int:
 
 
 # cluster/demo/recipes.py RECIPES (the CLI imports nothing heavy)
-DEMO_RECIPES = ("addition", "lora", "async", "pipeline", "chat", "tools", "reward_model", "smollm2")
+DEMO_RECIPES = ("addition", "lora", "async", "pipeline", "chat", "tools", "reward_model", "smollm2", "code")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "stops, updates land mid-request), chat (BPE chat model, conversational word "
                    "problems, gsm8k reward), tools (multi-turn with the calculator environment), reward_model (scored by a "
                    "reward model alone, built from the warm start on its own samples), smollm2 (a real pretrained model, "
-                   "SmolLM2-135M-Instruct converted from PyPI, no warm start)")
+                   "SmolLM2-135M-Instruct converted from PyPI, no warm start), code (SmolLM2 writes small Python functions "
+                   "scored by code_tests in the sandbox)")
     d.add_argument("--run-dir", default=None, help="default: runs/demo, or runs/demo-RECIPE")
     d.add_argument("--steps", type=_positive_int, default=None, metavar="N",
                    help="GRPO steps, at least 1 (default: the demo config's)")

@@ -22,6 +22,8 @@ from, what data it writes, and how its warm start trains and checks itself. `run
   smollm2   a real pretrained model, SmolLM2-135M-Instruct (Llama, tied embeddings, ChatML), converted
             from PyPI by cluster/models/smollm2.py; no warm start: GRPO trains the instruct model as
             it is, on word problems asked after one worked example, a format it half follows (smollm2_data)
+  code      SmolLM2-135M-Instruct again, writing small Python functions scored by code_tests (the strict
+            sandbox); the held-out split's functions are never trained on (cluster/models/codetasks.py)
 
 The addition recipes share their base model and cached warm start.
 """
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from cluster.demo.checks import forced_call_accuracy, gsm8k_accuracy
 from cluster.demo.policyreward import PolicyRewardSpec
+from cluster.models.codetasks import HELD_OUT_CONSTANTS, TRAIN_CONSTANTS, code_rows
 from cluster.models.tasks import chat_rows, conversation_sequence, tool_rows
 from cluster.models.tinychat import TinyChatSpec
 from cluster.models.tinymodel import TinyModelSpec
@@ -103,6 +106,11 @@ def smollm2_data() -> tuple[list[dict], list[dict]]:
             chat_rows(EVAL_ROWS, seed=2, worked_example=True, **ONE_DIGIT))
 
 
+def code_data() -> tuple[list[dict], list[dict]]:
+    """Functions to write (codetasks.py): the training split's constants, and held-out functions never trained on."""
+    return code_rows(TRAIN_ROWS, seed=1, constants=TRAIN_CONSTANTS), code_rows(EVAL_ROWS, seed=2, constants=HELD_OUT_CONSTANTS)
+
+
 EXAMPLES = PROJECT_ROOT / "examples"
 RECIPES = {r.name: r for r in (
     Recipe("addition", EXAMPLES / "cpu_demo.yaml"),
@@ -122,4 +130,5 @@ RECIPES = {r.name: r for r in (
                                     num_check=200)),
     Recipe("reward_model", EXAMPLES / "reward_model.yaml", reward_model=PolicyRewardSpec()),
     Recipe("smollm2", EXAMPLES / "recipe_smollm2.yaml", base="smollm2", rows=smollm2_data, warm_start=None),
+    Recipe("code", EXAMPLES / "recipe_code.yaml", base="smollm2", rows=code_data, warm_start=None),
 )}
