@@ -96,9 +96,11 @@ class EngineWeights:
         Runs with the lock held. If the learner is mid-step, Ray queues these calls after it, so the engine
         may get weights one step newer than `version()` says; the loss still uses the behaviour log-probs of
         what actually sampled (TIS), so this stays correct."""
-        print(f"rollout worker {worker_index} " + ("restarted" if new_process else "answers again as the same process "
-              "(a call of it was lost, or it missed an update)") + f"; re-syncing weights version {self.version()}",
-              flush=True)
+        # the pids named: a line that says "the same process" can be checked (issue 59 saw one for a killed engine)
+        was, now = self.pool.pid_before[worker_index], self.pool.pids[worker_index]
+        print(f"rollout worker {worker_index} " + (f"restarted as a new process (pid {was} -> {now})" if new_process else
+              f"answers again as the process the driver last knew (pid {now}; a call of it was lost, or it missed an "
+              "update)") + f"; re-syncing weights version {self.version()}", flush=True)
         self.resync(worker_index)
 
     def rejoined(self, worker_index: int) -> None:

@@ -37,6 +37,7 @@ class RolloutPool:
         it learns); `min_live`: rollout.min_workers; `bundle`: one engine's resources, named in the waits for
         a node with room; `live`: the engines that generate from the start (default: all)."""
         self.handles, self.timeout_s, self.on_restart, self.pids = handles, timeout_s, on_restart, list(pids)
+        self.pid_before = list(pids)  # each engine's pid before its last revive (what on_restart's lines name)
         self.on_rejoin, self.hosts = on_rejoin, hosts or HostWatch()
         self.min_live = len(handles) if min_live is None else min_live
         self.node_wait_s, self.bundle = node_wait_s, bundle or {}
@@ -175,7 +176,7 @@ class RolloutPool:
         name = f"rollout worker {w}"
         info = info or wait_for(self.handles[w].info.remote(), name, "restarting", self.timeout_s)
         new_process = info["pid"] != self.pids[w]
-        self.pids[w] = info["pid"]
+        self.pid_before[w], self.pids[w] = self.pids[w], info["pid"]
         self.hosts.place(name, info.get("node_id"))
         self.restarts += new_process
         self.on_restart(w, new_process)

@@ -8,6 +8,7 @@ before training step k, so collecting overlaps training and each batch is one we
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -115,7 +116,8 @@ class Trainer:
         finally:
             self.stop.restore()
             try:  # stopping on a signal: the engines' loops get what is left of trainer.stop_grace_s, no more
-                self._stop_feeder(self.stop.grace_left() if self.stop.requested else None)
+                self._stop_feeder(self.stop.grace_left() if self.stop.requested else None,
+                                  recorded=isinstance(sys.exc_info()[1], RunStopped))  # its checkpoint just saved
             except Exception as e:  # noqa: BLE001 - the run's own error (if any) is the one to raise
                 print(f"pipeline: stopping the engine loops failed ({type(e).__name__}: {e})", flush=True)
             self._teardown()
@@ -186,7 +188,7 @@ class Trainer:
                 self.evaluate()
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < t.steps:
                 self.save_checkpoint(pending=pending)
-        self._stop_feeder()  # before the evaluation: its generate needs engines with no group in flight
+        self._stop_feeder(recorded=True)  # before the evaluation (its generate needs idle engines) and the final checkpoint
         after = self.evaluate() if self.heldout else None
         final = self.save_checkpoint(finished=True)
         self.learners.export_hf(str(self.run_dir / "hf_model"))
@@ -197,17 +199,21 @@ class Trainer:
                 "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": rollout_restarts,
                 "reward_model_restarts": reward_model_restarts}
 
-    def _stop_feeder(self, wait_s: float | None = None) -> None:
+    def _stop_feeder(self, wait_s: float | None = None, recorded: bool = False) -> None:
         """trainer.mode=pipeline: stop the engines' loops (`wait_s`: PipelineFeeder.stop); the groups still in
-        flight are said, and the data position with their prompts kept for the final checkpoint."""
+        flight are said, and the data position with their prompts kept for the final checkpoint. `recorded`: a
+        checkpoint records those prompts (the final one, saved next; a stop signal's, just saved); else the
+        line claims no checkpoint (issue 59: it promised one on a failure that saved none)."""
         if self.feeder is not None:
             feeder, self.feeder = self.feeder, None
             feeder.stop(wait_s)
             self.position_after_feeder = feeder.checkpoint_state()
             lost = len(self.position_after_feeder.get("in_flight", []))
             if lost:
-                print(f"pipeline: {lost} group(s) in flight when the engines stopped were not trained on (a checkpoint "
-                      "records their prompts: a run resumed from it generates them again first)", flush=True)
+                print(f"pipeline: {lost} group(s) in flight when the engines stopped were not trained on " + (
+                      "(a checkpoint records their prompts: a run resumed from it generates them again first)" if recorded
+                      else "and no checkpoint records them (a rerun resumes from the last checkpoint saved, if any, "
+                      "with what was in flight then)"), flush=True)
 
     def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
         """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""

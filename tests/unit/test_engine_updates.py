@@ -139,3 +139,18 @@ def test_the_sender_calls_every_engine_before_the_init_asking_again_while_ray_sa
     monkeypatch.setattr(waits.time, "monotonic", lambda: next(clock))
     with pytest.raises(ActorUnavailableError):
         waits.reach_actors(handles[:1], timeout_s=5)
+
+
+def test_an_engine_back_is_said_with_its_pids_so_the_same_process_claim_can_be_checked(capsys):
+    """Issue 59, item 5: "rollout worker 1 answers again as the same process" was printed for an engine that had been
+    killed (pid 22094 became 23091). The lines name the pids now: the pool's record before and after the revive."""
+    w = weights(Learners([]), Pool())
+    w.resync = lambda worker_index=None: None
+    w.pool.pid_before, w.pool.pids = [11, 22094], [11, 23091]
+    w.restarted(1, new_process=True)
+    w.pool.pid_before = [11, 23091]
+    w.restarted(1, new_process=False)
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith("rollout worker 1 restarted as a new process (pid 22094 -> 23091); re-syncing weights")
+    assert said[1].startswith("rollout worker 1 answers again as the process the driver last knew (pid 23091;")
+    assert "the same process" not in "\n".join(said)

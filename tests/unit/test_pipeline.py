@@ -306,9 +306,10 @@ def test_the_final_checkpoint_records_what_was_in_flight_when_the_engines_stoppe
     stopped = []
     t.feeder = SimpleNamespace(stop=lambda wait_s=None: stopped.append(True),
                                checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
-    t._stop_feeder()
+    t._stop_feeder(recorded=True)
     assert stopped and t.feeder is None
-    assert "pipeline: 2 group(s) in flight when the engines stopped were not trained on" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "pipeline: 2 group(s) in flight when the engines stopped were not trained on (a checkpoint records" in said
     path = t.save_checkpoint(finished=True)
     assert checkpoint.load_driver_state(path)["data"] == {"epoch": 0, "index": 6, "in_flight": [4, 2]}
     assert "records the prompts of the 2 group(s) in flight" in capsys.readouterr().out
@@ -488,3 +489,16 @@ def test_a_wait_for_groups_says_what_it_waits_for_and_names_the_silent_engine(mo
     line = capsys.readouterr().out
     assert "pipeline: waiting for groups, 0 of 2 after 0s (at most 0s, trainer.actor_timeout_s)" in line
     assert "rollout worker 1 has answered nothing for the longest" in line
+
+
+def test_engines_stopped_by_a_failure_claim_no_checkpoint_of_their_prompts(tmp_path, capsys):
+    """Issue 59, item 5: after a failure the console said "a checkpoint records their prompts: a run resumed from it
+    generates them again first", and no checkpoint existed. Stopped on the way out of a failure, it claims none."""
+    t, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 8)
+    t.cfg.trainer.mode = "pipeline"
+    t.feeder = SimpleNamespace(stop=lambda wait_s=None: None,
+                               checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
+    t._stop_feeder()
+    said = capsys.readouterr().out
+    assert "2 group(s) in flight when the engines stopped were not trained on and no checkpoint records them" in said
+    assert "a checkpoint records" not in said

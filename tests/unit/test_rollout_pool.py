@@ -139,6 +139,7 @@ def test_a_crash_on_a_live_host_is_still_a_restart_in_place(fakes, monkeypatch):
     answer_when_restarting(monkeypatch)
     out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
     assert len(out) == 4 and events == [("restart", 0)] and pool.live == [0, 1] and pool.pids[0] == 777
+    assert pool.pid_before[0] == 100  # what the restart's line names as the process it replaced (issue 59)
     assert engines[0].served[-1] == [0, 1]  # its own share again, same seeds
     assert pool.restarts == 1
 
