@@ -296,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--parts", default="", help="comma list of rollout,learner,sync,schedule,trl,lora,rewards (default: all; "
                    "crosshost, only when named: the update across two nodes of a joined cluster vs a raw gloo broadcast; "
                    "pipeline, only when named: trainer.mode sync vs async vs pipeline on long-tailed completions, tokens/s, "
-                   "engine idle fraction and step time, against issue 40's goals; "
+                   "engine idle fraction and step time, against issue 40's goals; code, only when named: code rewards' "
+                   "programs/s through the sandbox at 1, 2, 4 workers on the code recipe's data and 1 s programs (alone: no Ray); "
                    "--setting long: schedule,trl)")
     b.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of part 6 (adapter vs merged vs full sync)")
     b.add_argument("--cache-dir", default=".cache/bench", help="where the tiny models and warm starts are cached")

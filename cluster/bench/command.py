@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from cluster.bench import code as code_part
 from cluster.bench import cross_host, pipeline_summary
 from cluster.bench import pipeline as pipeline_part
 from cluster.bench import rewards as reward_part
@@ -46,6 +47,8 @@ def run_bench(args) -> int:
     """`raygrpo bench`. A part that fails still leaves the parts before it in the JSON (with `error`)."""
     if getattr(args, "calibrate", None):  # the profile `raygrpo plan --cluster local` reads, not the parts
         return run_calibrate(args)
+    if [p.strip() for p in (args.parts or "").split(",") if p.strip()] == ["code"]:  # no Ray, no model
+        return _run_code_part(args)
     res: dict = {}
     try:
         return _run_bench(args, res)
@@ -56,6 +59,15 @@ def run_bench(args) -> int:
             write_json(args.out, res)
             print(f"raygrpo bench: partial results written to {args.out}", file=sys.stderr)
         raise
+
+
+def _run_code_part(args) -> int:
+    res = {"machine": machine_info(), "load_average_start": load_average(), "command": " ".join(sys.argv)}
+    code_part.run_part(res, progress)
+    res["load_average_end"] = load_average()
+    write_json(args.out, res)
+    progress(f"wrote {args.out}")
+    return 0
 
 
 def _run_bench(args, res: dict) -> int:
@@ -96,7 +108,7 @@ def _run_bench(args, res: dict) -> int:
     if real:  # the prompts both sides train on, before the user's overrides (which may name others)
         user = [f"data.train={write_prompts(cache)}", *user]
     cfg0 = load_config(None, [*setting.overrides, f"model.path={base}", *user])
-    if not real and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards", "crosshost", "pipeline"}:  # none needs one
+    if not real and setting.warm_start_steps > 0 and set(setting.parts) - {"rewards", "crosshost", "pipeline", "code"}:  # none needs one
         t = time.perf_counter()
         train_set, _ = load_splits(cfg0.data.train, cfg0.data.eval, cfg0.data.num_eval, cfg0.data.task_digits,
                                    cfg0.trainer.seed)
@@ -197,6 +209,10 @@ def _run_bench(args, res: dict) -> int:
         if "pipeline" in parts:
             res["pipeline"] = pipeline_part.run_part(cache, setting.hidden_size, setting.num_layers, steps, user,
                                                      out_path.parent)
+
+        # 9. code rewards' programs/s through the sandbox (named beside other parts; alone it starts no Ray)
+        if "code" in parts:
+            code_part.run_part(res, progress)
     finally:
         if rollout_actor is not None:
             ray.kill(rollout_actor)

@@ -55,8 +55,9 @@ LONG_SETTINGS = [
 LONG_MODEL = {"hidden_size": 512, "num_layers": 8}  # tiny Qwen2, ~31.5M parameters
 ALL_PARTS = ("rollout", "learner", "sync", "schedule", "trl", "lora", "rewards")
 # Parts that run only when --parts names them: crosshost needs a joined cluster of two nodes or more;
-# pipeline (sync vs async vs pipeline on long-tailed completions, pipeline.py) is three training runs of its own.
-NAMED_ONLY_PARTS = ("crosshost", "pipeline")
+# pipeline (sync vs async vs pipeline on long-tailed completions, pipeline.py) is three training runs of its own;
+# code (code rewards' programs/s through the sandbox, code.py) starts no Ray: named alone, nothing else starts.
+NAMED_ONLY_PARTS = ("crosshost", "pipeline", "code")
 # What `--setting long` runs unless --parts says otherwise: the step-time comparison. Parts 1, 2,
 # 4 and 6 measure engine, sync and learner costs that --setting default already covers, and at
 # 31M parameters with 128-token completions they would take many minutes on 2 cores.
