@@ -57,8 +57,9 @@ def bounded(fn, what: str, address: str, wait_s: float, say=None, whole_call_bou
             break
         waited = time.monotonic() - t0
         if waited >= limit:
-            raise ClusterUnreachable(no_answer(address, what, request_timeout(wait_s)))
-        bound = f"at most {request_timeout(wait_s):.0f}s" + ("" if whole_call_bound else " of silence")
+            raise ClusterUnreachable(no_answer(address, what, limit))
+        # the bound this wait really has (issue 59: "25s so far, at most 20s" from a wait that ended at 35 s)
+        bound = f"at most {limit:.0f}s" if whole_call_bound else f"at most {request_timeout(wait_s):.0f}s of silence"
         say(f"waiting on the Ray cluster at {address} ({what}): {waited:.0f}s so far, {bound}")
     if "error" in result:
         raise translate(result["error"], address, what, wait_s)
@@ -80,16 +81,40 @@ def translate(e: BaseException, address: str, what: str, wait_s: float) -> BaseE
             return ClusterUnreachable(f"could not connect to the Ray cluster at {address} within {CONNECT_TIMEOUT_S:.0f}s "
                                       f"({what}): is the host reachable and the head running?")
         return ClusterUnreachable(no_answer(address, what, request_timeout(wait_s)))
+    if "status code 413" in str(e):  # a package over the dashboard's request limit (Ray's words, then aiohttp's)
+        return ClusterUnreachable(f"the Ray cluster at {address} refused the upload ({what}) as too large (HTTP 413): "
+                                  "its dashboard takes at most 100 MiB in one request (Ray's DASHBOARD_CLIENT_MAX_SIZE); "
+                                  "leave data and models out of the working dir (.rayignore)")
     if VERSION_404 in str(e):  # Ray blames its own version for any 404; it is rarely that
         return ClusterUnreachable(
             f"{address} answered 404 Not Found to Ray's GET /api/version: no Ray dashboard is serving there (a "
             "different service, a gateway or proxy that does not route /api/ to it, or a path in the address). "
             "Pass the head's dashboard address, e.g. http://HEAD:8265 (`ray status` on the head; the dashboard "
             "needs `ray[default]`)")
+    tls = tls_failure(e)
+    if tls and address.lower().startswith("https://") and ("WRONG_VERSION_NUMBER" in tls or "wrong version" in tls
+                                                          or "record layer" in tls or "packet length" in tls):
+        return ClusterUnreachable(f"{address} is an https:// address, but what answers there speaks plain HTTP (the TLS "
+                                  f"handshake failed: {tls}). Use http://{address[len('https://'):]}, or put TLS in "
+                                  "front of the dashboard")
+    if tls:
+        return ClusterUnreachable(f"the TLS connection to the Ray cluster at {address} failed ({what}): {tls}")
     if isinstance(e, ConnectionError) and "Failed to connect to Ray" in str(e):
         return ClusterUnreachable(f"nothing answers at {address} ({what}): is the head running, and is this its "
                                   "dashboard address (http://HEAD:8265 unless set otherwise)?")
     return e
+
+
+def tls_failure(e: BaseException) -> str | None:
+    """The TLS error behind `e` (Ray wraps requests' SSLError in its own ConnectionError), in its own words; None if
+    there is none."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if any(c.__name__ in ("SSLError", "SSLZeroReturnError") for c in type(e).__mro__):
+            return str(e)[:300]
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def make_client(address: str, wait_s: float):

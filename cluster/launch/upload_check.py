@@ -3,10 +3,13 @@ working dir are clear errors, found in bounded time.
 
 Ray packs a working dir by walking it and following every symlink: a link to a directory above it
 (`ln -s .. up`) is walked again and again until the OS's symlink limit, so the package holds the
-tree dozens of times over; a working dir over Ray's package limit (512 MiB, the gRPC message size)
-is packed whole, minutes of zipping on a large tree, before the upload fails. This walk applies the
+tree dozens of times over; a working dir over Ray's upload limit is packed whole, minutes of zipping
+on a large tree, before the upload fails with a raw "status code 413". That limit is the dashboard's
+largest request, 100 MiB (`ray_constants.DASHBOARD_CLIENT_MAX_SIZE`, aiohttp's client_max_size; issue
+59: 512 MiB, the gRPC message size, was checked here, and a 200 MB directory passed it). The files'
+own size is counted: the zip is hardly larger (its headers), and smaller where they compress. This walk applies the
 same exclusions Ray applies (submit's excludes, .gitignore, .rayignore), follows symlinks as Ray does
-but only once per real directory, and stops at the first loop, at MAX_UPLOAD_BYTES or at MAX_FILES.
+but only once per real directory, and stops at the first loop, at Ray's upload limit or at MAX_FILES.
 """
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ import logging
 import os
 from pathlib import Path
 
-MAX_UPLOAD_BYTES = 512 * 1024 * 1024  # ray_constants.GRPC_CPP_MAX_MESSAGE_SIZE: Ray's package limit
 MAX_FILES = 200_000  # beyond this the walk stops: such a directory is no project directory
 MAX_ENTRIES = 1_000_000  # entries looked at, excluded ones included: past this the check gives up (Ray packs it)
 
@@ -31,11 +33,14 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def check_upload(wd: Path, excludes: list[str], max_bytes: int = MAX_UPLOAD_BYTES, max_files: int = MAX_FILES) -> int:
+def check_upload(wd: Path, excludes: list[str], max_bytes: int | None = None, max_files: int = MAX_FILES) -> int:
     """The bytes of the files Ray would pack from `wd`; UploadProblem for a symlink loop or a directory
-    over max_bytes / max_files (named, with its largest entries)."""
+    over max_bytes (None: Ray's upload limit, module docstring) / max_files (named, with its largest entries)."""
+    from ray._private.ray_constants import DASHBOARD_CLIENT_MAX_SIZE
     from ray._private.runtime_env.packaging import get_excludes_from_ignore_files
     from ray._private.thirdparty.pathspec import PathSpec
+
+    max_bytes = DASHBOARD_CLIENT_MAX_SIZE if max_bytes is None else max_bytes
 
     root = Path(wd).absolute()
     spec = PathSpec.from_lines("gitwildmatch", excludes)
@@ -95,7 +100,8 @@ class _GaveUp(Exception):
 
 def too_big(root: Path, total: int, files: int, sizes: dict, max_bytes: int, max_files: int) -> str:
     largest = ", ".join(f"{name} ({_mib(n)})" for name, n in sorted(sizes.items(), key=lambda x: -x[1])[:5])
-    what = (f"more than {_mib(max_bytes)} (Ray's package limit)" if total > max_bytes
+    what = (f"more than {_mib(max_bytes)} (Ray's upload limit: its dashboard refuses a larger request, HTTP 413)"
+            if total > max_bytes
             else f"more than {max_files} files")
     return (f"--working-dir {root} holds {what} to upload (stopped counting at {_mib(total)}, {files} files; largest: "
             f"{largest}). The working dir travels with every job: leave data and models out of it (a .rayignore or "

@@ -166,7 +166,8 @@ def test_submit_refuses_a_working_dir_with_a_symlink_loop_or_over_rays_package_l
         f.truncate(600 * 2**20)
     out = run(["submit", "project/c.yaml", "--working-dir", "project", "--address", gateway_404], tmp_path, timeout=120)
     assert out.returncode == 2, out.text
-    assert "holds more than 512 MiB (Ray's package limit) to upload" in out.text and "weights.bin (600 MiB)" in out.text
+    assert "holds more than 100 MiB (Ray's upload limit: its dashboard refuses a larger request, HTTP 413) to upload" \
+        in out.text and "weights.bin (600 MiB)" in out.text
     assert out.seconds < 60
 
     (project / ".rayignore").write_text("weights.bin\n")  # excluded: the submit goes on (to the 404 gateway)

@@ -1,13 +1,17 @@
 """cluster/launch/submit.py: what travels with a job, what its entrypoint runs, the wait for Ray's job agent.
 The job submission client is faked here; tests/e2e/test_external_cluster.py submits to a real head."""
+import http.server
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from cluster.config import RunConfig
-from cluster.launch import submit
+from cluster.launch import submit, submit_client
+from cluster.launch.upload_check import UploadProblem, check_upload
 from cluster.paths import PROJECT_ROOT
 
 
@@ -117,3 +121,58 @@ def test_an_agent_that_never_comes_is_explained():
     assert "after 10 s" in str(e.value) and client.calls == 6
     with pytest.raises(RuntimeError, match="something else"):  # any other error: at once, unchanged
         submit.submit_waiting_for_agent(FakeClient(["something else"]), "http://h:8265", 10, sleep=sleep, clock=clock)
+
+
+def test_a_working_dir_over_rays_100_mib_upload_limit_is_refused_naming_its_largest_entries(tmp_path):
+    """Issue 59, item 7: a 200 MB working dir passed the 512 MiB check and failed on the dashboard's 100 MiB request
+    limit with a raw "status code 413"."""
+    with open(tmp_path / "weights.bin", "wb") as f:  # sparse: 150 MiB by size, nothing on the disk
+        f.truncate(150 * 2**20)
+    (tmp_path / "train.yaml").write_text("trainer: {}\n")
+    with pytest.raises(UploadProblem) as e:
+        check_upload(tmp_path, submit.SUBMIT_EXCLUDES)
+    assert "more than 100 MiB (Ray's upload limit: its dashboard refuses a larger request, HTTP 413)" in str(e.value)
+    assert "weights.bin (150 MiB)" in str(e.value)
+    (tmp_path / ".rayignore").write_text("weights.bin\n")
+    assert check_upload(tmp_path, submit.SUBMIT_EXCLUDES) < 2**20
+
+
+def test_a_413_from_the_cluster_is_said_with_the_limit():
+    raw = RuntimeError("Request failed with status code 413: Maximum request body size 104857600 exceeded, actual body "
+                       "size 209715200.")
+    out = submit_client.translate(raw, "http://head:8265", "uploading the working dir", 60)
+    assert "refused the upload (uploading the working dir) as too large (HTTP 413)" in str(out)
+    assert "at most 100 MiB in one request" in str(out)
+
+
+@pytest.fixture
+def plain_http_server():
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_https_to_a_server_speaking_plain_http_names_the_tls_mismatch(plain_http_server):
+    """Issue 59, item 5: `raygrpo submit` to an https:// address served by plain HTTP said "nothing answers at ..."."""
+    address = f"https://127.0.0.1:{plain_http_server}"
+    with pytest.raises(submit_client.ClusterUnreachable) as e:
+        submit_client.bounded(lambda: submit_client.make_client(address, 5), "asking for its Ray version", address, 5,
+                              say=lambda text: None)
+    assert f"{address} is an https:// address, but what answers there speaks plain HTTP" in str(e.value)
+    assert f"Use http://127.0.0.1:{plain_http_server}" in str(e.value) and "nothing answers" not in str(e.value)
+
+
+def test_the_waiting_line_states_the_bound_the_wait_really_has(monkeypatch):
+    """Issue 59, item 5: with --agent-wait 20 the line read "25s so far, at most 20s" and the wait ended at 35 s. The
+    line states the whole call's bound (the request's read timeout, its connect timeout, the probe before it), and
+    the error comes then."""
+    monkeypatch.setattr(submit_client, "WAITING_LINE_EVERY_S", 0.5)
+    monkeypatch.setattr(submit_client, "CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(submit_client, "RAY_AGENT_ANSWER_S", -4.0)  # request_timeout(1) = 1
+    said, t0 = [], time.monotonic()
+    with pytest.raises(submit_client.ClusterUnreachable) as e:
+        submit_client.bounded(lambda: time.sleep(10), "asking", "http://head:8265", 1.0, say=said.append, extra_s=1.0)
+    waited = time.monotonic() - t0
+    assert said and all(line.endswith("at most 3s") for line in said), said
+    assert 3.0 <= waited < 4.0 and "did not answer within 3s" in str(e.value)
