@@ -438,12 +438,16 @@ class RolloutWorker:
         return {**out, "engine_total_s": time.perf_counter() - t0}
 
     def update_weight_version(self, version: int | str) -> None:
-        """The learner's step the weights came from (vLLM keeps it as a string)."""
+        """The learner's step the weights came from (vLLM keeps it as a string, and labels the outputs of
+        every step from now on with it). With the loop paused: a core in its own process is reached through
+        one ZMQ socket, which the loop's thread also sends on, and a ZMQ socket is not thread-safe."""
         self._version = int(version)
-        self.llm.update_weight_version(str(self._version))
+        with self._loop_paused():
+            self.llm.update_weight_version(str(self._version))
 
     def get_weight_version(self) -> str:
-        return self.llm.get_weight_version()
+        with self._loop_paused():  # as update_weight_version
+            return self.llm.get_weight_version()
 
     # ------------------------------------------------------------------ LoRA adapters (adapter-mode sync)
     def load_adapter(self, tensors: dict, adapter_config: str, version: int) -> dict:
