@@ -153,6 +153,9 @@ class TrainerConfig:
             p.append(f"trainer.max_staleness={self.max_staleness} is above {self.MAX_STALENESS}: a bound that large is none "
                      "(the engines never run that far ahead); to train on every group whatever its age, set "
                      f"trainer.max_staleness to trainer.steps ({self.steps}) or to at most {self.MAX_STALENESS}")
+        if self.pipeline_groups_in_flight and self.mode != "pipeline":  # issue 59: ignored without a word
+            p.append(f"trainer.pipeline_groups_in_flight={self.pipeline_groups_in_flight} is read only by "
+                     f"trainer.mode=pipeline, and trainer.mode is {self.mode}: remove it, or set trainer.mode=pipeline")
         most = self.PIPELINE_MAX_STEPS_AHEAD * self.prompts_per_step
         if self.pipeline_groups_in_flight > most:
             p.append(f"trainer.pipeline_groups_in_flight={self.pipeline_groups_in_flight} is above "

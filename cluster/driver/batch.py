@@ -196,7 +196,9 @@ class CollectStats:
         out = {}
         for name, acc in self.reward_functions.items():
             v = torch.tensor(acc["values"] or [float("nan")], dtype=torch.float64)
-            out |= {f"rewards/{name}/mean": v.mean().item(), f"rewards/{name}/std": v.std().item() if len(v) > 1 else 0.0,
+            # no values: NaN (null) for both, not a std of 0.0 beside a null mean (issue 59); one value: no spread
+            std = v.std().item() if len(v) > 1 else (0.0 if acc["values"] else float("nan"))
+            out |= {f"rewards/{name}/mean": v.mean().item(), f"rewards/{name}/std": std,
                     f"rewards/{name}/errors": acc["errors"], f"rewards/{name}/unscorable": acc["unscorable"],
                     f"rewards/{name}/s": acc["seconds"]}
             if acc["truncated"] is not None:

@@ -88,6 +88,12 @@ def _jsonable(v):
     return v
 
 
+def shown(value, spec: str) -> str:
+    """A number for the console as metrics.jsonl has it: a NaN (no value this step) is null there, and here too
+    (issue 59: the console said "loss nan" where the row said null)."""
+    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "null"
+
+
 class MetricsLogger:
     """One JSON line per step (and per evaluation) + TensorBoard (+ wandb) + a progress display."""
 
@@ -157,7 +163,7 @@ class MetricsLogger:
             self._wandb.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
         self.eta.step_done(step, time.monotonic(), row["step_s"])
         left = self.eta.remaining_s(step)
-        summary = f"reward {row['reward_mean']:.3f}  len {row['completions/mean_length']:.1f}"
+        summary = f"reward {shown(row['reward_mean'], '.3f')}  len {shown(row['completions/mean_length'], '.1f')}"
         if row["completions/clipped_ratio"] > 0:
             summary += f" (clipped {100 * row['completions/clipped_ratio']:.0f}%)"
         if self.show_staleness:
@@ -175,7 +181,7 @@ class MetricsLogger:
             self._bar.set_postfix_str(summary)
         else:
             kl = f"  kl {row['kl']:.4f}" if self.show_kl and math.isfinite(row["kl"]) else ""
-            print(f"step {step}/{self.total}  {summary}  loss {row['loss']:.4f}{kl}", flush=True)
+            print(f"step {step}/{self.total}  {summary}  loss {shown(row['loss'], '.4f')}{kl}", flush=True)
 
     def log_completions(self, step: int, rows: list[dict]) -> None:
         """A few of the step's completions (cluster/run/completions.py): completions.jsonl, a TensorBoard

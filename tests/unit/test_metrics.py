@@ -9,6 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cluster.config import MetricsConfig
+from cluster.driver.batch import CollectStats
 from cluster.run.metrics import CHECKPOINT_ROWS, STEP_KEYS, MetricsLogger, plot_run, read_metrics, read_rows
 from cluster.run.resume import ResumePoint
 from learner.checkpoint import SaveError
@@ -350,3 +351,27 @@ def test_another_wandb_usage_error_is_not_hidden_by_the_offline_fallback(tmp_pat
     monkeypatch.setitem(sys.modules, "wandb", BadEntity())
     with pytest.raises(BadEntity.errors.UsageError, match="entity"):
         MetricsLogger(tmp_path, total_steps=1, tensorboard=False, wandb_init=MetricsConfig(wandb=True).wandb_init())
+
+
+def test_a_step_with_no_loss_says_null_on_the_console_as_its_row_does(tmp_path, capsys):
+    """Issue 59, item 9: the console showed "loss nan" where metrics.jsonl has null."""
+    log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False)
+    log.log_step({"step": 1, "reward_mean": float("nan"), "loss": float("nan"), "kl": float("nan"), "step_s": 1.0,
+                  "completions/mean_length": 3.0})
+    log.close()
+    line = capsys.readouterr().out
+    assert "reward null" in line and "loss null" in line and "nan" not in line
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["loss"] is None and row["reward_mean"] is None
+
+
+def test_a_reward_function_with_no_values_logs_null_for_its_mean_and_its_std():
+    """Issue 59, item 9: `rewards/<name>/std 0.0` was logged beside `mean null`."""
+    stats = CollectStats()
+    stats.reward_functions = {"none": {"values": [], "errors": 4, "unscorable": 0, "calls": 4, "timeouts": 0,
+                                       "seconds": 0.1, "truncated": None, "first_error": "boom"},
+                              "one": {"values": [0.5], "errors": 0, "unscorable": 0, "calls": 1, "timeouts": 0,
+                                      "seconds": 0.1, "truncated": None, "first_error": None}}
+    m = stats.metrics()
+    assert math.isnan(m["rewards/none/mean"]) and math.isnan(m["rewards/none/std"])
+    assert m["rewards/one/mean"] == 0.5 and m["rewards/one/std"] == 0.0

@@ -502,3 +502,14 @@ def test_engines_stopped_by_a_failure_claim_no_checkpoint_of_their_prompts(tmp_p
     said = capsys.readouterr().out
     assert "2 group(s) in flight when the engines stopped were not trained on and no checkpoint records them" in said
     assert "a checkpoint records" not in said
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_pipeline_groups_in_flight_outside_pipeline_mode_is_refused_not_ignored(mode):
+    """Issue 59, item 9: trainer.pipeline_groups_in_flight was ignored in async mode without a word."""
+    cfg = RunConfig()
+    cfg.trainer.mode, cfg.trainer.pipeline_groups_in_flight = mode, 8
+    assert any(f"trainer.pipeline_groups_in_flight=8 is read only by trainer.mode=pipeline, and trainer.mode is {mode}"
+               in p for p in cfg.problems()), cfg.problems()
+    cfg.trainer.mode = "pipeline"
+    assert not any("pipeline_groups_in_flight" in p for p in cfg.problems())
