@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from cluster.config import ConfigError, RunConfig, apply_overrides, load_config
-from cluster.plan.cost import Candidate, Prediction, Workload
+from cluster.plan.cost import MODES, Candidate, Prediction, Workload
 from cluster.plan.hardware import GB, ClusterSpec, ClusterSpecError, parse_cluster
 from cluster.plan.profile import CalibrationProfile, MeasuredSpeeds, ProfileError, SpecSpeeds
 from cluster.plan.search import Plan, PlanRefused, overrides, search
@@ -84,8 +84,29 @@ def make_plan(args) -> tuple[PlanInputs, Plan, list[str]]:
     given = as_given_candidate(cfg)
     speeds = speeds_for(cluster, shape, wl, args.profile)
     ref_choice = cfg.reference.placement if cfg.algo.beta > 0 and cfg.reference.placement != "auto" else None
-    plan = search(shape, wl, speeds, cluster, given, ref_choice)
-    return PlanInputs(cfg, cluster, wl, given), plan, overrides(plan.recommended.candidate, local=cluster.local)
+    plan = search(shape, wl, speeds, cluster, given, ref_choice, modes=accepted_modes(args))
+    for pr in plan.weighed:  # the fastest whose overrides the config check accepts with the rest of the config
+        ovr = overrides(pr.candidate, local=cluster.local)
+        try:
+            load_config(args.config, [*args.overrides, *ovr], validate_paths=False)
+        except ConfigError:
+            continue
+        plan.recommended = pr
+        return PlanInputs(cfg, cluster, wl, given), plan, ovr
+    raise PlanRefused(f"every candidate that fits {cluster.describe()} breaks a rule of the config check with the rest "
+                      f"of {args.config}; the fastest: {' '.join(overrides(plan.weighed[0].candidate, local=cluster.local))}")
+
+
+def accepted_modes(args) -> tuple[str, ...]:
+    """The schedules the rest of the config allows (pipeline mode refuses evaluations during training, ...)."""
+    ok = []
+    for mode in MODES:
+        try:
+            load_config(args.config, [*args.overrides, f"trainer.mode={mode}"], validate_paths=False)
+            ok.append(mode)
+        except ConfigError:
+            pass
+    return tuple(ok) or MODES
 
 
 def plan_json(inputs: PlanInputs, plan: Plan, ovr: list[str], shape_name: str) -> dict:

@@ -172,7 +172,7 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
     if c.reference == "learner":
         ref /= c.ranks
     train = training_s(speeds, shape, wl, c, cross_node=learner_nodes > 1)
-    sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.ranks + c.engines * c.tp > devices_per_node)
+    sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.devices() > devices_per_node)
     reward = speeds.reward_s(wl.sequences)
     phases, step, busy = schedule(c, body, tail, reward, ref, train, sync)
     return Prediction(c, step, phases, mem, eng, max(0.0, 1 - busy / step) if step > 0 else 0.0, problems, [speeds.source])

@@ -45,14 +45,15 @@ class Plan:
                 f"the biggest difference is {phase}: {win.phases[phase]:.2f} s against {runner.phases[phase]:.2f} s")
 
 
-def candidates(total: int, per_node: int, wl: Workload, ref_choice: str | None, local: bool) -> list[Candidate]:
+def candidates(total: int, per_node: int, wl: Workload, ref_choice: str | None, local: bool,
+               modes: tuple[str, ...] = MODES) -> list[Candidate]:
     """Every layout of the module docstring that the config check accepts: learner ranks that divide the
     step's completions, no more engines than prompts."""
     beta = wl.beta
     tps = [t for t in (1, 2, 4, 8) if t <= per_node] if not local else [1]
     refs = ("none",) if beta <= 0 else ((ref_choice,) if ref_choice else ("learner", "actor"))
     out = []
-    for tp, ref, mode in itertools.product(tps, refs, MODES):
+    for tp, ref, mode in itertools.product(tps, refs, modes):
         ref_dev = 1 if ref == "actor" else 0
         max_engines = (total - ref_dev - 1) // tp if not local else min(total, 2)
         for engines in range(1, max_engines + 1):
@@ -67,13 +68,14 @@ def candidates(total: int, per_node: int, wl: Workload, ref_choice: str | None, 
     return out
 
 
-def search(shape: ModelShape, wl: Workload, speeds, cluster, as_given: Candidate, ref_choice: str | None = None) -> Plan:
+def search(shape: ModelShape, wl: Workload, speeds, cluster, as_given: Candidate, ref_choice: str | None = None,
+           modes: tuple[str, ...] = MODES) -> Plan:
     dev, local = cluster.device, cluster.local
     kw = dict(device_bytes=dev.memory_bytes, headroom=DEVICE_HEADROOM, devices_per_node=cluster.devices_per_node,
               total_devices=cluster.total_devices, local=local)
     given = predict(shape, wl, as_given, speeds, **kw)
     fits, refused, smallest = [], 0, None
-    for c in candidates(cluster.total_devices, cluster.devices_per_node, wl, ref_choice, local):
+    for c in candidates(cluster.total_devices, cluster.devices_per_node, wl, ref_choice, local, modes):
         pr = predict(shape, wl, c, speeds, **kw)
         if local and pr.learner.peak * c.ranks > dev.memory_bytes * DEVICE_HEADROOM:
             pr.problems.append(f"learner ranks need {pr.learner.peak * c.ranks / 1e9:.1f} GB of RAM together")

@@ -181,3 +181,14 @@ def test_local_plan_reads_the_calibration(tmp_path, capsys):
     assert "measured" in out["as_given"]["sources"][0]
     written = yaml.safe_load(json.dumps(out["recommended"]["overrides"]))
     assert not any(k.startswith(("rollout.num_gpus", "learner.num_gpus")) for k in written)  # CPU: no GPU keys
+
+
+def test_the_recommendation_is_one_the_config_check_accepts(tmp_path, capsys):
+    """Pipeline mode refuses evaluations during training: with trainer.eval_every set, the plan never
+    recommends it, and --write's file loads."""
+    out = tmp_path / "planned.yaml"
+    argv = ["plan", _config(tmp_path, GSM), "trainer.eval_every=5", "--cluster", "1x8xH100", "--json", "--write", str(out)]
+    assert main(argv) == 0
+    rec = json.loads(capsys.readouterr().out)["recommended"]
+    assert rec["placement"]["mode"] != "pipeline"
+    assert load_config(out, validate_paths=False).trainer.eval_every == 5
