@@ -259,11 +259,15 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+WANDB_INIT_TIMEOUT_S = 30.0  # how long wandb.init may try to reach W&B online before the run logs offline
+
+
 def start_wandb(wandb_init: dict, run_dir: Path, config: dict):
     """A W&B run in RUN_DIR/wandb/. WANDB_MODE (online, offline, disabled) and the API key are the user's
     settings, read by wandb itself. Without a key wandb would prompt on a terminal and fail anywhere else
     (a submitted job, nohup, CI); rather than lose the run's W&B record, raygrpo then logs offline, says
-    so, and names the `wandb sync` command that uploads it later."""
+    so, and names the `wandb sync` command that uploads it later. The same when W&B's server does not answer
+    within WANDB_INIT_TIMEOUT_S (WANDB_INIT_TIMEOUT if set): no network."""
     try:
         import wandb as wb
     except ImportError:  # a default install has it (setup.py); an environment built without it still trains
@@ -271,15 +275,29 @@ def start_wandb(wandb_init: dict, run_dir: Path, config: dict):
               file=sys.stderr)
         return None
     kwargs = {**wandb_init, "dir": str(run_dir), "config": config}
+    # W&B's own init_timeout (90 s) unless the user set it: no network cost a run ~105 s, then ended it (issue 59)
+    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT") or WANDB_INIT_TIMEOUT_S)
     try:
-        return wb.init(**kwargs)
+        return wb.init(**kwargs, settings={"init_timeout": timeout})
     except wb.errors.UsageError as e:
         if "API key" not in str(e):
             raise
-    print(f"metrics.wandb=true but no W&B API key is configured (WANDB_API_KEY, or `wandb login`): logging offline "
-          f"into {run_dir}/wandb/; `wandb sync {run_dir}/wandb/offline-run-*` uploads it later "
-          "(WANDB_MODE=offline says so up front)", file=sys.stderr, flush=True)
+        why = "no W&B API key is configured (WANDB_API_KEY, or `wandb login`)"
+    except getattr(wb.errors, "Error", ()) as e:
+        if isinstance(e, getattr(wb.errors, "AuthenticationError", ())) or not wandb_unreachable(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        why = f"W&B's server did not answer within {timeout:.0f}s (wandb: {first}; no network?)"
+    print(f"metrics.wandb=true but {why}: logging offline into {run_dir}/wandb/; `wandb sync "
+          f"{run_dir}/wandb/offline-run-*` uploads it later (WANDB_MODE=offline says so up front, without the wait)",
+          file=sys.stderr, flush=True)
     return wb.init(**kwargs, mode="offline")
+
+
+def wandb_unreachable(e: BaseException) -> bool:
+    """Whether a wandb.init error says W&B's server could not be reached (its CommError, or its timeout's words)."""
+    text = str(e).lower()
+    return type(e).__name__ == "CommError" or "timed out" in text or "init_timeout" in text
 
 
 def _quiet_tensorboard_writer_threads() -> None:

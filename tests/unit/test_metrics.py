@@ -161,8 +161,9 @@ def test_completions_go_to_jsonl_tensorboard_and_a_wandb_table_with_the_run_name
     log.log_completions(1, completion_rows())
     log.log_completions(2, [])  # nothing picked: nothing written
     log.close()
-    assert fake.inits[0] | {"dir": None, "config": None} == {"project": "p", "name": "gsm8k-try-3", "entity": "team",
-                                                               "tags": ["gsm8k", "lora"], "dir": None, "config": None}
+    assert fake.inits[0] | {"dir": None, "config": None, "settings": None} == {
+        "project": "p", "name": "gsm8k-try-3", "entity": "team", "tags": ["gsm8k", "lora"], "dir": None, "config": None,
+        "settings": None}
     assert MetricsConfig(wandb=True).wandb_init() == {"project": "raygrpo", "name": None, "entity": None, "tags": None}
     assert MetricsConfig().wandb_init() is None
     (step, data), = fake.logged
@@ -375,3 +376,55 @@ def test_a_reward_function_with_no_values_logs_null_for_its_mean_and_its_std():
     m = stats.metrics()
     assert math.isnan(m["rewards/none/mean"]) and math.isnan(m["rewards/none/std"])
     assert m["rewards/one/mean"] == 0.5 and m["rewards/one/std"] == 0.0
+
+
+class OfflineMachineWandb(FakeWandb):
+    """wandb online with no network (0.31: wandb.init raises after its init_timeout)."""
+
+    class errors:  # noqa: N801 - the module's name
+        class Error(Exception):
+            pass
+
+        class UsageError(Error):
+            pass
+
+        class CommError(Error):
+            pass
+
+        class AuthenticationError(CommError):
+            pass
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        if kw.get("mode") != "offline":
+            raise self.errors.CommError("Timed out while retrying (https://api.wandb.ai/graphql). Consider increasing "
+                                        "init_timeout")
+        return self
+
+
+def test_wandb_online_with_no_network_logs_offline_after_a_short_wait_naming_wandb_mode_offline(tmp_path, monkeypatch,
+                                                                                                 capsys):
+    """Issue 59, item 6: W&B online with no network ended the run after ~105 s with wandb's raw "Timed out while
+    retrying ... Consider increasing init_timeout"."""
+    monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+    fake = OfflineMachineWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    log = MetricsLogger(tmp_path, total_steps=1, tensorboard=False, wandb_init=MetricsConfig(wandb=True).wandb_init())
+    log.close()
+    assert fake.inits[0]["settings"] == {"init_timeout": 30.0} and fake.inits[1]["mode"] == "offline"
+    err = capsys.readouterr().err
+    assert "W&B's server did not answer within 30s" in err and "WANDB_MODE=offline" in err
+    assert f"wandb sync {tmp_path}/wandb/offline-run-*" in err
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "120")  # the user's own setting wins
+    MetricsLogger(tmp_path / "b", total_steps=1, tensorboard=False, wandb_init=MetricsConfig(wandb=True).wandb_init())
+    assert fake.inits[2]["settings"] == {"init_timeout": 120.0}
+
+
+def test_a_rejected_wandb_key_is_not_hidden_by_the_offline_fallback(tmp_path, monkeypatch):
+    class Rejected(OfflineMachineWandb):
+        def init(self, **kw):
+            raise self.errors.AuthenticationError("API key is invalid")
+
+    monkeypatch.setitem(sys.modules, "wandb", Rejected())
+    with pytest.raises(Rejected.errors.AuthenticationError):
+        MetricsLogger(tmp_path, total_steps=1, tensorboard=False, wandb_init=MetricsConfig(wandb=True).wandb_init())
