@@ -19,7 +19,7 @@ from actors.config import RewardConfig
 from actors.rewards import code as code_kind
 from actors.rewards.scorer import RewardScorer
 from actors.runtime.sandbox import LEVELS, probe
-from actors.runtime.sandbox.runner import HARNESS_SOURCE
+from actors.runtime.sandbox.runner import HARNESS_SOURCE, MAX_PROCESSES
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAEMON_MARK = "987.654"  # the daemon's `sleep` argument: how its process would be found on the host
@@ -187,6 +187,18 @@ def test_the_attacks_work_outside_the_sandbox(places):
             assert reward == 1.0, (case, tests)
     assert places["listener"].accepted >= 1
     places["listener"].accepted = 0
+
+
+def test_a_fork_bomb_is_held_by_the_process_limit_not_only_by_the_clock(scorer):
+    """RLIMIT_NPROC holds inside the sandbox: the host's root is exempt from it, so when the driver is root
+    the program runs as nobody (strict.py); its forks stop near MAX_PROCESSES instead of filling the host."""
+    program = ("def attack():\n    n = 0\n    while n < 500:\n        try:\n            pid = os.fork()\n"
+               "        except OSError:\n            break\n        if pid == 0:\n            time.sleep(60)\n"
+               "            os._exit(0)\n        n += 1\n    assert False, n\nimport time")
+    reward, tests = score_one(scorer, program)
+    forks = int(tests[0]["detail"].rpartition(" ")[2])
+    assert reward == 0.0 and 0 < forks < MAX_PROCESSES, tests
+    assert sandbox_processes() == []
 
 
 def test_a_forged_verdict_on_stdout_or_the_exit_code_is_not_a_pass(scorer):

@@ -29,7 +29,7 @@ def _user_processes() -> int:
 class ProcessLevel(Level):
     name = "process"
 
-    def command(self, harness: list[str], workdir: str, limits: Limits) -> list[str]:
+    def command(self, harness: list[str], workdir: str, limits: Limits, fds: list[int]) -> list[str]:
         return harness
 
     def nproc(self, limits: Limits) -> int:

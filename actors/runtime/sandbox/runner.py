@@ -50,8 +50,9 @@ class Level:
     weaker: str | None = None  # the level that accepts less, named in the refusal ("process")
     pid_namespace = False  # the harness is the init of a pid namespace of its own
 
-    def command(self, harness: list[str], workdir: str, limits: Limits) -> list[str]:
-        """argv that starts `harness` (the interpreter and its arguments) in this level's isolation."""
+    def command(self, harness: list[str], workdir: str, limits: Limits, fds: list[int]) -> list[str]:
+        """argv that starts `harness` (the interpreter and its arguments) in this level's isolation; the level
+        appends to `fds` what it opened for the command to inherit (the runner closes them once started)."""
         raise NotImplementedError
 
     def workdir_inside(self, workdir: str) -> str:
@@ -80,16 +81,18 @@ def run_program(level: Level, program: str, tests: list[str], limits: Limits) ->
     spec = {"nonce": nonce, "program": program, "tests": tests, "result_fd": result_w,
             "workdir": level.workdir_inside(workdir), "pid_namespace": level.pid_namespace,
             **asdict(limits), "nproc": level.nproc(limits)}
-    argv = level.command([base_python(), "-I", "-S", "-c", HARNESS_SOURCE], workdir, limits)
+    fds: list[int] = []
     try:
+        argv = level.command([base_python(), "-I", "-S", "-c", HARNESS_SOURCE], workdir, limits, fds)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                pass_fds=(result_w,), env=dict(ENV_ALLOWED), cwd=workdir, start_new_session=True)
+                                pass_fds=(result_w, *fds), env=dict(ENV_ALLOWED), cwd=workdir, start_new_session=True)
     except BaseException:
         os.close(result_r)
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     finally:
-        os.close(result_w)
+        for fd in (result_w, *fds):
+            os.close(fd)
     try:
         _feed(proc, spec)
         answer = _read_answer(result_r, time.monotonic() + limits.timeout_s + START_GRACE_S)

@@ -11,8 +11,10 @@
 Nothing else exists there: not the run dir, the home dir, the project, /etc or the host's /tmp. The
 network namespace has only a loopback that is down (no route anywhere, 127.0.0.1 included). The
 program's uid is the user namespace's root with every capability dropped (setpriv: empty bounding
-set, no_new_privs), so it cannot mount, remount read-write, chroot out or change a limit back;
-RLIMIT_NPROC counts the processes of this user namespace, so a fork bomb stops inside it. The harness
+set, no_new_privs), so it cannot mount, remount read-write, chroot out or change a limit back. That
+root is the driver's user on the host, or nobody (65534) when the driver runs as root: the host's
+root is exempt from RLIMIT_NPROC, and owns the files a program must not touch. RLIMIT_NPROC then
+holds a fork bomb inside. The harness
 is the pid namespace's init: when it ends, or `unshare` is killed (--kill-child), every process in
 the namespace dies, daemons that double-forked included.
 """
@@ -29,12 +31,13 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin")
 DEVICES = ("null", "zero", "random", "urandom")
 TOOLS = ("unshare", "setpriv", "chroot", "mount", "sh")
 INSIDE_WORKDIR = "/tmp"
+SANDBOX_ID = 65534  # nobody / nogroup: the sandbox's user and group on the host when the driver runs as root
 
 
-def _setup_script(root: str, prefix: str, memory_mb: int) -> str:
-    """sh, run as the new namespaces' root: build the root over `root` (the host's empty temp dir)."""
+def _root_lines(root: str, prefix: str, memory_mb: int) -> list[str]:
+    """sh that builds the sandbox's root over `root` (the host's empty temp dir), read-only but /tmp."""
     q = shlex.quote
-    lines = ["set -e", f"mount -t tmpfs -o size=1m,mode=0755 raygrpo-root {q(root)}", f"cd {q(root)}"]
+    lines = [f"mount -t tmpfs -o size=1m,mode=0755 raygrpo-root {q(root)}", f"cd {q(root)}"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):  # /bin -> usr/bin on merged-/usr systems
             lines.append(f"ln -s {q(os.readlink(d))} {q(d.lstrip('/'))}")
@@ -45,9 +48,7 @@ def _setup_script(root: str, prefix: str, memory_mb: int) -> str:
     lines += ["mkdir -p dev proc tmp", f"mount -t tmpfs -o size={memory_mb}m,mode=1777 raygrpo-tmp tmp"]
     for dev in DEVICES:
         lines += [f"touch dev/{dev}", f"mount -o bind /dev/{dev} dev/{dev}"]
-    lines.append("mount -t proc -o ro,nosuid,nodev,noexec proc proc")
-    lines.append(f"mount -o remount,ro {q(root)}")  # the root itself: nothing but /tmp is writable
-    return "\n".join(lines)
+    return lines + [f"mount -o remount,ro {q(root)}"]  # the root itself: nothing but /tmp is writable
 
 
 class StrictLevel(Level):
@@ -55,14 +56,25 @@ class StrictLevel(Level):
     weaker = "process"
     pid_namespace = True
 
-    def command(self, harness: list[str], workdir: str, limits: Limits) -> list[str]:
-        prefix = os.path.realpath(sys.base_prefix)
-        tool = {t: shlex.quote(shutil.which(t) or t) for t in TOOLS}  # the allow-listed PATH may lack sbin
-        drop = f"{tool['setpriv']} --inh-caps=-all --ambient-caps=-all --bounding-set=-all --no-new-privs --"
-        script = (_setup_script(workdir, prefix, limits.memory_mb)
-                  + f"\nexec {tool['chroot']} {shlex.quote(workdir)} {drop} " + " ".join(shlex.quote(a) for a in harness))
-        return [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--ipc", "--uts",
-                "--fork", "--kill-child", "--", shutil.which("sh") or "sh", "-c", script]
+    def command(self, harness: list[str], workdir: str, limits: Limits, fds: list[int]) -> list[str]:
+        """The driver's user: one user namespace (its root = that user) builds the root and runs the harness.
+        Root: the root is built as root in a mount namespace of its own (so it may bind what only root can
+        reach, e.g. pyenv's interpreter under /root), then the harness runs as nobody in fresh user, network,
+        mount and pid namespaces: the host's root is exempt from RLIMIT_NPROC and owns every file a program
+        must not touch, so the program must not be it."""
+        q, tool = shlex.quote, {t: shutil.which(t) or t for t in TOOLS}  # the allow-listed PATH may lack sbin
+        root_lines = _root_lines(workdir, os.path.realpath(sys.base_prefix), limits.memory_mb)
+        namespaces = [tool["unshare"], "--user", "--map-root-user", "--net", "--mount", "--pid", "--ipc", "--uts",
+                      "--fork", "--kill-child", "--", tool["sh"], "-c"]
+        run = (f"mount -t proc -o ro,nosuid,nodev,noexec proc {q(workdir)}/proc\n"
+               f"exec {q(tool['chroot'])} {q(workdir)} {q(tool['setpriv'])} --inh-caps=-all --ambient-caps=-all "
+               "--bounding-set=-all --no-new-privs -- " + " ".join(q(a) for a in harness))
+        if os.geteuid() != 0:
+            return [*namespaces, "\n".join(["set -e", *root_lines, run])]
+        nobody = [tool["setpriv"], f"--reuid={SANDBOX_ID}", f"--regid={SANDBOX_ID}", "--clear-groups", "--"]
+        as_nobody = " ".join(q(a) for a in [*nobody, *namespaces, "set -e\n" + run])
+        return [tool["unshare"], "--mount", "--propagation", "private", "--", tool["sh"], "-c",
+                "\n".join(["set -e", *root_lines, f"exec {as_nobody}"])]
 
     def workdir_inside(self, workdir: str) -> str:
         return INSIDE_WORKDIR
