@@ -62,7 +62,8 @@ def candidates(total: int, per_node: int, wl: Workload, ref_choice: str | None, 
                 if r < 1 or wl.sequences % r or engines > wl.prompts:
                     continue
                 for stage, offload, ckpt, mb in itertools.product((0, 1, 2, 3), (False, True), (False, True), MICRO_BATCHES):
-                    if (offload and stage == 0) or (local and (offload or ckpt)):
+                    # bf16 at stage 0 accumulates gradients in bf16: the config check refuses it (learner/config.py)
+                    if (offload and stage == 0) or (local and (offload or ckpt)) or (stage == 0 and wl.dtype_bytes < 4):
                         continue
                     out.append(Candidate(engines, tp, r, stage, mb, mode, offload, ckpt, ref))
     return out
