@@ -62,15 +62,33 @@ def host_address() -> str:
             return socket.gethostbyname(socket.gethostname())
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _descends_from_this_test(pid: int) -> bool:
+    me = os.getpid()
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == me:
+            return True
+    return False
+
+
 def sandbox_processes() -> list[int]:
-    """Host processes of a sandbox: the harness (its source is on its command line) or the daemon."""
+    """Processes left of this module's sandboxes: the daemon's `sleep` (its argument is this module's alone),
+    anywhere on the host; a sandbox's harness or the program's forks (the harness's source is on their command
+    line) started by this test process (other pytest workers' sandboxes may be running meanwhile)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if HARNESS_SOURCE[:60] in cmdline or DAEMON_MARK in cmdline:
+        if DAEMON_MARK in cmdline or (HARNESS_SOURCE[:60] in cmdline and _descends_from_this_test(int(pid))):
             found.append(int(pid))
     return found
 
