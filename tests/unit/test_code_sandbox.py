@@ -23,7 +23,8 @@ from actors.runtime.sandbox.runner import HARNESS_SOURCE, MAX_PROCESSES
 
 PROJECT = Path(__file__).resolve().parents[2]
 DAEMON_MARK = "987.654"  # the daemon's `sleep` argument: how its process would be found on the host
-pytestmark = pytest.mark.skipif(probe("strict") is not None, reason=f"no strict sandbox here: {probe('strict')}")
+NO_STRICT = probe("strict")  # why the strict level cannot be had here (None: it can)
+pytestmark = pytest.mark.skipif(NO_STRICT is not None, reason=f"no strict sandbox here: {NO_STRICT}")
 
 
 class Listener:

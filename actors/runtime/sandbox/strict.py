@@ -14,9 +14,12 @@ program's uid is the user namespace's root with every capability dropped (setpri
 set, no_new_privs), so it cannot mount, remount read-write, chroot out or change a limit back. That
 root is the driver's user on the host, or nobody (65534) when the driver runs as root: the host's
 root is exempt from RLIMIT_NPROC, and owns the files a program must not touch. RLIMIT_NPROC then
-holds a fork bomb inside. The harness
-is the pid namespace's init: when it ends, or `unshare` is killed (--kill-child), every process in
-the namespace dies, daemons that double-forked included.
+holds a fork bomb inside. The harness is the pid namespace's init: when it ends, or `unshare` is
+killed (--kill-child), every process in the namespace dies, daemons that double-forked included.
+
+What the machine must allow (probed at start): user namespaces for the driver's user (or for nobody,
+as root), and a fresh /proc, which the kernel refuses where the current one is partly masked (a
+container runtime's default /proc); then the run refuses to start rather than run weaker.
 """
 from __future__ import annotations
 
