@@ -1,19 +1,27 @@
 """trainer.mode=pipeline, the engine's side (real Ray, real vLLM): an update lands mid-request.
 
-Two engines run continuously (actors/pipeline.py), one per `rollout.kv_after_update` choice. The
-test process stands in for the learner (as in test_weight_sync.py): it holds the HF model, noises
-it and sends it through the gloo transport with the learner's one-trip client while long requests
-run. Checked in one run, for both engines:
+Three engines run continuously (actors/pipeline.py): one per `rollout.kv_after_update` choice, and a
+third (recompute) whose vLLM engine core runs in its own process (`rollout.engine_core=process`,
+VLLM_ENABLE_V1_MULTIPROCESSING=1: the layout every GPU engine has), where the core steps on its own and
+only a scheduler pause stops it (actors/update_hold.py). The test process stands in for the learner (as
+in test_weight_sync.py): it holds the HF model, noises it and sends it through the gloo transport with
+the learner's one-trip client while long requests run. Checked in one run, for every engine:
   - the update lands while requests are running: a completion's tokens carry version 0, then 1;
   - recompute: every token's vLLM log-prob equals the HF model's of the weights that sampled it
-    (version 0 tokens: the old weights, version 1 tokens: the new ones) to 1e-5;
+    (version 0 tokens: the old weights, version 1 tokens: the new ones) to 1e-5: so each token's
+    version is that of the weights that computed it, outputs queued by the core across the update too;
   - keep: the version-1 tokens' mismatch is measured (printed) and larger than recompute's;
   - no stale prefix: a request submitted after the update with the same prompt (its first 128-token
-    block cached under the old weights) has log-probs of the new weights, on both engines.
+    block cached under the old weights) has log-probs of the new weights, on every engine;
+  - the engine core in its own process ran no model step between the start and the finish of the
+    update: its vLLM worker (in the core's process) writes down the time of every model step and of
+    start_weight_update / finish_weight_update (trace_steps).
 """
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import time
 
 import pytest
@@ -22,6 +30,7 @@ import torch
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
 from actors.transport.client import OneTripRayClient
+from cluster.launch.ray_cluster import worker_runtime_env
 from learner.grpo import token_logprobs
 
 TOL = 1e-5
@@ -49,15 +58,49 @@ def wait_done(ray, worker, n: int, timeout_s: float = 300) -> list:
     return got
 
 
+ENGINES = ("recompute", "keep", "recompute, core in its own process")
+OWN_CORE = 2  # the index of the engine whose core runs in its own process
+
+
+def trace_steps(worker) -> int:
+    """Runs inside the vLLM worker of an engine (`collective_rpc`; with the core in its own process and TP 1,
+    the worker lives in the core's process): from now on every model step with its scheduled tokens, and
+    every start_weight_update and finish_weight_update, is written down with its begin and end on this
+    process's monotonic clock. Returns the worker's pid."""
+    w = getattr(worker, "worker", worker)  # vLLM's WorkerWrapperBase holds the worker
+    trace = w.raygrpo_trace = []
+
+    def timed(name, fn, tokens=lambda *a: 0):
+        def call(*args, **kwargs):
+            t0 = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                trace.append((name, t0, time.monotonic(), tokens(*args)))
+        return call
+
+    w.execute_model = timed("step", w.execute_model, lambda scheduled, *_: scheduled.total_num_scheduled_tokens)
+    w.start_weight_update = timed("start", w.start_weight_update)
+    w.finish_weight_update = timed("finish", w.finish_weight_update)
+    return os.getpid()
+
+
+def read_trace(worker) -> list:
+    return getattr(worker, "worker", worker).raygrpo_trace
+
+
 @pytest.fixture(scope="module")
 def setup(ray_cluster, tiny_model_dir):
     import ray
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # trace_steps travels to the engine by value
     cfg = RolloutConfig(max_model_len=512, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, cpu_kv_cache_mb=64)
-    cfgs = [cfg, dataclasses.replace(cfg, kv_after_update="keep")]
-    workers = [ray.remote(num_cpus=c.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), c, worker_index=i)
-               for i, c in enumerate(cfgs)]
+    cfgs = [cfg, dataclasses.replace(cfg, kv_after_update="keep"), dataclasses.replace(cfg, engine_core="process")]
+    # vLLM sends a Python function to a core in another process only with pickle allowed (trace_steps)
+    own_core_env = worker_runtime_env({"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})
+    workers = [ray.remote(num_cpus=c.num_cpus, **({"runtime_env": own_core_env} if i == OWN_CORE else {}))(RolloutWorker)
+               .remote(str(tiny_model_dir), c, worker_index=i) for i, c in enumerate(cfgs)]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     yield ray, workers, model, tok, cfg
@@ -65,7 +108,11 @@ def setup(ray_cluster, tiny_model_dir):
         ray.kill(w)
 
 
-def test_update_lands_mid_request_versions_logprobs_and_no_stale_prefix(setup):
+@pytest.fixture(scope="module")
+def update_mid_request(setup):
+    """One update landing while two 300-token requests run on every engine, then the same prompt again.
+    Returns per engine {0: the spanning group, 1: the group submitted after}, the own-core engine's step
+    trace with its worker's and actor's pids, and the model's old and new weights."""
     from vllm.distributed.weight_transfer import ModuleSource
 
     from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
@@ -74,6 +121,9 @@ def test_update_lands_mid_request_versions_logprobs_and_no_stale_prefix(setup):
     prompt = tok.encode("12+34=46, " * 15 + "9+9=")  # > 128 tokens: vLLM-CPU caches whole 128-token blocks
     assert len(prompt) > 128
     ray.get([w.pipeline_start.remote() for w in workers])
+    own_core = workers[OWN_CORE]
+    (core_pid,) = ray.get(own_core.__ray_call__.remote(lambda self: self.llm.collective_rpc(trace_steps)))
+    actor_pid = ray.get(own_core.info.remote())["pid"]
     init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0,
                                world_size=1 + len(workers), bucket_bytes=cfg.bucket_mb << 20, timeout_s=120, rank=0)
     client = OneTripRayClient(workers)
@@ -81,7 +131,7 @@ def test_update_lands_mid_request_versions_logprobs_and_no_stale_prefix(setup):
     old = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     ray.get([w.pipeline_submit.remote([(0, prompt, 2)]) for w in workers])
-    t0 = time.time()  # wait until both engines are decoding, then update
+    t0 = time.time()  # wait until every engine is decoding, then update
     while not all(s["stats"]["tokens"] >= 8 for s in ray.get([w.pipeline_take.remote() for w in workers])):
         assert time.time() - t0 < 120
         time.sleep(0.01)
@@ -95,13 +145,20 @@ def test_update_lands_mid_request_versions_logprobs_and_no_stale_prefix(setup):
     ray.get([w.pipeline_submit.remote([(1, prompt, 2)]) for w in workers])  # after the update: same prompt
 
     results = {}
-    for name, w in zip(("recompute", "keep"), workers):
+    for name, w in zip(ENGINES, workers):
         groups = {ro.prompt: ro for ro in wait_done(ray, w, 2)}
         stats = ray.get(w.pipeline_take.remote())["stats"]
         assert stats["updates"] == 1 and stats["pause_s"] > 0
         results[name] = groups
+    (trace,) = ray.get(own_core.__ray_call__.remote(lambda self: self.llm.collective_rpc(read_trace)))
     new_state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    yield results, (trace, core_pid, actor_pid), model, old, new_state
+    sender.shutdown()
+    assert ray.get([w.pipeline_stop.remote() for w in workers]) == [[], [], []]
 
+
+def test_update_lands_mid_request_versions_logprobs_and_no_stale_prefix(update_mid_request):
+    results, _, model, old, new_state = update_mid_request
     mismatch = {}
     for name, groups in results.items():
         spanning, fresh = groups[0], groups[1]
@@ -128,7 +185,18 @@ def test_update_lands_mid_request_versions_logprobs_and_no_stale_prefix(setup):
             for n, p in model.named_parameters():
                 p.copy_(new_state[n])
     print(f"max |vLLM - learner| log-prob of the tokens sampled after a mid-request update: {mismatch}")
-    assert mismatch["recompute"] <= TOL
+    assert mismatch["recompute"] <= TOL and mismatch[ENGINES[OWN_CORE]] <= TOL
     assert mismatch["keep"] > 10 * TOL  # the kept KV of the old weights shows: the choice is real
-    sender.shutdown()
-    assert ray.get([w.pipeline_stop.remote() for w in workers]) == [[], []]
+
+
+def test_an_engine_core_in_its_own_process_runs_no_step_during_an_update(update_mid_request):
+    _, (trace, core_pid, actor_pid), *_ = update_mid_request
+    assert core_pid != actor_pid  # the GPU layout: the model steps in the core's process, not in the actor
+    (start,) = [t for t in trace if t[0] == "start"]
+    (finish,) = [t for t in trace if t[0] == "finish"]
+    steps = [(t0, t1) for name, t0, t1, tokens in trace if name == "step" and tokens > 0]
+    during = [(round(t0 - start[1], 4), round(t1 - start[1], 4)) for t0, t1 in steps if t1 > start[1] and t0 < finish[2]]
+    print(f"update: start {start[1]:.4f}, finish ended {finish[2] - start[1]:.4f} s later; "
+          f"{len(steps)} model steps with tokens, {len(during)} of them during the update")
+    assert not during, f"model steps ran between start_weight_update and the end of finish_weight_update: {during}"
+    assert any(t1 <= start[1] for _, t1 in steps) and any(t0 >= finish[2] for t0, _ in steps)  # it landed mid-run
