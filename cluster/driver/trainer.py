@@ -48,6 +48,11 @@ class Trainer:
     pool: RolloutPool | None = None
     weights: EngineWeights | None = None  # the weights on the engines (cluster/driver/engine_weights.py), made in _setup
     comebacks: Comebacks | None = None  # what an actor running again in a new process is given (made in _setup)
+    saved_step = 0  # the step of the last checkpoint this run saved or resumed from
+    # (batch, metrics, stopwatch, start) of a step the learner trained whose row is not logged yet (its weight update
+    # runs): a failure there saves it as trained (_save_before_failing)
+    _unrecorded: tuple | None = None
+    _step_t0 = 0.0  # when the step being trained started (its row's step_s)
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
@@ -98,8 +103,10 @@ class Trainer:
                     self._setup()
                     return self._train()
                 except ActorFailed as e:
-                    if not (e.died and e.actor.startswith("learner")) or \
-                            self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
+                    if not (e.died and e.actor.startswith("learner")):
+                        self._save_before_failing(e)  # the learner lives: its steps are not lost with the run
+                        raise
+                    if self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
                         raise
                     self.learner_restarts += 1
                     self._stop_feeder()
@@ -110,6 +117,11 @@ class Trainer:
                     else:
                         print(f"{e}; restarting every actor and resuming from the last checkpoint {budget}", flush=True)
                         self._teardown()
+                except (RunStopped, TrainingHalted, ConfigError):
+                    raise  # a stop's and a halt's checkpoint is saved where they are raised; bad input has no steps
+                except Exception as e:
+                    self._save_before_failing(e)  # an engine's wait past trainer.actor_timeout_s, the feeder's error
+                    raise
         except ActorFailed:
             logs.point_at_actor_logs(self.run_dir)  # their tracebacks went to the log files, not the console
             raise
@@ -173,8 +185,10 @@ class Trainer:
                 # Overlaps the training below, which is the learners' next train call: once this
                 # batch is collected, that call may take the collecting side's cores.
                 pending = self._collect_async(self.step + 1, lend_to=self.learners.train_calls)
+            self._step_t0 = t0
             m = self._learn(batch, sw)
             self.step += 1
+            self._unrecorded = None
             sw.t["step_s"] = time.perf_counter() - t0
             row = step_row(cfg, batch, m, sw, step=self.step, version=self.version, pool=self.pool,
                            learner_params=self.learner_params) | engines
@@ -263,6 +277,7 @@ class Trainer:
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
         if m.get("ref_seconds"):  # computed on the learner ranks, inside the train call
             sw.t["ref_s"], sw.t["train_s"] = m["ref_seconds"], sw.t["train_s"] - m["ref_seconds"]
+        self._unrecorded = (batch, m, sw, self._step_t0)  # trained: a failure of the update below keeps the step
         with sw("sync"):
             self.version += 1
             m["sync"] = self._sync_weights()
@@ -361,7 +376,7 @@ class Trainer:
         `resync_engines`: the engines were kept across a learner restart and hold newer weights than the
         resume point: they get the resumed ones (verified) even when that is the base model."""
         path, state = self.resume_from.path, self.resume_from.state
-        self.position_after_feeder = None
+        self.position_after_feeder, self._unrecorded = None, None
         if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
             self.step = self.version = self.regenerated_on_resume = 0
             self.stream.load_state({"epoch": 0, "index": 0})
@@ -374,15 +389,51 @@ class Trainer:
             return
         back = checkpoints.restore(self.cfg, path, state, self.learners, self.stream)
         self.step, self.version, self.resumed_batch = back.step, back.version, back.batch
+        self.saved_step = back.step
         self.regenerated_on_resume = back.regenerated
         self.weights.update()
         print(back.said(), flush=True)
 
-    def save_checkpoint(self, pending: Future | None = None, finished: bool = False) -> Path:
+    def save_checkpoint(self, pending: Future | None = None, finished: bool = False, position=None) -> Path:
         """Checkpoint the step just trained (cluster/driver/checkpoints.py). async: `pending` is the next
-        step's batch, saved with it; `finished`: the run's last one (a rerun says it is done)."""
-        return checkpoints.save(self.cfg, self.ckpt_root, self.step, self.version, self._data_position, self.learners,
-                                self.log, pending=pending, before_pending=self.position_before_pending, finished=finished)
+        step's batch, saved with it; `finished`: the run's last one (a rerun says it is done); `position`: the data
+        position (default: _data_position)."""
+        path = checkpoints.save(self.cfg, self.ckpt_root, self.step, self.version, position or self._data_position,
+                                self.learners, self.log, pending=pending, before_pending=self.position_before_pending,
+                                finished=finished)
+        self.saved_step = self.step
+        return path
+
+    def _save_before_failing(self, error: BaseException) -> None:
+        """The run stops on `error` while its learner lives (an engine dead past rollout.max_restarts or hung past
+        trainer.actor_timeout_s, the pipeline's wait): the steps trained since the last checkpoint are saved first
+        and the line says what to rerun (issue 59: 7-11 steps were lost so). A step the learner trained whose
+        weight update failed is logged and saved as trained. The data position is the one before the batch being
+        collected (sync: after the recorded step's own batch; pipeline: the feeder's, with its prompts in flight)."""
+        if getattr(self, "learners", None) is None or self.log is None:
+            return
+        trained_now = self._unrecorded is not None
+        if trained_now:
+            batch, m, sw, t0 = self._unrecorded
+            self._unrecorded, self.step = None, self.step + 1
+            sw.t["step_s"] = time.perf_counter() - t0
+            self.log.log_step(step_row(self.cfg, batch, m, sw, step=self.step, version=self.version, pool=self.pool,
+                                       learner_params=self.learner_params))
+            self.log.log_completions(self.step, batch.stats.samples)
+        if self.step <= self.saved_step:
+            return
+        mode = self.cfg.trainer.mode
+        position = (self._data_position if mode == "pipeline" else
+                    self.stream.state if mode == "sync" and trained_now else lambda: self.position_before_pending)
+        try:
+            path = self.save_checkpoint(position=position)
+        except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
+            print(f"the run stops on a failure (below); saving a checkpoint of step {self.step} first failed too "
+                  f"({type(e).__name__}: {e}): a rerun resumes from the last one saved", flush=True)
+            return
+        print(f"the run stops on a failure (below) with its learner alive: the checkpoint of step {self.step} was "
+              f"saved first ({path}); once the cause is dealt with, run the same command again to resume from it",
+              flush=True)
 
     def _data_position(self) -> dict:
         """What a checkpoint records as the data position; pipeline: the stream moves in the feeder's thread,
