@@ -53,17 +53,29 @@ def training(head: hosts.Host, model_dir, run_dir: Path, steps: int, extra: list
                 proc.wait(timeout=60)
 
 
-def wait_until(done, proc, console: Path, timeout_s: float, timeout_note: str | None = None) -> None:
-    """Poll `done()` every second while the run lives, at most `timeout_s`; a failure shows the console's tail."""
+def wait_until(done, proc, console: Path, timeout_s: float, timeout_note: str | None = None, poll_s: float = 1.0) -> None:
+    """Poll `done()` every `poll_s` while the run lives, at most `timeout_s`; a failure shows the console's tail."""
     deadline = time.time() + timeout_s
     while not done():
         assert proc.poll() is None, console.read_text()[-5000:]
         assert time.time() < deadline, timeout_note or console.read_text()[-5000:]
-        time.sleep(1)
+        time.sleep(poll_s)
 
 
-def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900) -> None:
-    wait_until(lambda: len(host_runs.train_rows(run_dir)) >= n, proc, console, timeout_s, f"no {n} steps in {timeout_s:.0f} s")
+def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900, poll_s: float = 1.0) -> None:
+    wait_until(lambda: len(host_runs.train_rows(run_dir)) >= n, proc, console, timeout_s, f"no {n} steps in {timeout_s:.0f} s",
+               poll_s)
+
+
+@contextmanager
+def frozen(proc):
+    """The run's driver stopped (SIGSTOP) inside the block, resumed (SIGCONT) after it: what the test does
+    meanwhile (a host lost) lands before the run's next step, however fast its steps are. Its actors go on."""
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGCONT)
 
 
 def finished(console: Path, run_dir: Path) -> tuple[str, list[dict]]:
@@ -183,18 +195,22 @@ def test_a_learner_rank_lost_with_its_host_resumes_from_its_checkpoint_and_keeps
     a, add_node = cluster
     b = add_node(cpus=2)  # room for one learner rank (2 CPUs); the head holds the other and the engine
     # Steps take ~0.2 s on a quiet machine: with 5, the run had finished (and its actors were gone, so none
-    # was found on host b) by the time the test looked after step 3. 40 leave the loss well inside the run.
-    run_dir, steps = tmp_path / "run", 40
+    # was found on host b) by the time the test looked after step 3, and 40 kept the loss inside the run only
+    # by training 37 steps after it. Now the driver is frozen from step 3's row (read every 0.05 s) until
+    # the host is lost, so the loss is always mid-run, and 10 steps leave a few to train after the resume.
+    run_dir, steps = tmp_path / "run", 10
     console = tmp_path / "train.log"
     with training(a, tiny_model_dir, run_dir, steps, ["rollout.num_workers=1", "learner.num_ranks=2",
                                                     "checkpoint.every=2"], console) as proc:
-        wait_rows(proc, run_dir, 3, console)
-        listed = json.loads((run_dir / "placement.json").read_text())
-        before = {p["role"]: p for p in listed}
-        on_b = on(b, listed)
-        assert len(on_b) == 1 and on_b[0].startswith("learner-"), before
-        assert before[on_b[0]]["pid"] in b.pids()
-        b.kill_all()
+        wait_rows(proc, run_dir, 3, console, poll_s=0.05)
+        with frozen(proc):
+            assert len(host_runs.train_rows(run_dir)) < steps, "the run ended before its host was lost"
+            listed = json.loads((run_dir / "placement.json").read_text())
+            before = {p["role"]: p for p in listed}
+            on_b = on(b, listed)
+            assert len(on_b) == 1 and on_b[0].startswith("learner-"), before
+            assert before[on_b[0]]["pid"] in b.pids()
+            b.kill_all()
         wait_until(lambda: "waiting for a node with room for learner rank" in console.read_text(), proc, console, 300)
         c = add_node(cpus=2)  # the node with room the run said it waits for
         assert proc.wait(timeout=1200) == 0, console.read_text()[-5000:]
