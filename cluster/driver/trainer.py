@@ -53,6 +53,7 @@ class Trainer:
     # runs): a failure there saves it as trained (_save_before_failing)
     _unrecorded: tuple | None = None
     _step_t0 = 0.0  # when the step being trained started (its row's step_s)
+    failure_checkpoint: Path | None = None  # saved by _save_before_failing (it records the prompts in flight)
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
         """overwrite: start afresh even if the run dir holds another run (moved aside, see cluster/run/rundir.py)."""
@@ -129,7 +130,8 @@ class Trainer:
             self.stop.restore()
             try:  # stopping on a signal: the engines' loops get what is left of trainer.stop_grace_s, no more
                 self._stop_feeder(self.stop.grace_left() if self.stop.requested else None,
-                                  recorded=isinstance(sys.exc_info()[1], RunStopped))  # its checkpoint just saved
+                                  recorded=isinstance(sys.exc_info()[1], RunStopped)  # its checkpoint just saved
+                                  or self.failure_checkpoint is not None)
             except Exception as e:  # noqa: BLE001 - the run's own error (if any) is the one to raise
                 print(f"pipeline: stopping the engine loops failed ({type(e).__name__}: {e})", flush=True)
             self._teardown()
@@ -426,7 +428,7 @@ class Trainer:
         position = (self._data_position if mode == "pipeline" else
                     self.stream.state if mode == "sync" and trained_now else lambda: self.position_before_pending)
         try:
-            path = self.save_checkpoint(position=position)
+            path = self.failure_checkpoint = self.save_checkpoint(position=position)
         except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
             print(f"the run stops on a failure (below); saving a checkpoint of step {self.step} first failed too "
                   f"({type(e).__name__}: {e}): a rerun resumes from the last one saved", flush=True)

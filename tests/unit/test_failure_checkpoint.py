@@ -53,6 +53,7 @@ def test_an_engine_past_its_budget_stops_the_run_with_a_checkpoint_of_its_last_s
     said = capsys.readouterr().out
     assert "the checkpoint of step 8 was saved first" in said and "run the same command again to resume" in said
     assert resume_point(t.cfg).step == 8  # the same command resumes there
+    assert t.failure_checkpoint is not None  # pipeline mode's line on the groups in flight then says a checkpoint holds them
 
 
 def test_a_step_trained_whose_weight_update_failed_is_logged_and_saved_as_trained(tmp_path):
