@@ -229,3 +229,16 @@ def test_start_ledger_imports_nothing_heavy():
            "print(sorted(m for m in ('torch', 'ray', 'vllm', 'numpy') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     assert start_ledger.KINDS == ("engine", "learner_group", "ray_cluster")
+
+
+def test_make_test_writes_both_tiers_into_the_file_the_readme_names():
+    """Issue 58: each `make test` writes the file, and the README names it and says how to list the heaviest."""
+    root = TESTS.parent
+    make = (root / "Makefile").read_text()
+    target = make[make.index("\ntest: "):].split("\n\n")[0]
+    pytest_lines = [line for line in target.splitlines() if "-m pytest" in line]
+    assert len(pytest_lines) == 2 and all("$(COSTS)" in line for line in pytest_lines), target
+    assert "COSTS := --suite-costs=.cache/tests/suite-costs.json" in make
+    assert "--suite-costs-tier=unit tests/unit" in pytest_lines[0] and "--suite-costs-tier=e2e" in pytest_lines[1]
+    readme = (root / "README.md").read_text()
+    assert ".cache/tests/suite-costs.json" in readme and "tests/suite_costs.py --top" in readme
