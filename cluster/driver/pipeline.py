@@ -74,6 +74,7 @@ class PipelineFeeder:
         t, m = cfg.trainer, cfg.metrics
         self._feeding: list[int] = list(pool.live)  # the engines supplied: the pool's live ones, once up to date
         self._failed: set[int] = set()  # engines a call found dead, not yet revived or out of the fleet
+        self._hung: dict = {}  # of those, the ones that answered nothing in time: engine -> its ActorFailed
         self.samples_per_group = math.ceil(m.completions_per_step / t.prompts_per_step) if m.log_completions else 0
         self._cv = threading.Condition()
         self._arrived: list = []  # (example, rollout) taken from the engines, not yet scored
@@ -197,12 +198,14 @@ class PipelineFeeder:
         pool = self.pool
         with self._cv:
             revive, self._revive = self._revive, False
-            failed = sorted(self._failed)
+            failed, hung, self._hung = sorted(self._failed), self._hung, {}
         if revive:  # a call failed, or an engine answered as another process
             for w in pool.lost_with_host():
                 pool.leave(w)
             for w in failed:  # first: asked again, one whose host is gone would hold the call until Ray says so
-                if w in pool.live:
+                if w in pool.live and w in hung:
+                    pool.hung(w, hung[w])  # leaves the fleet as a lost host's engine does, or raises at min_workers
+                elif w in pool.live:
                     pool.recover(w)
             pool.recover_all("answering after a call of the pipeline failed or came from a new process")
         pool.rejoin()
@@ -324,12 +327,12 @@ class PipelineFeeder:
         try:
             return wait_for(call(), f"rollout worker {w}", what, self.cfg.trainer.actor_timeout_s)
         except ActorFailed as e:
-            if not e.died:
-                raise
-        with self._cv:
-            self._failed.add(w)
-            self._revive = True
-            self._cv.notify_all()
+            with self._cv:
+                if not e.died:  # hung on a live node: next_batch has the pool take it out of the fleet (issue 59)
+                    self._hung[w] = e
+                self._failed.add(w)
+                self._revive = True
+                self._cv.notify_all()
         return None
 
     def _lost_groups(self, w: int, pid: int) -> None:

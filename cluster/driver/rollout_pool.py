@@ -7,9 +7,12 @@
   to the engines that survive, in the same call, so the step is neither lost nor redone. The run goes
   on while at least `rollout.min_workers` engines are live; below that it waits (ray.node_wait_s) for
   a node with room, saying so, and then fails naming what was missing;
+- an engine dead past its restart budget (rollout.max_restarts), or that answers nothing within
+  trainer.actor_timeout_s (hung), on a live node leaves the fleet the same way, down to rollout.min_workers
+  (at it, the run fails naming the engine; issue 59);
 - an engine that left comes back when Ray has placed it again (on a node with room, e.g. one that joins),
-  and an engine an elastic start had no room for joins the same way: before it generates, `on_rejoin`
-  sends it the current weights and checks their fingerprint, then it takes its share.
+  or, hung, when it answers again; an engine an elastic start had no room for joins the same way: before it
+  generates, `on_rejoin` sends it the current weights and checks their fingerprint, then it takes its share.
 Prompts carry their own seeds, so which engine serves a prompt does not change its completions.
 """
 from __future__ import annotations
@@ -45,6 +48,8 @@ class RolloutPool:
         self.joined: set[int] = set(self.live)  # those that ever generated (the others: an elastic start's)
         self.restarts = 0
         self.fleet_changed = False  # an engine left since the transfer group was built: rebuild before a sync
+        self._asked: dict = {}  # engine -> its info() call not answered yet (rejoin)
+        self._asked_once: set[int] = set()  # engines rejoin already waited REJOIN_ANSWER_S for once
 
     @property
     def live_handles(self) -> list:
@@ -93,9 +98,10 @@ class RolloutPool:
                 try:
                     out = wait_for(ref, f"rollout worker {w}", what.format(len(pending[w])), self.timeout_s)
                 except ActorFailed as e:
-                    if not e.died:
-                        raise
-                    if self.recover(w):
+                    if not e.died:  # no answer within trainer.actor_timeout_s: hung, on a live node
+                        self.hung(w, e)
+                        orphans += pending[w]
+                    elif self.recover(w):
                         again[w] = pending[w]
                     else:
                         orphans += pending[w]
@@ -125,8 +131,9 @@ class RolloutPool:
                 info = wait_for(self.handles[w].info.remote(), f"rollout worker {w}", activity, self.timeout_s)
             except ActorFailed as e:
                 if not e.died:
-                    raise
-                self.recover(w)
+                    self.hung(w, e)  # out of the fleet (its update goes to the others), or raised at min_workers
+                else:
+                    self.recover(w)
                 changed = True
                 continue
             if info["pid"] != self.pids[w]:  # restarted between calls
@@ -150,10 +157,15 @@ class RolloutPool:
                 return False
             state, restarts = actor_state(self.handles[w])
             if state == "DEAD":
+                budget = (f"died for good: Ray restarted it {restarts} time(s), its whole restart budget "
+                          f"(rollout.max_restarts={restarts})")
+                if len(self.live) > self.min_live:  # as an engine lost with its host (issue 59)
+                    self.leave(w, f"({budget})")
+                    return False
                 raise ActorFailed(name, "restarting after a crash", died=True,
-                                  detail=f"it died for good: Ray restarted it {restarts} time(s), its whole restart "
-                                  f"budget (rollout.max_restarts={restarts}); raise rollout.max_restarts (-1: unlimited) "
-                                  "if this worker is expected to die now and then") from None
+                                  detail=f"it {budget}, and without it fewer than rollout.min_workers={self.min_live} "
+                                  "engine(s) would generate; raise rollout.max_restarts (-1: unlimited) if this worker "
+                                  "is expected to die now and then, or lower rollout.min_workers") from None
             if state in ("ALIVE", ""):  # "": Ray's actor table is not readable here; ask the actor
                 try:
                     info = wait_for(self.handles[w].info.remote(), name, "restarting",
@@ -181,14 +193,24 @@ class RolloutPool:
         self.restarts += new_process
         self.on_restart(w, new_process)
 
-    def leave(self, w: int) -> None:
-        """Worker w's host was lost: it leaves the fleet (below min_live this waits for room, or raises). Once:
-        the loss may be found twice (a call of it failed, and the re-sync that call's recovery ran found it)."""
+    def hung(self, w: int, error: ActorFailed) -> None:
+        """Worker w answered nothing within trainer.actor_timeout_s on a live node: it leaves the fleet as one lost
+        with its host does, while at least min_live others generate (else `error` is raised); it rejoins, with the
+        current weights verified, once it answers again (`rejoin`, which asks it without waiting)."""
+        if len(self.live) <= self.min_live:
+            raise error
+        self.leave(w, f"(it answered nothing within {self.timeout_s:.0f}s, trainer.actor_timeout_s: hung; it rejoins "
+                      "when it answers again)")
+
+    def leave(self, w: int, why: str = "with its host") -> None:
+        """Worker w's host was lost (or, `why` says, it is dead past its budget or hung): it leaves the fleet
+        (below min_live this waits for room, or raises). Once: the loss may be found twice (a call of it failed,
+        and the re-sync that call's recovery ran found it)."""
         if w not in self.live:
             return
         self.live.remove(w)
         self.fleet_changed = True
-        print(f"rollout worker {w} left the fleet with its host: {len(self.live)} of {len(self.handles)} engine(s) "
+        print(f"rollout worker {w} left the fleet {why}: {len(self.live)} of {len(self.handles)} engine(s) "
               f"generate (rollout.min_workers={self.min_live}); its prompts go to the others", flush=True)
         if len(self.live) < self.min_live:
             self._wait_for_room()
@@ -202,10 +224,17 @@ class RolloutPool:
             if self.handles[w] is None or actor_state(self.handles[w])[0] != "ALIVE":
                 continue
             name = f"rollout worker {w}"
+            # one question at a time, and an engine that left hung is not waited on: each call looks (issue 59)
+            asked = self._asked.setdefault(w, self.handles[w].info.remote())
             try:
-                info = wait_for(self.handles[w].info.remote(), name, "coming back", REJOIN_ANSWER_S)
-            except ActorFailed:
-                continue  # still loading, or gone again: looked at again next time
+                info = wait_for(asked, name, "coming back", REJOIN_ANSWER_S if w not in self._asked_once else 0.01)
+            except ActorFailed as e:
+                self._asked_once.add(w)
+                if e.died:
+                    self._asked.pop(w, None)
+                continue  # still loading, hung, or gone again: looked at again next time
+            self._asked.pop(w, None)
+            self._asked_once.discard(w)
             self.pids[w] = info["pid"]
             self.hosts.place(name, info.get("node_id"))
             self.live = sorted([*self.live, w])

@@ -19,6 +19,7 @@ from cluster.data.dataset import Example, PromptStream
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.step_row import version_metrics
+from cluster.launch.waits import ActorFailed
 from cluster.run.resume import resume_point
 from cluster.run.stopping import Interrupted, StopSignals
 from learner.config import AlgoConfig
@@ -61,6 +62,12 @@ class FakePool:
             return False
         self.events.append(("revive", w))
         return True
+
+    def hung(self, w, error):
+        """As RolloutPool.hung: it leaves while more than min_live (1 here) generate, else the error is raised."""
+        if len(self.live) <= 1:
+            raise error
+        self.leave(w)
 
     def recover_all(self, activity):
         """As RolloutPool.recover_all: every live engine asked; one that died since is recovered."""
@@ -513,3 +520,26 @@ def test_pipeline_groups_in_flight_outside_pipeline_mode_is_refused_not_ignored(
                in p for p in cfg.problems()), cfg.problems()
     cfg.trainer.mode = "pipeline"
     assert not any("pipeline_groups_in_flight" in p for p in cfg.problems())
+
+
+def test_an_engine_that_answers_nothing_leaves_the_fleet_and_its_groups_go_to_the_others(capsys, monkeypatch):
+    """Issue 59, items 3 and 4: one hung engine stopped pipeline mode ("pipeline: 0 of 4 groups in 60s", while engine 0
+    was healthy). A call to it that times out has the pool take it out of the fleet, down to rollout.min_workers."""
+    examples = [Example(f"p{i}", prompt_ids=[1, i]) for i in range(12)]
+    pool = FakePool(engines=2)
+    f = feeder(version=0, stream=PromptStream(examples, seed=0), pool=pool, pipeline_groups_in_flight=4)
+    f._call = lambda w, call, what: {"pid": 1}
+    f._top_up()
+    assert len(f._held[1]) == 2
+    silent = ActorFailed("rollout worker 1", "returning finished groups", died=False, detail="no answer within 600s")
+
+    def wait_for(ref, actor, what, timeout_s):
+        raise silent
+
+    del f._call  # the feeder's own from here: its wait on engine 1 times out
+    monkeypatch.setattr("cluster.driver.pipeline.wait_for", wait_for)
+    assert f._call(1, lambda: None, "returning finished groups") is None
+    f._check_fleet()
+    assert pool.live == [0] and ("leave", 1) in pool.events and not f._held[1] and len(f._again) == 2
+    assert "rollout worker 1 left the fleet; its 2 group(s) in flight are generated on the others" in \
+        capsys.readouterr().out

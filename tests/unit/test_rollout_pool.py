@@ -202,3 +202,77 @@ def test_an_engine_already_out_of_the_fleet_leaves_no_second_time(fakes, capsys)
     pool.leave(2)
     pool.leave(2)
     assert pool.live == [0, 1] and capsys.readouterr().out.count("left the fleet") == 1
+
+
+def test_an_engine_dead_past_its_budget_on_a_live_node_leaves_the_fleet_as_a_lost_hosts_does(fakes, capsys):
+    """Issue 59, item 3: an engine that crashed past rollout.max_restarts on a live node failed the run, where one lost
+    with its host leaves the fleet down to rollout.min_workers."""
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events)
+    engines[1].dead = True
+    fakes[1] = "DEAD"  # Ray will not restart it: its budget is spent
+    out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
+    assert len(out) == 4 and pool.live == [0] and engines[0].served[-1] == [2, 3]  # its share went to engine 0
+    assert "rollout worker 1 left the fleet (died for good: Ray restarted it 0 time(s)" in capsys.readouterr().out
+    pool2_engines, pool2 = pool_of(2, hosts, 2, events)  # at rollout.min_workers: the run fails, naming the key
+    pool2_engines[1].dead = True
+    with pytest.raises(ActorFailed, match="fewer than rollout.min_workers=2 engine"):
+        pool2.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
+
+
+def test_a_hung_engine_leaves_the_fleet_and_rejoins_with_the_weights_when_it_answers_again(fakes, monkeypatch, capsys):
+    """Issue 59, item 3: a SIGSTOPped engine past trainer.actor_timeout_s failed the run. It leaves the fleet (its
+    prompts to the others), is asked without waiting while it stays silent, and rejoins once it answers (on_rejoin
+    sends the weights, verified, before it is given prompts)."""
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events)
+    stopped = {1}
+    waits = []
+    original = rollout_pool.wait_for
+
+    def wait_for(ref, actor, what, timeout_s):
+        engine, _ = ref
+        waits.append((engine.index, what, timeout_s))
+        if engine.index in stopped:
+            raise ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s")
+        return original(ref, actor, what, timeout_s)
+
+    monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+    out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
+    assert len(out) == 4 and pool.live == [0] and engines[0].served[-1] == [2, 3]
+    assert "rollout worker 1 left the fleet (it answered nothing within 10s, trainer.actor_timeout_s: hung" in \
+        capsys.readouterr().out
+    pool.generate([[0]], 1, [0])  # still silent: asked once for REJOIN_ANSWER_S, then only looked at
+    pool.generate([[0]], 1, [0])
+    asked = [t for i, what, t in waits if i == 1 and what == "coming back"]
+    assert asked[0] == rollout_pool.REJOIN_ANSWER_S and all(t < 1 for t in asked[1:]) and len(asked) == 2
+    stopped.clear()  # SIGCONT
+    assert pool.rejoin() == [1] and pool.live == [0, 1] and ("rejoin", 1, 101) in events
+
+
+def test_a_hung_engine_at_min_workers_fails_the_run_naming_it(fakes, monkeypatch):
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 2, events)
+
+    def wait_for(ref, actor, what, timeout_s):
+        raise ActorFailed(actor, what, died=False, detail="no answer")
+
+    monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+    with pytest.raises(ActorFailed, match="rollout worker 0"):
+        pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
+
+
+def test_an_engine_silent_when_a_failed_update_checks_the_fleet_leaves_it(fakes, monkeypatch):
+    """A weight update that failed asks every engine (recover_all): one that answers nothing in time leaves the fleet
+    (the update goes again to the others) instead of failing the run."""
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events)
+    original = rollout_pool.wait_for
+
+    def wait_for(ref, actor, what, timeout_s):
+        if ref[0].index == 1:
+            raise ActorFailed(actor, what, died=False, detail="no answer")
+        return original(ref, actor, what, timeout_s)
+
+    monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+    assert pool.recover_all() is True and pool.live == [0] and pool.fleet_changed
