@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from actors.runtime.sandbox.strict import TOOLS
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ("Dockerfile.cpu", "Dockerfile.gpu")
 
@@ -40,8 +42,6 @@ def ignored(path: str, patterns: list[str]) -> bool:
 
 def test_the_images_hold_what_the_strict_code_sandbox_runs():
     """reward.code_sandbox=strict (actors/runtime/sandbox/strict.py) runs programs through these tools."""
-    from actors.runtime.sandbox.strict import TOOLS
-
     for name in DOCKERFILES:
         text = (ROOT / "docker" / name).read_text()
         assert "command -v unshare >/dev/null && command -v setpriv >/dev/null || need=\"$need util-linux\"" in text
