@@ -3,7 +3,9 @@ The generation part needs a vLLM engine (tens of seconds here): it runs in `rayg
 itself (docs/plan.md has its figures), not in this unit tier."""
 import pytest
 
+from cluster.bench import command
 from cluster.bench.calibrate import PeakRss, measure_learner, measure_reward, measure_sync
+from cluster.cli import build_parser
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 from cluster.plan.profile import CalibrationProfile, ProfileError
 
@@ -44,3 +46,12 @@ def test_profile_round_trip_and_an_incomplete_one_refused(tmp_path):
     prof.generation = []
     with pytest.raises(ProfileError, match="calibrate again"):
         CalibrationProfile.load(prof.save(tmp_path / "q.json"))
+
+
+def test_bench_calibrate_runs_the_calibration_instead_of_the_parts(monkeypatch):
+    """`raygrpo bench --calibrate FILE` goes to run_calibrate before any part (or Ray) starts."""
+    seen = []
+    monkeypatch.setattr(command, "run_calibrate", lambda args: seen.append(args.calibrate) or 0)
+    args = build_parser().parse_args(["bench", "--calibrate", "/tmp/x.json"])
+    assert command.run_bench(args) == 0 and seen == ["/tmp/x.json"]
+    assert build_parser().parse_args(["bench", "--calibrate"]).calibrate == "runs/calibrate/profile.json"
