@@ -19,6 +19,10 @@ ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 RATIO_LEVELS = ("token", "sequence")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# learner.pack_sequences: the config.json model_type of the models whose decoder builds its attention mask with
+# transformers' create_causal_mask from position_ids, so packing is exact (learner/packing.py; tests/unit/
+# test_packing.py runs qwen2 and llama). Others are refused at config time, not guessed.
+PACKABLE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 BEHAVIOR_CORRECTIONS = ("tis", "decoupled", "none")
 
 
@@ -64,7 +68,10 @@ class LearnerConfig:
     # auto: 0 on one rank, 2 with more ranks or with offload_optimizer. ZeRO partitions the optimizer state
     # over the ranks; one rank has nothing to partition, and ZeRO-2 there only adds a flat float32 copy of the
     # weights and the copies in and out of it (SmolLM2-135M in float32 on 2 cores: training 14-23% faster at
-    # stage 0, docs/STATUS.md). Resolved when the config is made: every reader sees 0, 1, 2 or 3.
+    # stage 0, docs/STATUS.md). In bfloat16 (dtype auto on GPU) one rank gets 1: DeepSpeed 0.19.8 accumulates
+    # gradients in float32 only from stage 1 (its BF16 optimizer, which keeps the float32 master weights bf16
+    # needs anyway); stage 0 accumulates them in bf16 (build_ds_config). Resolved when the config is made:
+    # every reader sees 0, 1, 2 or 3.
     zero_stage: int | str = "auto"
     offload_optimizer: bool = False
     offload_params: bool = False
@@ -84,6 +91,13 @@ class LearnerConfig:
     # The G completions of a prompt share one forward pass of it (learner/sequences.py; the same
     # log-probs and gradients to float rounding). Not with gradient checkpointing or ZeRO-3.
     prompt_sharing: bool = True
+    # Micro-batches without padding: a micro-batch's sequences in one row, position ids restarting per sequence
+    # (learner/packing.py; the same log-probs to 1e-5 in float32). Where prompt sharing does not apply (gradient
+    # checkpointing, ZeRO-3, or no work saved). Off by default: with the sdpa attention the learner loads,
+    # packed attention is one S x S block-diagonal mask (S: the micro-batch's tokens), which costs more than the
+    # little padding left once micro-batches are sorted by length (docs/DESIGN.md, issue 57). Llama, Qwen2/3,
+    # Mistral only (model_type; others are refused at config time).
+    pack_sequences: bool = False
     # LoRA (peft): 0 = full fine-tuning. With a rank, only the adapters train and travel to the engines.
     lora_rank: int = 0
     lora_alpha: float = 16.0  # the adapter's output is scaled by lora_alpha / lora_rank
@@ -101,13 +115,24 @@ class LearnerConfig:
 
     def __post_init__(self):
         if self.zero_stage == "auto":
-            self.zero_stage = 2 if self.num_ranks > 1 or self.offload_optimizer else 0
+            self.zero_stage = 2 if self.num_ranks > 1 or self.offload_optimizer else 1 if self.bfloat16 else 0
+
+    @property
+    def bfloat16(self) -> bool:
+        """Whether the ranks train in bfloat16: learner.dtype, where auto is bfloat16 on GPU (devices.resolve_dtype;
+        read from num_gpus here, so the config check imports no torch)."""
+        return self.dtype == "bfloat16" or (self.dtype == "auto" and self.num_gpus > 0)
 
     def problems(self) -> list[str]:
         p = []
         at_least(p, "learner.num_ranks", self.num_ranks, 1)
         if self.zero_stage not in (0, 1, 2, 3):
             p.append(f"learner.zero_stage must be auto, 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.zero_stage == 0 and self.bfloat16:
+            p.append(f"learner.zero_stage=0 with bfloat16 (learner.dtype={self.dtype}"
+                     f"{', on GPU' if self.dtype == 'auto' else ''}): DeepSpeed accumulates gradients in bf16 at stage 0 "
+                     "(float32 accumulation needs stage 1 or above); set learner.zero_stage=1 (auto does) or "
+                     "learner.dtype=float32")
         if self.offload_optimizer and self.zero_stage == 0:
             p.append("learner.offload_optimizer needs learner.zero_stage 1, 2 or 3 (auto picks 2 with it)")
         if self.offload_params and self.zero_stage != 3:

@@ -8,17 +8,24 @@ import torch
 
 from learner import grpo
 from learner.batch import MicroBatch
+from learner.packing import packed_completion_logits
 from learner.sequences import logits_to_keep, shared_prompt_logits
 
 
-def completion_logits(model, mb: MicroBatch, device, share_prompts: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logits(model, mb: MicroBatch, device, share_prompts: bool,
+                      pack: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [n, C, V], token ids [n, C]): row j of a sequence scores its completion token j.
 
     With `share_prompts`, where it saves work, the rows of one prompt share its forward pass
     (learner/sequences.py; raises PromptSharingUnsupported for a cache that cannot be shared);
-    else one pass per sequence, the log-softmax then taken over the completion positions only."""
+    else one pass per sequence: with `pack` (learner.pack_sequences) the sequences concatenated in one row
+    without padding (learner/packing.py), else right-padded; the log-softmax then taken over the completion
+    positions only."""
     if share_prompts and mb.shared.saves_work():
         return shared_prompt_logits(model, mb.shared, device), mb.shared.completion_ids.to(device)
+    if pack:
+        logits = packed_completion_logits(model, mb.input_ids, mb.attention_mask, mb.comp_index, device)
+        return logits, mb.input_ids[:, 1:].to(device).gather(1, mb.comp_index.to(device))
     width = mb.input_ids.shape[1]
     # Logits from the first completion position on (row t scores token t+1): the prompts' are never read.
     keep = logits_to_keep(model, width - int(mb.comp_index[:, 0].min()))

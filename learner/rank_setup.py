@@ -96,6 +96,10 @@ def build_ds_config(cfg: LearnerConfig, *, world_size: int, on_gpu: bool) -> dic
         },
         "zero_optimization": zero,
         "bf16": {"enabled": bf16},
+        # bf16 keeps 8 mantissa bits: summed in bf16, a micro-batch's gradient below 1/256 of the running sum is
+        # lost. float32 accumulation: DeepSpeed's BF16 optimizer at stage 1, float32 gradient partitions at 2
+        # and 3 (engine._do_optimizer_sanity_check; stage 0 refuses it: learner.zero_stage's check).
+        **({"data_types": {"grad_accum_dtype": "fp32"}} if bf16 else {}),
         "fp16": {"enabled": False},
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,  # torch AdamW with optimizer offload is fine

@@ -181,11 +181,11 @@ class LearnerWorker:
         and optionally their entropy (learner/forward.py)."""
         model = model or self.engine
         try:
-            logits, targets = completion_logits(model, mb, self.device, self.share_prompts)
+            logits, targets = completion_logits(model, mb, self.device, self.share_prompts, self.cfg.pack_sequences)
         except PromptSharingUnsupported as e:
             self.share_prompts = False
             print(f"learner: prompt sharing is off from now on ({e}); one forward pass per sequence", flush=True)
-            logits, targets = completion_logits(model, mb, self.device, False)
+            logits, targets = completion_logits(model, mb, self.device, False, self.cfg.pack_sequences)
         return logprobs_and_entropy(logits, targets, with_entropy)
 
     # ------------------------------------------------------------------ #

@@ -9,6 +9,7 @@ and safetensors headers; the tokenizer where one is loaded anyway) and name the 
 - `position_problems`: rollout.max_model_len against the positions the model has (as vLLM derives them:
   config.json's length keys, the tokenizer's model_max_length, the RoPE factor);
 - `lora_target_problems`: learner.lora_target_modules against the model's module names;
+- `packing_problems`: learner.pack_sequences against the model's kind (config.json model_type);
 - `tokenizer_problems`: the tokenizer has a vocabulary and encodes a test prompt to tokens;
 - `eos_warning`: no end-of-sequence token anywhere, so completions cannot end early;
 - `checkpoint_model_problems`: a checkpoint to resume was trained on this model's architecture.
@@ -18,6 +19,8 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+
+from learner.config import PACKABLE_MODEL_TYPES
 
 # The config.json keys vLLM reads a model's maximum length from (the smallest one found wins).
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -106,7 +109,19 @@ def model_problems(cfg) -> list[str]:
     """Checks of a RunConfig against its model's files (model.path already known to be a model dir)."""
     model_dir = Path(cfg.model.path)
     return position_problems(model_dir, cfg.rollout.max_model_len) + (
-        lora_target_problems(model_dir, cfg.learner.lora_target_modules) if cfg.learner.lora else [])
+        lora_target_problems(model_dir, cfg.learner.lora_target_modules) if cfg.learner.lora else []) + (
+        packing_problems(model_dir) if cfg.learner.pack_sequences else [])
+
+
+def packing_problems(model_dir: Path) -> list[str]:
+    """learner.pack_sequences on a model whose attention mask is not built from restarting position ids
+    (learner/packing.py): its packed sequences would attend to each other."""
+    kind = read_json(model_dir / "config.json").get("model_type", "")
+    if kind in PACKABLE_MODEL_TYPES:
+        return []
+    return [f"learner.pack_sequences is not supported for model_type {kind!r} ({model_dir}/config.json): packed "
+            f"sequences are kept apart only by models that build their attention mask from restarting position ids "
+            f"({', '.join(PACKABLE_MODEL_TYPES)}); set learner.pack_sequences=false"]
 
 
 def max_positions(model_dir: Path) -> tuple[int, str] | None:

@@ -7,7 +7,8 @@ wheels will do (docs/STATUS.md says when it last ran and where).
 - float32: one step equals a plain-torch step of the same batch (torch AdamW + clipping) to 1e-4, at ZeRO-0
   (what `zero_stage: auto` gives one rank) and at ZeRO-2;
 - bfloat16 (dtype auto on a GPU) with the reference on the learner (a frozen copy on the GPU), at the
-  default ZeRO stage (auto: 0 on one rank, DeepSpeed's bf16 optimizer) and at ZeRO-2: the first pass's KL
+  default ZeRO stage (auto: 1 on one rank in bf16, DeepSpeed's BF16 optimizer with float32 gradient
+  accumulation) and at ZeRO-2: the first pass's KL
   is 0 (policy == reference), and two steps change the weights;
 - LoRA in bfloat16 with every other knob at its default: the reference is the model with its adapters
   off (first KL 0), and two steps move the adapters and nothing else.
@@ -48,7 +49,7 @@ def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir, zero_stage):
 @pytest.mark.parametrize("zero_stage", ["auto", 2])
 def test_bfloat16_with_the_reference_on_the_learner(tiny_model_dir, zero_stage):
     cfg = LearnerConfig(num_gpus=1, zero_stage=zero_stage, lr=1e-3, micro_batch_size=2)  # dtype auto: bf16 on a GPU
-    assert cfg.zero_stage == (0 if zero_stage == "auto" else zero_stage)
+    assert cfg.zero_stage == (1 if zero_stage == "auto" else zero_stage)  # bf16: stage 1 accumulates in fp32
     algo = AlgoConfig(beta=0.05)
     rank = _rank(tiny_model_dir, cfg, algo, reference_on_learner=True)
     try:
@@ -65,7 +66,7 @@ def test_bfloat16_with_the_reference_on_the_learner(tiny_model_dir, zero_stage):
 
 
 def test_lora_in_bfloat16_trains_the_adapters_alone(tiny_model_dir):
-    cfg = LearnerConfig(num_gpus=1, lr=1e-3, micro_batch_size=2, lora_rank=8)  # ZeRO auto (0), dtype auto (bf16)
+    cfg = LearnerConfig(num_gpus=1, lr=1e-3, micro_batch_size=2, lora_rank=8)  # ZeRO auto (1), dtype auto (bf16)
     algo = AlgoConfig(beta=0.05)
     rank = _rank(tiny_model_dir, cfg, algo, reference_on_learner=True)
     try:

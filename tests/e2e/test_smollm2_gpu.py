@@ -87,10 +87,10 @@ def test_bfloat16_at_every_default_trains_from_kl_zero_with_the_reference_on_the
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     torch.cuda.reset_peak_memory_stats()
-    cfg = LearnerConfig(num_gpus=1)  # dtype auto (bf16 on a GPU), zero_stage auto (0), micro-batch 8
+    cfg = LearnerConfig(num_gpus=1)  # dtype auto (bf16 on a GPU), zero_stage auto (1: fp32 accumulation), micro-batch 8
     rank = _rank(smollm2_dir, cfg, AlgoConfig(beta=0.001), reference_on_learner=True)
     try:
-        assert cfg.zero_stage == 0 and next(rank.engine.module.parameters()).dtype == torch.bfloat16
+        assert cfg.zero_stage == 1 and next(rank.engine.module.parameters()).dtype == torch.bfloat16
         start = _weights(rank)
         first = rank.train_step(_batch(tokenizer))
         assert abs(first["kl"]) <= 1e-6 and math.isfinite(first["loss"]) and not first["skipped"]
