@@ -225,7 +225,9 @@ class RolloutPool:
                 continue
             name = f"rollout worker {w}"
             # one question at a time, and an engine that left hung is not waited on: each call looks (issue 59)
-            asked = self._asked.setdefault(w, self.handles[w].info.remote())
+            if w not in self._asked:
+                self._asked[w] = self.handles[w].info.remote()
+            asked = self._asked[w]
             try:
                 info = wait_for(asked, name, "coming back", REJOIN_ANSWER_S if w not in self._asked_once else 0.01)
             except ActorFailed as e:

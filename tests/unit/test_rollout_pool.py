@@ -238,6 +238,9 @@ def test_a_hung_engine_leaves_the_fleet_and_rejoins_with_the_weights_when_it_ans
         return original(ref, actor, what, timeout_s)
 
     monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
+    questions = []
+    ask = engines[1].info.remote
+    monkeypatch.setattr(engines[1].info, "remote", lambda: questions.append(1) or ask())
     out = pool.generate([[i] for i in range(4)], 1, [0, 1, 2, 3])
     assert len(out) == 4 and pool.live == [0] and engines[0].served[-1] == [2, 3]
     assert "rollout worker 1 left the fleet (it answered nothing within 10s, trainer.actor_timeout_s: hung" in \
@@ -246,6 +249,7 @@ def test_a_hung_engine_leaves_the_fleet_and_rejoins_with_the_weights_when_it_ans
     pool.generate([[0]], 1, [0])
     asked = [t for i, what, t in waits if i == 1 and what == "coming back"]
     assert asked[0] == rollout_pool.REJOIN_ANSWER_S and all(t < 1 for t in asked[1:]) and len(asked) == 2
+    assert len(questions) == 1  # one question, its answer looked for each time: no queue of them behind the hang
     stopped.clear()  # SIGCONT
     assert pool.rejoin() == [1] and pool.live == [0, 1] and ("rejoin", 1, 101) in events
 
