@@ -8,4 +8,5 @@ profile.py   the speeds a prediction uses: measured (`raygrpo bench --calibrate`
 cost.py      seconds per phase of one step, and the waits of each schedule
 search.py    the candidates (engines x TP, learner ranks, ZeRO stage, micro-batch, schedule), weighed
 command.py   the command: print, --json, --write
+published.py published GRPO runs set against the prediction (docs/plan.md's table)
 """

@@ -12,6 +12,7 @@ from cluster.plan.command import write_config
 from cluster.plan.cost import Candidate, Workload, predict
 from cluster.plan.hardware import ClusterSpecError, parse_cluster
 from cluster.plan.profile import CalibrationProfile, MeasuredSpeeds, SpecSpeeds
+from cluster.plan.published import RUNS, predicted, table
 from cluster.plan.shapes import PUBLISHED, read_shape, shape_from_config
 
 KEYS = ("step_s", "phases", "learner_peak_bytes")
@@ -192,3 +193,10 @@ def test_the_recommendation_is_one_the_config_check_accepts(tmp_path, capsys):
     rec = json.loads(capsys.readouterr().out)["recommended"]
     assert rec["placement"]["mode"] != "pipeline"
     assert load_config(out, validate_paths=False).trainer.eval_every == 5
+
+
+def test_the_published_runs_table_is_computed_for_every_run():
+    """docs/plan.md's table comes from cluster/plan/published.py: every run is predicted, none fitted."""
+    rows = table()
+    assert len(rows) == len(RUNS) + 2 and len({r.source for r in RUNS}) >= 3
+    assert all(0 < predicted(r) < 1e5 for r in RUNS)
