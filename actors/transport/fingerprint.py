@@ -19,8 +19,9 @@ What it catches: an engine that kept old weights (an update left out, a load tha
 wrote elsewhere), a tensor missing or mis-routed, an adapter that never reached vLLM's slots.
 What it does not: a value changed only at positions this update did not sample (the next update
 samples others); vLLM's CPU packed copies of big layers (it reads the weights they are packed
-from); tensors a tensor-parallel worker holds only a shard of (those are skipped, replicated ones
-such as the norms are still compared).
+from). Under tensor parallelism each worker reports the samples that fall in its own shard
+(tp_shards.py: vLLM's column-parallel layers split dim 0, row-parallel dim 1), so every shard is
+compared with the matching slice of what was sent; a tensor no rule there places is still skipped.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import zlib
 import torch
 
 from actors.transport.direct_load import DirectLoader
+from actors.transport.tp_shards import Shard, find_shard
 
 SAMPLES = 16  # values per tensor: 50 tensors x 16 values take well under a millisecond on each side
 TOLERANCE = 1e-6  # relative, after casting to the engine's dtype: see the module docstring
@@ -48,10 +50,40 @@ def positions(name: str, numel: int, version: int, k: int = SAMPLES) -> torch.Te
     return torch.arange(k) * block + offset
 
 
+def spread_positions(name: str, shape: tuple[int, ...], version: int, k: int = SAMPLES) -> torch.Tensor:
+    """k flat positions of a tensor of `shape`: for a vector `positions`; for a matrix (rows x the rest), one
+    row in each of k equal row blocks and the column moving across the columns with it, so that a shard
+    along either dimension (tensor parallelism: tp_shards.py) holds about k / TP of them."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    if len(shape) < 2 or numel <= k:
+        return positions(name, numel, version, k)
+    rows, cols = shape[0], numel // shape[0]
+    h = zlib.crc32(f"{name}@{version}".encode())
+    i = torch.arange(k)
+    row = torch.clamp(i * rows // k + h % max(1, rows // k), max=rows - 1)
+    col = (h // 65536 + i * cols // k) % cols
+    return row * cols + col
+
+
 def sample(name: str, tensor: torch.Tensor, version: int) -> list[float]:
     """The fingerprint values of one tensor, as float64 numbers (exact for every float dtype)."""
     flat = tensor.detach().reshape(-1)
-    return flat[positions(name, flat.numel(), version).to(flat.device)].double().cpu().tolist()
+    return flat[spread_positions(name, tuple(tensor.shape), version).to(flat.device)].double().cpu().tolist()
+
+
+def sample_shard(name: str, shape: tuple[int, ...], shard: Shard, version: int) -> tuple[list[float], list[int]]:
+    """The fingerprint values of a tensor at the positions (of its full `shape`) that `shard` holds, and
+    which of the k samples they are."""
+    values, at = [], []
+    cols = 1 if len(shape) < 2 else shape[1]
+    for i, flat in enumerate(spread_positions(name, shape, version).tolist()):
+        index = (flat,) if len(shape) < 2 else (flat // cols, flat % cols)
+        if shard.holds(index):
+            values.append(shard.value(index))
+            at.append(i)
+    return values, at
 
 
 class Recorder:
@@ -70,14 +102,22 @@ class Recorder:
 # ---------------------------------------------------------------------------- engine side
 def engine_fingerprint(model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], version: int) -> dict:
     """Inside a vLLM worker (FingerprintWorker): {"values": {name: samples}, "dtypes": {name: dtype},
-    "skipped": [names]} of the learner's tensors `shapes` as this worker holds them. A name vLLM
-    stacks (q/k/v into qkv_proj, gate/up into gate_up_proj) is read from its rows of the stacked
-    parameter; a name this worker holds only a shard of is skipped."""
+    "skipped": [names], "at": {name: [sample indices]}} of the learner's tensors `shapes` as this worker
+    holds them. A name vLLM stacks (q/k/v into qkv_proj, gate/up into gate_up_proj) is read from its rows
+    of the stacked parameter; a name this worker holds a tensor-parallel shard of (tp_shards.py) is read
+    at the sampled positions inside its shard, and "at" says which samples those are."""
     loader = DirectLoader(model)
     loader.params = dict(model.named_parameters())
-    out: dict = {"values": {}, "dtypes": {}, "skipped": []}
+    out: dict = {"values": {}, "dtypes": {}, "skipped": [], "at": {}}
     for name, shape in shapes.items():
-        placed = loader.place(name, tuple(shape), shapes) if shape else None
+        shape = tuple(shape)
+        placed = loader.place(name, shape, shapes) if shape else None
+        shard = find_shard(model, name, shape, loader.packed) if placed is None and 0 < len(shape) <= 2 else None
+        if shard is not None:
+            out["values"][name], out["at"][name] = sample_shard(name, shape, shard, version)
+            out["dtypes"][name] = str(shard.local.dtype).removeprefix("torch.")
+            out["tp"] = f"TP rank {shard.rank[0]} of {shard.rank[1]}"
+            continue
         if placed is None:
             out["skipped"].append(name)
             continue
@@ -146,12 +186,15 @@ def differences(expected: Recorder, held: dict, scale: dict[str, float] | None =
             out.append(f"{name}: not reported by the engine")
             continue
         factor = (scale or {}).get(name, 1.0)
-        want = _cast([v * factor for v in want], dtypes[name])
+        at = held.get("at", {}).get(name)  # a tensor-parallel shard: the samples inside it
+        want = _cast([want[i] * factor for i in at] if at is not None else [v * factor for v in want], dtypes[name])
         bad = [i for i, (a, b) in enumerate(zip(want, got)) if not abs(a - b) <= TOLERANCE * max(1.0, abs(a))]
         if bad or len(got) != len(want):
             i = bad[0] if bad else 0
-            out.append(f"tensor {name}: {len(bad)} of {len(want)} sampled values differ "
-                       f"(learner {want[i]:.9g}, engine {got[i] if i < len(got) else None!r})")
+            where = f" in the shard of {held['tp']}" if at is not None and held.get("tp") else ""
+            learner = f"{want[i]:.9g}" if i < len(want) else None
+            out.append(f"tensor {name}{where}: {len(bad)} of {len(want)} sampled values differ "
+                       f"(learner {learner}, engine {got[i] if i < len(got) else None!r})")
     if not values and expected.values:
         out.append("the engine could compare none of the tensors sent (every one skipped)")
     return out
