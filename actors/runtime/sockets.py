@@ -2,7 +2,7 @@
 gloo weight transfer (actors/transport/gloo_trainer.py) both listen only on the address their peers were
 told, and bind gloo to the interface on the route to it (process_groups.py builds the groups on them).
 
-No torch, no vLLM: the driver's config check picks ports here (actors/transport/nccl.py) and stays quick.
+No torch, no vLLM: the driver's config check reads this module and stays quick.
 """
 from __future__ import annotations
 

@@ -98,6 +98,7 @@ class Watchdog:
     def __init__(self, comm, *, who: str, what: str, timeout_s: float, todo: str,
                  peer_failure: Callable[[], str | None] | None = None):
         self.comm, self.who, self.what, self.timeout_s, self.todo = comm, who, what, timeout_s, todo
+        self.asks_peer = peer_failure is not None  # only then is a failed wait worth PEER_ERROR_GRACE_S
         self.peer_failure = peer_failure or (lambda: None)
         self.reason: str | None = None  # why it aborted; None while it has not
         self._done = threading.Event()
@@ -135,7 +136,7 @@ class Watchdog:
     def __exit__(self, kind, error, tb) -> None:
         self._done.set()
         if error is not None and self.reason is None and not isinstance(error, KeyboardInterrupt):
-            deadline = time.monotonic() + PEER_ERROR_GRACE_S
+            deadline = time.monotonic() + (PEER_ERROR_GRACE_S if self.asks_peer else 0.0)
             failure = self._peer()
             while failure is None and time.monotonic() < deadline:
                 time.sleep(CHECK_EVERY_S)
