@@ -54,6 +54,10 @@ class OneTripRayClient(RayVLLMWeightSyncClient):
         """Why an engine's call of the update in flight failed (its error), or None while none has."""
         return self.pending.failure() if self.pending is not None else None
 
+    def unfinished(self) -> str | None:
+        """The engines whose call of the update in flight has not returned ("engine 0, 2 of 3"), or None."""
+        return self.pending.unfinished() if self.pending is not None else None
+
     def start_weight_update(self) -> None:
         pass
 
@@ -100,6 +104,13 @@ class PendingUpdate:
                 except Exception as e:  # noqa: BLE001 - described, the caller raises
                     return f"engine {i} of {len(self.refs)}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return None
+
+    def unfinished(self) -> str | None:
+        import ray
+
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        late = [str(i) for i, ref in enumerate(self.refs) if ref not in done]
+        return f"engine {', '.join(late)} of {len(self.refs)}" if late else None
 
     def join(self, timeout_s: float | None) -> None:
         import ray

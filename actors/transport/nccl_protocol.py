@@ -96,7 +96,10 @@ class Watchdog:
     within PEER_ERROR_GRACE_S (a dead engine's connection error arrives before Ray's word of its death)."""
 
     def __init__(self, comm, *, who: str, what: str, timeout_s: float, todo: str,
-                 peer_failure: Callable[[], str | None] | None = None):
+                 peer_failure: Callable[[], str | None] | None = None,
+                 unfinished: Callable[[], str | None] | None = None):
+        """`unfinished()`: which peers had not finished when the time ran out (named in the reason)."""
+        self.unfinished = unfinished or (lambda: None)
         self.comm, self.who, self.what, self.timeout_s, self.todo = comm, who, what, timeout_s, todo
         self.asks_peer = peer_failure is not None  # only then is a failed wait worth PEER_ERROR_GRACE_S
         self.peer_failure = peer_failure or (lambda: None)
@@ -114,12 +117,18 @@ class Watchdog:
             failure = self._peer()
             if failure is None and time.monotonic() - self._t0 <= self.timeout_s:
                 continue
-            self._abort(f"{failure} during the wait" if failure else f"no answer in {self.timeout_s:.0f}s")
+            late = None if failure else self._ask(self.unfinished)
+            self._abort(f"{failure} during the wait" if failure else
+                        f"no answer in {self.timeout_s:.0f}s" + (f" from {late}" if late else ""))
             return
 
     def _peer(self) -> str | None:
+        return self._ask(self.peer_failure)
+
+    @staticmethod
+    def _ask(question: Callable[[], str | None]) -> str | None:
         try:
-            return self.peer_failure()
+            return question()
         except Exception as e:  # noqa: BLE001 - asking about the peer failed: that is an answer too
             return f"the peer could not be asked about ({type(e).__name__}: {e})"
 

@@ -99,6 +99,7 @@ class BoundedNcclTrainer(NCCLTrainerWeightTransferEngine):
             raise RuntimeError("NCCL weight transfer: send_weights after an abort or shutdown; trainer_init again")
         dog = Watchdog(self.model_update_group, who=SENDER, what="the weight broadcast", timeout_s=self.timeout_s,
                        peer_failure=getattr(self.client, "peer_failure", None),
+                       unfinished=getattr(self.client, "unfinished", None),
                        todo="The group is aborted; the driver builds it again with the live engines (raise "
                             "trainer.actor_timeout_s if the engines are slow, not dead)")
         try:

@@ -16,6 +16,7 @@ ncclCommAbort frees a kernel spinning on a dead peer as promptly needs two GPUs 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import multiprocessing
@@ -63,12 +64,15 @@ class SmallModel(torch.nn.Module):
         self.norm = torch.nn.Parameter(torch.randn(6, generator=g))
         self.head = torch.nn.Parameter(torch.randn(12, 6, generator=g))
         self.buckets: list[list[str]] = []
-        self.die_at_bucket = 0
+        self.die_at_bucket = self.stall_at_bucket = 0
 
     def load_weights(self, weights):
         self.buckets.append([name for name, _ in weights])
         if len(self.buckets) == self.die_at_bucket:
             os._exit(3)  # the engine dies mid-broadcast, as a killed vLLM worker does
+        if len(self.buckets) == self.stall_at_bucket:
+            self.stall_at_bucket = 0
+            time.sleep(TIMEOUT_S + 1)  # alive, but not reading: a stuck engine
         params = dict(self.named_parameters())
         with torch.no_grad():
             for name, tensor in weights:
@@ -95,8 +99,8 @@ def engine_process(conn) -> None:
                 engine.update_weights(arg["info"])
                 out = {"buckets": model.buckets, "rank": engine.model_update_group.rank,
                        "fingerprint": engine_fingerprint(model, arg["shapes"], arg["version"])}
-            elif command == "die_at_bucket":
-                model.die_at_bucket = arg
+            elif command in ("die_at_bucket", "stall_at_bucket"):
+                setattr(model, command, arg)
             elif command == "corrupt":
                 with torch.no_grad():
                     dict(model.named_parameters())[arg].add_(1.0)
@@ -104,7 +108,7 @@ def engine_process(conn) -> None:
                 out = engine_fingerprint(model, arg["shapes"], arg["version"])
             elif command == "live":
                 out = GlooNcclCommunicator.live()
-            conn.send(("ok", out if command not in ("die_at_bucket", "corrupt") else None))
+            conn.send(("ok", out if command not in ("die_at_bucket", "stall_at_bucket", "corrupt") else None))
         except Exception as e:  # noqa: BLE001 - reported to the test
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
@@ -175,6 +179,10 @@ class ProcessClient:
 
     def finish_weight_update(self, weight_version=None) -> None:
         pass
+
+    def unfinished(self) -> str | None:
+        late = [str(i) for i, e in enumerate(self.engines) if e.owed]
+        return f"engine {', '.join(late)} of {len(self.engines)}" if late else None
 
     def peer_failure(self) -> str | None:
         for i, e in enumerate(self.engines):
@@ -257,13 +265,26 @@ def test_vllms_nccl_code_across_two_engines_and_two_learner_ranks(fleet):
     reports = send(trainer, fleet, source, version=2)
     check(source.recorder, reports)
 
-    # 3. engine 0 dies mid-broadcast: the sender's wait ends at once, named; engine 1's at its bound
+    # 3. engine 0 alive but stuck in its receive: the sender's wait ends at the bound, naming who was not done
+    fleet.call(0, "stall_at_bucket", 1)
+    t0 = time.monotonic()
+    with pytest.raises(NcclWaitAborted, match=r"learner rank 0 .* aborted the weight broadcast .*no answer in 4s "
+                                              r"from engine 0"):
+        send(trainer, fleet, source, version=3)
+    # vLLM's sender waits for the engines' call after its broadcast: that wait is the client's (its own bound)
+    assert time.monotonic() - t0 < 2 * TIMEOUT_S + 3
+    with contextlib.suppress(RuntimeError):  # engine 1's answer (all buckets in, or aborted at its bound)
+        fleet.reply(1, timeout_s=TIMEOUT_S + 10)
+    trainer.shutdown()
+    trainer = connect(fleet, source, info)
+
+    # 4. engine 0 dies mid-broadcast: the sender's wait ends at once, named; engine 1's at its bound
     fleet.call(0, "die_at_bucket", 1)  # engine 1 then waits for buckets the sender never sends
     with torch.no_grad():
         learner.proj.weight.add_(0.5)
     t0 = time.monotonic()
     with pytest.raises(NcclWaitAborted, match=r"learner rank 0 .* aborted the weight broadcast .*engine 0 of 2"):
-        send(trainer, fleet, source, version=3)
+        send(trainer, fleet, source, version=4)
     sender_s = time.monotonic() - t0
     with pytest.raises(RuntimeError, match=r"engine 1: NcclWaitAborted: .*NCCL rank 2 aborted the receive"):
         fleet.reply(1, timeout_s=TIMEOUT_S + 10)
@@ -271,11 +292,11 @@ def test_vllms_nccl_code_across_two_engines_and_two_learner_ranks(fleet):
     assert sender_s < TIMEOUT_S and engine_s < TIMEOUT_S + 6, (sender_s, engine_s)
     assert GlooNcclCommunicator.live() == 0 and fleet.call(1, "live") == 0  # both aborted
 
-    # 4. the engine restarted, the group formed again: the update lands, verified, nothing leaked
+    # 5. the engine restarted, the group formed again: the update lands, verified, nothing leaked
     fleet.restart(0)
     trainer.shutdown()
     trainer = connect(fleet, source, info)
-    reports = send(trainer, fleet, source, version=4)
+    reports = send(trainer, fleet, source, version=5)
     check(source.recorder, reports)
     assert [fleet.call(i, "live") for i in range(2)] == [1, 1] and GlooNcclCommunicator.live() == 1
     trainer.shutdown()

@@ -11,6 +11,7 @@ the (rank, world size) each process asks for. The TCPStore rendezvous under it i
 In tests/e2e only because it imports vLLM's weight-transfer code; it starts no Ray and no engine.
 """
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +25,7 @@ from vllm.distributed.weight_transfer.factory import (  # noqa: TID253 (vLLM sid
 
 from actors.transport.client import OneTripRayClient
 from actors.transport.nccl import engine_payloads
+from actors.transport.nccl_protocol import PEER_ERROR_GRACE_S, NcclWaitAborted
 from actors.transport.registry import backend
 from learner.weight_sync import DeepSpeedWeightSource  # noqa: TID253 - the learner's source of the weights
 
@@ -103,3 +105,17 @@ def test_a_world_size_that_is_not_engines_times_tp_is_refused_by_name():
     assert engine_payloads({"rank_offset": None, "world_size": 7}, 3) == [{"rank_offset": None, "world_size": 7}] * 3
     with pytest.raises(ValueError, match="rollout.tensor_parallel_size"):
         engine_payloads({"rank_offset": 1, "world_size": 6}, 3)
+
+
+def test_an_init_no_engine_answers_ends_at_its_bound_named(recorded):
+    """The engines never join (their init call hangs): learner rank 0 gives up after timeout_s, saying so."""
+    nccl = backend("nccl")
+    nccl.register()
+    info = {**nccl.init_info(world_size=3, bucket_bytes=1 << 20, timeout_s=1.0), "master_address": "127.0.0.1"}
+    silent = SimpleNamespace(init_weight_transfer_engine=lambda payload: time.sleep(3600))
+    source = DeepSpeedWeightSource(torch.nn.Linear(2, 2), zero3=False, is_sender=True)
+    t0 = time.monotonic()
+    with pytest.raises(NcclWaitAborted, match=r"learner rank 0 \(the weight sender\) (gave up forming|could not open) "
+                                              r"the group at 127\.0\.0\.1:\d+"):
+        WeightTransferTrainerFactory.trainer_init(nccl.trainer_init_info(info, 0), client=silent, source=source)
+    assert time.monotonic() - t0 < 1.0 + PEER_ERROR_GRACE_S + 2
