@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from actors.transport.fingerprint import SyncMismatch
 from cluster.launch.hosts import HostWatch
-from cluster.launch.waits import actor_error, wait_for
+from cluster.launch.waits import ActorFailed, actor_error, wait_for
 
 # A weight update (or the transfer's init) that an engine failed goes again; tried at most this many times.
 # A partition Ray ends by marking the host dead took 3 here: the transfer cut, the next init's call to the
@@ -71,7 +71,10 @@ class EngineWeights:
                     # The learner's own call to an engine failed (Ray types its error as the cause's): an engine
                     # that lives but whose connection was cut answers the next call. A learner rank's death
                     # (ActorFailed) is not that; it goes again only if the pool found an engine changed.
-                    cut = isinstance(e, RayActorError)
+                    # An engine that hung mid-transfer (SIGSTOP, a stalled node) makes the learner's call time out
+                    # (gloo's own bound); one that answers again by the check below leaves nothing changed, and
+                    # the update goes again all the same, the transfer group rebuilt (issue 59, seen end to end).
+                    cut = isinstance(e, RayActorError) or (isinstance(e, ActorFailed) and not e.died)
                     if attempt == ENGINE_UPDATE_TRIES or not (self.pool.recover_all() or cut):
                         raise
                     what = f"sending weights version {self.version()}" if send else "connecting"

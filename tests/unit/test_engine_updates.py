@@ -154,3 +154,15 @@ def test_an_engine_back_is_said_with_its_pids_so_the_same_process_claim_can_be_c
     assert said[0].startswith("rollout worker 1 restarted as a new process (pid 22094 -> 23091); re-syncing weights")
     assert said[1].startswith("rollout worker 1 answers again as the process the driver last knew (pid 23091;")
     assert "the same process" not in "\n".join(said)
+
+
+def test_an_update_the_learner_timed_out_on_goes_again_when_the_hung_engine_answers_again(capsys):
+    """Issue 59, item 3, seen end to end: engine 1 SIGSTOPped mid-transfer; the learner's send timed out (its call not
+    answered within trainer.actor_timeout_s), the engine answered again when the fleet was checked (SIGCONT), and the
+    run failed on the learner's timeout though nothing was wrong any more. The update goes again, rebuilt."""
+    silent = ActorFailed("learner rank 0", "sending weights version 4 to the engines", died=False,
+                         detail="no answer within 200s")
+    learners, pool = Learners([("sync", silent)]), Pool(changed=False)
+    out = weights(learners, pool).update()
+    assert out["verified"] and learners.calls == ["sync", "init", "sync"] and pool.checked == 1
+    assert "sending weights version 4 to the rollout engines failed" in capsys.readouterr().out
