@@ -171,10 +171,12 @@ class LearnerWorker:
         return t.tolist()
 
     def _forward_kind(self) -> str:
+        packed = " (packed, learner.pack_sequences)" if self.cfg.pack_sequences else ""
         if self.share_prompts:
-            return "the completions of a prompt share its forward pass"
+            return "the completions of a prompt share its forward pass" + (", else one row per micro-batch" + packed
+                                                                          if packed else "")
         why = " (prompt sharing needs no gradient checkpointing and ZeRO-0/1/2)" if self.cfg.prompt_sharing else ""
-        return "one forward pass per sequence" + why
+        return ("one row per micro-batch" + packed if packed else "one forward pass per sequence") + why
 
     def _forward(self, mb: MicroBatch, with_entropy: bool, model=None):
         """Log-probs [n, C] of the completion tokens under `model` (by default the one being trained),

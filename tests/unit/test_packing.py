@@ -4,13 +4,16 @@ not built from position ids is refused at config time, naming the key."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from cluster.data.model_check import packing_problems
 from learner.batch import TrainBatch
+from learner.config import LearnerConfig
 from learner.forward import completion_logits, logprobs_and_entropy
+from learner.worker import LearnerWorker
 
 # Lengths that leave much padding right-padded: prompts of 3..11 tokens, completions of 1..17
 PROMPTS = [[5, 6, 7], [8] * 11, [9, 10, 11, 12, 13], [14, 15, 16, 17, 18, 19, 20]]
@@ -86,3 +89,27 @@ def test_a_model_kind_packing_cannot_keep_apart_is_refused_naming_the_key(tmp_pa
     assert text.startswith("learner.pack_sequences is not supported for model_type 'gpt2'")
     assert "learner.pack_sequences=false" in text
     assert packing_problems(tiny_model_dir) == []  # qwen2
+
+
+class RecordingModel(torch.nn.Module):
+    """The learner's model, recording what each forward was given."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, []
+
+    def forward(self, **kwargs):
+        self.calls.append(kwargs)
+        return self.inner(**kwargs)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_learner_rank_packs_its_micro_batches_when_configured(pack):
+    """LearnerWorker's forward (no DeepSpeed: the rank's state stood in for) takes learner.pack_sequences."""
+    model = RecordingModel(llama())
+    rank = SimpleNamespace(cfg=LearnerConfig(pack_sequences=pack), share_prompts=False, device="cpu", engine=model)
+    mb = micro_batch(256)
+    LearnerWorker._forward(rank, mb, with_entropy=False)
+    (call,) = model.calls
+    assert (call["attention_mask"] is None, call["input_ids"].shape[0]) == ((True, 1) if pack else (False, 4))
+    assert ("one row per micro-batch (packed" in LearnerWorker._forward_kind(rank)) == pack
