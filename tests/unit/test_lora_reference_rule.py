@@ -25,8 +25,10 @@ def test_lora_on_every_example_follows_the_readme_rule(example: Path):
     auto = load_config(example, ["learner.lora_rank=16", "algo.beta=0.01", "reference.placement=auto"],
                        validate_paths=False)
     assert not reference_actor_starts(auto)
+    # On a GPU example the actor gets a GPU share: auto never puts a GPU run's reference on CPU (issue 57).
+    ref_gpus = ["reference.num_gpus=0.1"] if cfg.learner.num_gpus > 0 else []
     with_flag = load_config(example, ["learner.lora_rank=16", "algo.beta=0.01", "reference.placement=auto",
-                                      "learner.lora_reference_actor=true"], validate_paths=False)
+                                      "learner.lora_reference_actor=true", *ref_gpus], validate_paths=False)
     assert reference_actor_starts(with_flag)
 
 
