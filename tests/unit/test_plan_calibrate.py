@@ -1,6 +1,8 @@
 """`raygrpo bench --calibrate`'s measurements (cluster/bench/calibrate.py) and the profile they make.
 The generation part needs a vLLM engine (tens of seconds here): it runs in `raygrpo bench --calibrate`
 itself (docs/plan.md has its figures), not in this unit tier."""
+import time
+
 import pytest
 
 from cluster.bench import command
@@ -15,6 +17,7 @@ def test_peak_rss_sees_an_allocation_inside_the_block():
         before = p.peak
         block = bytearray(64 * 2**20)
         block[::4096] = b"x" * len(block[::4096])  # touch every page
+        time.sleep(0.05)  # held longer than the sampler's 2 ms period
         del block
     assert p.peak - before >= 48 * 2**20
 
