@@ -36,6 +36,7 @@ from cluster.plan.shapes import read_shape
 
 GEN_BATCHES = (1, 4, 16, 64)
 GEN_LENGTHS = (16, 64)
+GEN_GROUP = 8  # completions per prompt in the generation calls
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 LEARNER_SEQ = 64  # prompt + completion tokens of each calibrated sequence
 SYNC_REPEATS = 3
@@ -72,17 +73,20 @@ class PeakRss:
 def measure_generation(model: str, threads: int) -> list[dict]:
     cfg = RolloutConfig(max_model_len=max(GEN_LENGTHS) + 64, max_new_tokens=max(GEN_LENGTHS), threads=threads)
     worker = RolloutWorker(model, cfg)
-    prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
-    worker.generate(prompt, group_size=2, seeds=[0], max_new_tokens=4)  # warm-up
+    prompts = [[1 + (i + j) % 50 for j in range(8)] for i in range(max(GEN_BATCHES))]
+    worker.generate(prompts[:1], group_size=2, seeds=[0], max_new_tokens=4)  # warm-up
     points = []
     for length in GEN_LENGTHS:
         worker.cfg.min_new_tokens = length  # every completion runs to its length (vLLM min_tokens)
         for batch in GEN_BATCHES:
+            # as a step sends them: several prompts, each with n = G (G = GEN_GROUP, or the batch when smaller)
+            group = min(batch, GEN_GROUP)
+            n = batch // group
             t0 = time.perf_counter()
-            out = worker.generate(prompt, group_size=batch, seeds=[1], max_new_tokens=length)
+            out = worker.generate(prompts[:n], group_size=group, seeds=list(range(n)), max_new_tokens=length)
             secs = time.perf_counter() - t0
             tokens = sum(len(c.token_ids) for r in out for c in r.completions)
-            points.append({"batch": batch, "new_tokens": length, "prompt_tokens": len(prompt[0]),
+            points.append({"batch": batch, "prompts": n, "group": group, "new_tokens": length, "prompt_tokens": 8,
                            "tokens_per_s": tokens / secs, "seconds": secs})
             progress(f"calibrate: generation batch {batch} x {length} tokens: {tokens / secs:.0f} tok/s")
     del worker  # the engine and its KV cache go before the learner loads
