@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +35,7 @@ from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
     WeightSource,
 )
 
+from actors.runtime.background import Background
 from actors.runtime.process_groups import listening_store, new_gloo_group
 from actors.transport import shared_memory
 from actors.transport.gloo_protocol import (
@@ -72,40 +72,6 @@ def default_master_address() -> str:
     except Exception:  # noqa: BLE001 - Ray is optional here
         pass
     return "127.0.0.1"
-
-
-class _Background:
-    """Run a blocking call on a daemon thread (a hung peer must never block interpreter exit,
-    which a ThreadPoolExecutor worker would)."""
-
-    def __init__(self, fn: Callable, *args):
-        self.error: BaseException | None = None
-        self.result = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn, args):
-        try:
-            self.result = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            self.error = e
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def raise_if_failed(self) -> None:
-        if self.done and self.error is not None:
-            raise self.error
-
-    def join(self, timeout_s: float):
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise TimeoutError(f"weight-transfer RPC did not return in {timeout_s:.0f}s")
-        self.raise_if_failed()
-        return self.result
-
-
 
 
 @dataclass
@@ -221,7 +187,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         # does so on this thread: issued from a second thread, the Ray submission held the GIL
         # while this one packed (1.0M bench model: packing 0.65 ms alone, 2.9 ms beside it).
         submit = getattr(self.client, "submit_update_weights", None)
-        rpc = submit(asdict(info)) if submit is not None else _Background(self.client.update_weights, asdict(info))
+        rpc = submit(asdict(info)) if submit is not None else Background(self.client.update_weights, asdict(info))
         t1 = time.perf_counter()
         try:
             pack_s = self._send(source, meta, sizes, buckets, info.shared_memory, rpc.raise_if_failed)
@@ -288,8 +254,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 def _join_engines(client: VLLMWeightSyncClient, payload: dict, prefixed, init_info: GlooTrainerInitInfo):
     """Send the engines their init payload and form the group with them (rank 0 here)."""
     # The engines block in init until the group forms, and so do we: run the RPC beside it.
-    rpc = _Background(client.init_weight_transfer_engine, payload)
-    join = _Background(new_gloo_group, prefixed, 0, init_info.world_size, init_info.master_address,
+    rpc = Background(client.init_weight_transfer_engine, payload)
+    join = Background(new_gloo_group, prefixed, 0, init_info.world_size, init_info.master_address,
                        init_info.timeout_s)
     deadline = time.monotonic() + init_info.timeout_s
     while not join.done:

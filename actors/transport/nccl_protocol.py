@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo  # noqa: TID253 (vLLM side)
 
+from actors.runtime.background import Background
+
 DEFAULT_TIMEOUT_S = 600.0
 CHECK_EVERY_S = 0.1  # how often a watchdog looks at the clock and at the peer
 PEER_ERROR_GRACE_S = 5.0  # how long a failed wait looks for the peer's own error, which names the engine
@@ -64,26 +66,6 @@ def release_when_formed(join: Background) -> None:
     """For a communicator whose creation outlived its wait: abort it once it exists."""
     join.thread.join()
     release(join.result)
-
-
-class Background:
-    """A blocking call on a daemon thread (a hung peer must never block interpreter exit)."""
-
-    def __init__(self, fn: Callable, *args):
-        self.error: BaseException | None = None
-        self.result = None
-        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True, name="nccl-wait")
-        self.thread.start()
-
-    def _run(self, fn, args):
-        try:
-            self.result = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            self.error = e
-
-    @property
-    def done(self) -> bool:
-        return not self.thread.is_alive()
 
 
 class Watchdog:

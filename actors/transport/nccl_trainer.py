@@ -20,7 +20,6 @@ means vLLM's NCCL code with these bounds.
 from __future__ import annotations
 
 import importlib
-import socket
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -33,6 +32,7 @@ from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: TID253 (vLLM
     NCCLTrainerWeightTransferEngine,
 )
 
+from actors.runtime.process_groups import bind_listener
 from actors.transport.nccl_protocol import (
     DEFAULT_TIMEOUT_S,
     PEER_ERROR_GRACE_S,
@@ -57,20 +57,6 @@ class BoundedNcclTrainerInitInfo(NCCLTrainerInitInfo):
 
     backend: ClassVar[str] = BACKEND
     timeout_s: float = DEFAULT_TIMEOUT_S
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """The TCPStore's listening socket, bound here on `host` (port 0: the OS picks a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(512)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 class BoundedNcclTrainer(NCCLTrainerWeightTransferEngine):

@@ -177,18 +177,6 @@ class PipelineFeeder:
             parts.insert(0, f"rollout worker {worst} has answered nothing for the longest ({silent[worst]:.0f}s)")
         return "; ".join(parts) or "no engine is fed"
 
-    def _engines_waited_on(self, now: float) -> str:
-        """Each engine fed: the groups it holds and when it last handed one back (called with the condition held);
-        the one silent longest while holding groups is named first, as the one to look at."""
-        fed = [w for w in self._feeding if w in self.pool.live]
-        silent = {w: now - self._last_back[w] for w in fed if self._held[w]}
-        parts = [f"rollout worker {w}: {len(self._held[w])} group(s) in flight, "
-                 + (f"none back for {silent[w]:.0f}s" if w in silent else "nothing asked of it") for w in fed]
-        if silent:
-            worst = max(silent, key=silent.get)
-            parts.insert(0, f"rollout worker {worst} has answered nothing for the longest ({silent[worst]:.0f}s)")
-        return "; ".join(parts) or "no engine is fed"
-
     def _check_fleet(self) -> None:
         """From the loop's thread: every engine whose host was lost leaves the fleet (below rollout.min_workers
         the pool waits for room, or raises); one a call found dead is revived where Ray restarted it, or leaves
