@@ -166,3 +166,31 @@ def test_an_update_the_learner_timed_out_on_goes_again_when_the_hung_engine_answ
     out = weights(learners, pool).update()
     assert out["verified"] and learners.calls == ["sync", "init", "sync"] and pool.checked == 1
     assert "sending weights version 4 to the rollout engines failed" in capsys.readouterr().out
+
+
+def test_an_engine_back_in_the_fleet_gets_its_threads_then_the_current_weights_verified(monkeypatch):
+    """A rejoined engine (its host back, or an elastic start's engine placed at last) must not generate with the
+    weights it had: the transfer group is rebuilt with it and version 4 sent and checked (issue 58: deleting
+    this re-sync was caught by no test)."""
+    import cluster.driver.engine_weights as engine_weights
+
+    learners, asked = Learners([]), []
+    w = weights(learners, Pool())
+    w.rollouts = [None, SimpleNamespace(set_threads=SimpleNamespace(remote=lambda n: ("set_threads", n)))]
+    monkeypatch.setattr(engine_weights, "wait_for", lambda ref, *args, **kw: asked.append(ref))
+    w.rejoined(1)
+    assert asked == [("set_threads", w.threads["rollout-1"])] and w.threads["rollout-1"] >= 1
+    assert learners.calls == ["init", "sync"] and w.sent == 4  # rebuilt with it, then the weights, verified
+
+
+def test_the_pools_on_rejoin_records_where_the_engine_runs_and_sends_it_the_weights():
+    from cluster.driver.comebacks import Comebacks
+
+    rejoined, rows, said = [], {"rollout-1": {"role": "rollout-1"}}, []
+    placement = SimpleNamespace(row=rows.__getitem__, say_network=said.append)
+    back = Comebacks(actors=None, placement=placement, hosts=None, threads={"rollout-1": 1},
+                     weights=SimpleNamespace(rejoined=rejoined.append), scorer=None, timeout_s=5)
+    back.engine_up(1, {"pid": 555, "node_id": "n2", "hostname": "host-b"})
+    assert rejoined == [1]  # the weights (EngineWeights.rejoined: the re-sync above)
+    assert rows["rollout-1"] == {"role": "rollout-1", "pid": 555, "node_id": "n2", "hostname": "host-b", "threads": 1}
+    assert said == [["rollout-1"]]
