@@ -180,9 +180,7 @@ class Trainer:
                     engines["pipeline/regenerated_on_resume"], self.regenerated_on_resume = self.regenerated_on_resume, 0
                 else:
                     batch = (pending or self._collect_async(self.step)).result()
-            pending = None
-            if self.feeder is None and self.version - batch.weight_version > t.max_staleness:  # too old: regenerate
-                batch = self._collect_async(self.step).result()
+            pending, batch = None, self._fresh(batch)
             if t.mode == "async" and self.step + 1 < t.steps:
                 # Overlaps the training below, which is the learners' next train call: once this
                 # batch is collected, that call may take the collecting side's cores.
@@ -214,6 +212,13 @@ class Trainer:
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
                 "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": rollout_restarts,
                 "reward_model_restarts": reward_model_restarts}
+
+    def _fresh(self, batch: Batch) -> Batch:
+        """sync/async: a batch generated more than trainer.max_staleness versions ago is never trained on; it is
+        generated again with the weights now (pipeline: the feeder drops its stale groups itself)."""
+        if self.feeder is None and self.version - batch.weight_version > self.cfg.trainer.max_staleness:
+            return self._collect_async(self.step).result()
+        return batch
 
     def _stop_feeder(self, wait_s: float | None = None, recorded: bool = False) -> None:
         """trainer.mode=pipeline: stop the engines' loops (`wait_s`: PipelineFeeder.stop); the groups still in

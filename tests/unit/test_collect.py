@@ -5,7 +5,7 @@ collecting logic is the real `Collector.collect`, in a `Trainer` where the loop'
 import dataclasses
 import math
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -461,3 +461,17 @@ def test_a_restart_before_the_first_checkpoint_expects_the_base_weights_of_the_e
     r.step, r.version, r.weights.sent = 3, 3, 3  # where the run was when the rank died
     r._resume()
     assert (r.step, r.version, r.weights.sent) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("made_with, regenerated", [(5, False), (4, False), (3, True)])
+def test_a_batch_older_than_max_staleness_is_generated_again_before_training(made_with, regenerated):
+    """sync/async: the learner is at version 5, trainer.max_staleness=1: a batch of version 4 is trained on, one
+    of version 3 is never (issue 58: widening this bound by one was caught by no test)."""
+    t = trainer([[1, 0], [1, 1], [0, 1]])
+    t.feeder, t.cfg.trainer.max_staleness = None, 1
+    t._collecting = ThreadPoolExecutor(1)  # the collecting thread
+    old = SimpleNamespace(weight_version=made_with)
+    fresh = t._fresh(old)
+    assert (fresh is not old) == regenerated
+    if regenerated:
+        assert fresh.weight_version == 5 and t.pool.calls == [3]  # collected again, with the weights now
