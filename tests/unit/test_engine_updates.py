@@ -14,8 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 import actors.runtime.waits as waits
+import cluster.driver.engine_weights as engine_weights
 from actors.runtime.waits import actor_died
 from cluster.config import RunConfig
+from cluster.driver.comebacks import Comebacks
 from cluster.driver.engine_weights import ENGINE_UPDATE_TRIES, EngineWeights
 from cluster.launch.waits import ActorFailed
 
@@ -172,8 +174,6 @@ def test_an_engine_back_in_the_fleet_gets_its_threads_then_the_current_weights_v
     """A rejoined engine (its host back, or an elastic start's engine placed at last) must not generate with the
     weights it had: the transfer group is rebuilt with it and version 4 sent and checked (issue 58: deleting
     this re-sync was caught by no test)."""
-    import cluster.driver.engine_weights as engine_weights
-
     learners, asked = Learners([]), []
     w = weights(learners, Pool())
     w.rollouts = [None, SimpleNamespace(set_threads=SimpleNamespace(remote=lambda n: ("set_threads", n)))]
@@ -184,8 +184,6 @@ def test_an_engine_back_in_the_fleet_gets_its_threads_then_the_current_weights_v
 
 
 def test_the_pools_on_rejoin_records_where_the_engine_runs_and_sends_it_the_weights():
-    from cluster.driver.comebacks import Comebacks
-
     rejoined, rows, said = [], {"rollout-1": {"role": "rollout-1"}}, []
     placement = SimpleNamespace(row=rows.__getitem__, say_network=said.append)
     back = Comebacks(actors=None, placement=placement, hosts=None, threads={"rollout-1": 1},
