@@ -108,11 +108,12 @@ def engine_fingerprint(model: torch.nn.Module, shapes: dict[str, tuple[int, ...]
     at the sampled positions inside its shard, and "at" says which samples those are."""
     loader = DirectLoader(model)
     loader.params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
     out: dict = {"values": {}, "dtypes": {}, "skipped": [], "at": {}}
     for name, shape in shapes.items():
         shape = tuple(shape)
         placed = loader.place(name, shape, shapes) if shape else None
-        shard = find_shard(model, name, shape, loader.packed) if placed is None and 0 < len(shape) <= 2 else None
+        shard = find_shard(loader.params, modules, name, shape, loader.packed) if placed is None and 0 < len(shape) <= 2 else None
         if shard is not None:
             out["values"][name], out["at"][name] = sample_shard(name, shape, shard, version)
             out["dtypes"][name] = str(shard.local.dtype).removeprefix("torch.")

@@ -57,9 +57,7 @@ def direct_shard(param: torch.Tensor, layer, full: tuple[int, ...]) -> Shard | N
     if ranks is None or param.dim() != len(full):
         return None
     differ = [d for d in range(len(full)) if param.shape[d] != full[d]]
-    dim = getattr(param, "output_dim", None) if differ == [getattr(param, "output_dim", None)] else \
-        getattr(param, "input_dim", None) if differ == [getattr(param, "input_dim", None)] else \
-        differ[0] if len(differ) == 1 else None
+    dim = differ[0] if len(differ) == 1 else None  # the one dim the shard is cut along (vLLM's output/input_dim)
     if dim is None:
         return None
     local_length = param.shape[dim]
@@ -83,12 +81,11 @@ def stacked_shard(param: torch.Tensor, layer, index: int, full: tuple[int, ...])
     return Shard(rows, 0, start, local[index], ranks)
 
 
-def find_shard(model: torch.nn.Module, name: str, full: tuple[int, ...],
-               packed: dict[str, list[str]]) -> Shard | None:
+def find_shard(params: dict[str, torch.Tensor], modules: dict[str, torch.nn.Module], name: str,
+               full: tuple[int, ...], packed: dict[str, list[str]]) -> Shard | None:
     """This worker's shard of the learner tensor `name` (shape `full`), or None where it holds none that
-    these rules place (then the tensor is skipped, as before)."""
-    params = dict(model.named_parameters())
-    modules = dict(model.named_modules())
+    these rules place (then the tensor is skipped, as before). `params`, `modules`: the model's
+    named_parameters() and named_modules() as dicts, built once per fingerprint, not once per tensor."""
     param = params.get(name)
     if param is not None:
         return direct_shard(param, _owner(modules, name), full)
