@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 POLL_S = 0.02  # between two polls of the engines when none had anything
 WAITING_LINE_S = 30.0  # next_batch says what it waits for (each engine's groups and its last answer) this often
 STOP_JOIN_S = 5.0  # at most this for the feeder's threads to end (daemons: one in a call to a hung engine is left)
-WAITING_LINE_S = 30.0  # next_batch says what it waits for (each engine's groups and its last answer) this often
-STOP_JOIN_S = 5.0  # at most this for the feeder's threads to end (daemons: one in a call to a hung engine is left)
 
 
 def in_flight_bound(t) -> int:
@@ -91,7 +89,6 @@ class PipelineFeeder:
         self._revive = False  # an engine died or came back as another process: next_batch deals with it
         self.engine = {"busy_s": 0.0, "wall_s": 0.0, "tokens": 0, "pause_s": 0.0, "in_flight": 0}
         self._last_engine: list[dict] = [{} for _ in pool.handles]
-        self._last_back = [time.monotonic()] * len(pool.handles)  # when each engine last handed a group back
         self._last_back = [time.monotonic()] * len(pool.handles)  # when each engine last handed a group back
         self._stop = False
         self._error: BaseException | None = None
