@@ -52,7 +52,6 @@ class Trainer:
     # (batch, metrics, stopwatch, start) of a step the learner trained whose row is not logged yet (its weight update
     # runs): a failure there saves it as trained (_save_before_failing)
     _unrecorded: tuple | None = None
-    _step_t0 = 0.0  # when the step being trained started (its row's step_s)
     failure_checkpoint: Path | None = None  # saved by _save_before_failing (it records the prompts in flight)
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
@@ -185,15 +184,7 @@ class Trainer:
                 # Overlaps the training below, which is the learners' next train call: once this
                 # batch is collected, that call may take the collecting side's cores.
                 pending = self._collect_async(self.step + 1, lend_to=self.learners.train_calls)
-            self._step_t0 = t0
-            m = self._learn(batch, sw)
-            self.step += 1
-            self._unrecorded = None
-            sw.t["step_s"] = time.perf_counter() - t0
-            row = step_row(cfg, batch, m, sw, step=self.step, version=self.version, pool=self.pool,
-                           learner_params=self.learner_params) | engines
-            self.log.log_step(row)
-            self.log.log_completions(self.step, batch.stats.samples)
+            row = self._record_step(batch, self._learn(batch, sw, t0), sw, t0, engines)
             self.comebacks.reward_models_back()
             self._check_health(row, batch, pending)
             if self.stop.requested:
@@ -268,7 +259,19 @@ class Trainer:
         self.log.log_eval(self.step, m)
         return m
 
-    def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
+    def _record_step(self, batch: Batch, m: dict, sw: Stopwatch, t0: float, extra: dict | None = None) -> dict:
+        """The step the learner just trained counted, its row (with `extra`, the pipeline's engine metrics) and
+        completions logged; the row returned."""
+        self.step += 1
+        self._unrecorded = None
+        sw.t["step_s"] = time.perf_counter() - t0
+        row = step_row(self.cfg, batch, m, sw, step=self.step, version=self.version, pool=self.pool,
+                       learner_params=self.learner_params) | (extra or {})
+        self.log.log_step(row)
+        self.log.log_completions(self.step, batch.stats.samples)
+        return row
+
+    def _learn(self, batch: Batch, sw: Stopwatch, t0: float) -> dict:
         """Steps 4-6: the DeepSpeed update with the batch's advantages (with reference.placement=learner
         the ranks compute the reference log-probs in it), the weight broadcast."""
         # dynamic sampling found no group with a learning signal, or no reward function scored any sample
@@ -284,7 +287,7 @@ class Trainer:
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
         if m.get("ref_seconds"):  # computed on the learner ranks, inside the train call
             sw.t["ref_s"], sw.t["train_s"] = m["ref_seconds"], sw.t["train_s"] - m["ref_seconds"]
-        self._unrecorded = (batch, m, sw, self._step_t0)  # trained: a failure of the update below keeps the step
+        self._unrecorded = (batch, m, sw, t0)  # trained: a failure of the update below keeps the step
         with sw("sync"):
             self.version += 1
             m["sync"] = self._sync_weights()
@@ -421,12 +424,7 @@ class Trainer:
             return
         trained_now = self._unrecorded is not None
         if trained_now:
-            batch, m, sw, t0 = self._unrecorded
-            self._unrecorded, self.step = None, self.step + 1
-            sw.t["step_s"] = time.perf_counter() - t0
-            self.log.log_step(step_row(self.cfg, batch, m, sw, step=self.step, version=self.version, pool=self.pool,
-                                       learner_params=self.learner_params))
-            self.log.log_completions(self.step, batch.stats.samples)
+            self._record_step(*self._unrecorded)  # without the pipeline's engine metrics: the step did not finish
         if self.step <= self.saved_step:
             return
         mode = self.cfg.trainer.mode
