@@ -22,7 +22,7 @@ from pathlib import Path
 
 from actors.config import RewardConfig
 from actors.rewards.scorer import RewardResult, RewardScorer
-from cluster.run.completions import test_lines
+from cluster.run.completions import finite_or_none, test_lines
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -42,10 +42,6 @@ def read_rows(path: str | Path) -> list[dict]:
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
-
-
-def _number(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
 def _attach_reward_models(scorer: RewardScorer, cfg: RewardConfig, timeout_s: float) -> None:
@@ -78,8 +74,8 @@ def out_rows(result: RewardResult, names: dict[str, str]) -> list[dict]:
     """One --out row per input row: reward, rewards (name -> score | null), tests (code rewards only)."""
     rows = []
     for i, total in enumerate(result.rewards):
-        row = {"reward": _number(total),
-               "rewards": {names[spec]: _number(values[i]) for spec, values in result.per_function.items()}}
+        row = {"reward": finite_or_none(total),
+               "rewards": {names[spec]: finite_or_none(values[i]) for spec, values in result.per_function.items()}}
         if result.tests and result.tests[i] is not None:
             row["tests"] = [{"outcome": t["outcome"], "detail": t["detail"], "test": t["test"]} for t in result.tests[i]]
         rows.append(row)

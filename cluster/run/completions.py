@@ -31,7 +31,8 @@ def pick(groups: int, group_size: int, k: int) -> list[tuple[int, int]]:
     return [(i % groups, i // groups) for i in range(min(k, groups * group_size))] if groups else []
 
 
-def _number(v) -> float | None:
+def finite_or_none(v) -> float | None:
+    """A number as JSON should hold it: a finite float, else None (null)."""
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
@@ -46,8 +47,8 @@ def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[f
         example, rollout = live[g]
         c, at = rollout.completions[j], g * group_size + j
         row = {"prompt_index": g, "sample": j, "prompt": example.prompt, "completion": c.text,
-               "reward": _number(rewards[at]), "rewards": {name: _number(v[at]) for name, v in per_function.items()},
-               "advantage": _number(advantages[at]), "finish_reason": c.finish_reason}
+               "reward": finite_or_none(rewards[at]), "rewards": {name: finite_or_none(v[at]) for name, v in per_function.items()},
+               "advantage": finite_or_none(advantages[at]), "finish_reason": c.finish_reason}
         if hasattr(c, "messages"):  # a multi-turn trajectory (actors/multiturn/trajectories.py)
             row |= {"num_tokens": sum(c.loss_mask), "messages": c.messages, "turns": c.turns,
                     "env_reward": c.env_reward, "env_error": c.env_error}
