@@ -33,6 +33,7 @@ This module imports no vLLM at its top (the rollout actor does, through `llm`).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -249,3 +250,17 @@ def token_versions(spans, n: int, request_id: str) -> list[int]:
         raise RuntimeError(f"vLLM labelled {len(versions)} of request {request_id}'s {n} tokens with a weight version "
                            f"({spans!r}); every token must carry the version that computed it")
     return versions
+
+
+@contextlib.contextmanager
+def paused(loop: EngineLoop | None):
+    """`with paused(loop):` no engine step runs inside (pipeline mode: the rollout actor's EngineLoop);
+    a no-op where there is no loop."""
+    if loop is None:
+        yield
+        return
+    loop.pause()
+    try:
+        yield
+    finally:
+        loop.resume()

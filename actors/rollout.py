@@ -28,7 +28,7 @@ from actors.completions import PromptRollout, completion_from_vllm, stop_token_i
 from actors.config import RolloutConfig
 from actors.multiturn.env_pool import EnvPool
 from actors.multiturn.trajectories import ChatTokens, run_trajectories
-from actors.pipeline import EngineLoop
+from actors.pipeline import EngineLoop, paused
 from actors.runtime.devices import eager_cpu_engine_env, on_gpu, resolve_dtype, resolve_enforce_eager
 from actors.runtime.sockets import network_view
 from actors.runtime.start_ledger import ENGINE, record_start
@@ -306,23 +306,10 @@ class RolloutWorker:
         return keys
 
     @contextlib.contextmanager
-    def _loop_paused(self):
-        """No engine step runs inside (pipeline mode); a no-op otherwise."""
-        loop = self._loop
-        if loop is None:
-            yield
-            return
-        loop.pause()
-        try:
-            yield
-        finally:
-            loop.resume()
-
-    @contextlib.contextmanager
     def _loop_idle(self, what: str):
         """`LLM.generate` steps the whole engine: with the pipeline's groups in it, it would step (and
         swallow) them too. So it runs paused, and only with none in flight."""
-        with self._loop_paused():
+        with paused(self._loop):
             if self._loop is not None and self._loop.in_flight():
                 raise RuntimeError(f"{what} while pipeline groups are in flight on this engine: stop the pipeline first")
             yield
@@ -365,7 +352,7 @@ class RolloutWorker:
                 pass
             # The hold stays: the weights are half loaded until the full sync that follows finishes.
             self._updating = False
-        with self._loop_paused():
+        with paused(self._loop):
             self.llm.init_weight_transfer_engine(request)
 
     def shutdown_weight_transfer_engine(self) -> None:
@@ -442,11 +429,11 @@ class RolloutWorker:
         every step from now on with it). With the loop paused: a core in its own process is reached through
         one ZMQ socket, which the loop's thread also sends on, and a ZMQ socket is not thread-safe."""
         self._version = int(version)
-        with self._loop_paused():
+        with paused(self._loop):
             self.llm.update_weight_version(str(self._version))
 
     def get_weight_version(self) -> str:
-        with self._loop_paused():  # as update_weight_version
+        with paused(self._loop):  # as update_weight_version
             return self.llm.get_weight_version()
 
     # ------------------------------------------------------------------ LoRA adapters (adapter-mode sync)
@@ -469,7 +456,7 @@ class RolloutWorker:
         """What this engine holds of the learner's tensors `shapes` (actors/transport/fingerprint.py),
         read inside each vLLM worker; the learner compares it with what it sent."""
         self._check_not_updating()
-        with self._loop_paused():
+        with paused(self._loop):
             workers = self.llm.collective_rpc("raygrpo_weight_fingerprint", args=(shapes, int(version), adapter))
         return {"engine": f"rollout worker {self.worker_index} (pid {os.getpid()})", "version": self._version,
                 "workers": workers}
