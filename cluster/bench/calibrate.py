@@ -28,7 +28,8 @@ from actors.config import RolloutConfig
 from actors.rewards.functions import REWARDS
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
-from cluster.bench.report import machine_info, model_spec, progress
+from cluster.bench.report import machine_info, model_spec, progress, rss_bytes
+from cluster.bench.rollout import renice_to
 from cluster.config import load_config
 from cluster.models.tinymodel import build_tiny_model, num_parameters
 from cluster.plan.profile import CalibrationProfile
@@ -46,28 +47,23 @@ SYNC_REPEATS = 3
 RAY_WORKER_NICENESS = 15
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
-
-
 class PeakRss:
     """The process's highest RSS while the block runs (sampled every 2 ms)."""
 
     def __enter__(self):
-        self.peak, self._stop = _rss(), threading.Event()
+        self.peak, self._stop = rss_bytes(), threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
         return self
 
     def _run(self):
         while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _rss())
+            self.peak = max(self.peak, rss_bytes())
 
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, _rss())
+        self.peak = max(self.peak, rss_bytes())
 
 
 def measure_generation(model: str, threads: int) -> list[dict]:
@@ -97,7 +93,7 @@ def measure_learner(model: str, threads: int) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    base = _rss()
+    base = rss_bytes()
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).train()
     opt = torch.optim.AdamW(lm.parameters(), lr=1e-6)
     g = torch.Generator().manual_seed(0)
@@ -167,7 +163,7 @@ def run_calibrate(args) -> int:
     if not model:
         model = str(build_tiny_model(Path(args.cache_dir).resolve() / "base-h128-l4", model_spec(128, 4)))
     shape = read_shape(model)
-    os.nice(max(0, RAY_WORKER_NICENESS - os.nice(0)))
+    renice_to(RAY_WORKER_NICENESS)()  # as Ray's workers run (only ever raised)
     cores = len(os.sched_getaffinity(0))
     threads = max(1, cores // 2)  # the thread budget gives an engine and a learner rank half the cores each
     progress(f"calibrate: {model} ({shape.params() / 1e6:.2f}M parameters), {threads} thread(s) per side, {cores} cores")

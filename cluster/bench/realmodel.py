@@ -29,7 +29,7 @@ import torch
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
-from cluster.bench.report import load_average, machine_info
+from cluster.bench.report import load_average, machine_info, rss_bytes
 from cluster.models.smollm2 import build_smollm2
 from cluster.models.wordproblems import conversational_rows
 from cluster.paths import SMOLLM2_FIXTURE
@@ -48,9 +48,7 @@ def _prompt_ids(model: str) -> list[list[int]]:
 
 
 def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return kb / 1024
+    return rss_bytes() / 2**20
 
 
 def hf_generate(model: str) -> dict:

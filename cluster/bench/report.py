@@ -265,6 +265,12 @@ def model_spec(hidden_size: int, num_layers: int):
                          intermediate_size=4 * hidden_size, seed=0)
 
 
+def rss_bytes() -> int:
+    """This process's resident memory now (VmRSS), in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+
 def load_average() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
