@@ -18,7 +18,7 @@ from cluster.plan.cost import MODES, Candidate, Prediction, Workload
 from cluster.plan.hardware import GB, ClusterSpec, ClusterSpecError, parse_cluster
 from cluster.plan.profile import CalibrationProfile, MeasuredSpeeds, ProfileError, SpecSpeeds
 from cluster.plan.search import Plan, PlanRefused, overrides, search
-from cluster.plan.shapes import ShapeError, model_shape
+from cluster.plan.shapes import ModelShape, ShapeError, model_shape
 
 DEFAULT_PROFILE = "runs/calibrate/profile.json"  # where `raygrpo bench --calibrate` writes by default
 # Prompt tokens assumed for the built-in arithmetic tasks (a rendered task prompt is ~10-20 tokens)
@@ -34,6 +34,7 @@ class PlanInputs:
     cluster: ClusterSpec
     workload: Workload
     as_given: Candidate
+    shape: ModelShape  # read once from config.json (make_plan)
 
 
 def workload_of(cfg: RunConfig, local: bool, mean_new_tokens: float | None, prompt_tokens: int | None) -> Workload:
@@ -92,7 +93,7 @@ def make_plan(args) -> tuple[PlanInputs, Plan, list[str]]:
         except ConfigError:
             continue
         plan.recommended = pr
-        return PlanInputs(cfg, cluster, wl, given), plan, ovr
+        return PlanInputs(cfg, cluster, wl, given, shape), plan, ovr
     raise PlanRefused(f"every candidate that fits {cluster.describe()} breaks a rule of the config check with the rest "
                       f"of {args.config}; the fastest: {' '.join(overrides(plan.weighed[0].candidate, local=cluster.local))}")
 
@@ -175,7 +176,7 @@ def run_plan(args) -> int:
     except (PlanRefused, ClusterSpecError, ShapeError, ProfileError) as e:
         print(f"raygrpo plan: {e}", file=sys.stderr)
         return 2
-    shape = model_shape(inputs.cfg.model.path)
+    shape = inputs.shape
     if args.json:
         print(json.dumps(plan_json(inputs, plan, ovr, shape.name), indent=1))
     else:

@@ -110,7 +110,7 @@ def learner_states(p: int, largest: int, lay: LearnerLayout) -> tuple[dict[str, 
 def activation_bytes(shape: ModelShape, lay: LearnerLayout) -> tuple[float, float]:
     """(activations, logits) of one micro-batch's forward and backward: the module docstring's formulas."""
     h, w, b, s = shape.hidden, lay.dtype_bytes, lay.micro_batch, lay.seq_len
-    per_token_layer = 4 * h + 2 * shape.q_width + 2 * shape.kv_width + 4 * shape.intermediate
+    per_token_layer = shape.activation_elems_per_token()
     if lay.gradient_checkpointing:
         acts = w * b * s * (shape.layers * h + per_token_layer)
     else:
@@ -158,7 +158,7 @@ def engine_memory(shape: ModelShape, device_bytes: float, utilization: float, tp
     one layer (4h + 2q + 2k + 4I elements each, as the learner's) plus float32 logits of the sampled rows."""
     budget = utilization * device_bytes
     weights = shape.params() * dtype_bytes / tp
-    per_tok = 4 * shape.hidden + 2 * shape.q_width + 2 * shape.kv_width + 4 * shape.intermediate
+    per_tok = shape.activation_elems_per_token()
     act = (VLLM_MAX_NUM_BATCHED_TOKENS * per_tok * dtype_bytes / tp
            + min(VLLM_MAX_NUM_SEQS, VLLM_MAX_NUM_BATCHED_TOKENS) * shape.vocab * 4 / tp)
     overhead = ENGINE_EAGER_OVERHEAD_BYTES if eager else ENGINE_OVERHEAD_BYTES

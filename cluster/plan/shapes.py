@@ -55,6 +55,11 @@ class ModelShape:
         once, as DeepSpeed's estimate counts it (largest_layer_params)."""
         return max(self.vocab * self.hidden, self.hidden * self.intermediate, self.hidden * self.q_width)
 
+    def activation_elems_per_token(self) -> int:
+        """Elements one token keeps through one layer's forward (for its backward, or vLLM's profile run):
+        4h + 2q + 2k + 4I (plan/memory.py's docstring)."""
+        return 4 * self.hidden + 2 * self.q_width + 2 * self.kv_width + 4 * self.intermediate
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of every layer for one token: 2 L k bytes-per-element."""
         return 2 * self.layers * self.kv_width * dtype_bytes
