@@ -52,6 +52,7 @@ class Trainer:
     # (batch, metrics, stopwatch, start) of a step the learner trained whose row is not logged yet (its weight update
     # runs): a failure there saves it as trained (_save_before_failing)
     _unrecorded: tuple | None = None
+    _step_t0 = 0.0  # when the step being trained started (its row's step_s; tests wrap _learn(batch, sw))
     failure_checkpoint: Path | None = None  # saved by _save_before_failing (it records the prompts in flight)
 
     def __init__(self, cfg: RunConfig, overwrite: bool = False):
@@ -184,7 +185,8 @@ class Trainer:
                 # Overlaps the training below, which is the learners' next train call: once this
                 # batch is collected, that call may take the collecting side's cores.
                 pending = self._collect_async(self.step + 1, lend_to=self.learners.train_calls)
-            row = self._record_step(batch, self._learn(batch, sw, t0), sw, t0, engines)
+            self._step_t0 = t0
+            row = self._record_step(batch, self._learn(batch, sw), sw, t0, engines)
             self.comebacks.reward_models_back()
             self._check_health(row, batch, pending)
             if self.stop.requested:
@@ -271,7 +273,7 @@ class Trainer:
         self.log.log_completions(self.step, batch.stats.samples)
         return row
 
-    def _learn(self, batch: Batch, sw: Stopwatch, t0: float) -> dict:
+    def _learn(self, batch: Batch, sw: Stopwatch) -> dict:
         """Steps 4-6: the DeepSpeed update with the batch's advantages (with reference.placement=learner
         the ranks compute the reference log-probs in it), the weight broadcast."""
         # dynamic sampling found no group with a learning signal, or no reward function scored any sample
@@ -287,7 +289,7 @@ class Trainer:
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
         if m.get("ref_seconds"):  # computed on the learner ranks, inside the train call
             sw.t["ref_s"], sw.t["train_s"] = m["ref_seconds"], sw.t["train_s"] - m["ref_seconds"]
-        self._unrecorded = (batch, m, sw, t0)  # trained: a failure of the update below keeps the step
+        self._unrecorded = (batch, m, sw, self._step_t0)  # trained: a failure of the update below keeps the step
         with sw("sync"):
             self.version += 1
             m["sync"] = self._sync_weights()

@@ -410,7 +410,7 @@ def test_the_learner_trains_with_the_advantages_the_batch_carries(estimator):
     trained = []
     t.learners = SimpleNamespace(train=lambda batch: trained.append(batch) or {})
     t.pad_id, t._sync_weights = 0, lambda: {}
-    t._learn(b, Stopwatch(), 0.0)
+    t._learn(b, Stopwatch())
     assert trained[0].advantages is b.advantages
 
 
