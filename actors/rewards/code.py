@@ -23,6 +23,7 @@ why and `reward.code_sandbox=process` as the weaker level that runs anyway. Neve
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,7 +47,8 @@ def _check(module: ast.Module) -> ast.FunctionDef | None:
     return next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
 
 
-def _check_asserts(test: str, entry_point: str) -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=256)  # the G completions of a prompt share its tests: split them once
+def _check_asserts(test: str, entry_point: str) -> tuple[tuple[str, str], ...]:
     """HumanEval: one (name, source) per assert of check()'s body, each a check() with the other asserts
     taken out; the whole check() as one test when it has fewer than two asserts or does not parse."""
     try:
@@ -55,7 +57,7 @@ def _check_asserts(test: str, entry_point: str) -> list[tuple[str, str]]:
         check = None
     count = sum(isinstance(s, ast.Assert) for s in check.body) if check else 0
     if count < 2:
-        return [(f"check({entry_point})", f"{test}\ncheck({entry_point})")]
+        return ((f"check({entry_point})", f"{test}\ncheck({entry_point})"),)
     out = []
     for k in range(count):
         module = ast.parse(test)
@@ -63,7 +65,7 @@ def _check_asserts(test: str, entry_point: str) -> list[tuple[str, str]]:
         kept = [s for s in check.body if isinstance(s, ast.Assert)][k]
         check.body = [s for s in check.body if not isinstance(s, ast.Assert) or s is kept]
         out.append((ast.unparse(kept), f"{ast.unparse(module)}\ncheck({entry_point})"))
-    return out
+    return tuple(out)
 
 
 def row_format(fields: dict, cfg: RewardConfig) -> str:
@@ -94,7 +96,7 @@ def tests_of(prompt, completion: str, fields: dict, cfg: RewardConfig) -> tuple[
                        "(reward.code_entry_point_key) in the row")
     if not re.search(rf"def\s+{re.escape(entry)}\s*\(", program) and isinstance(prompt, str) and entry in prompt:
         program = prompt + program  # the completion continues the prompt's signature
-    return program, _check_asserts(str(tests), entry)
+    return program, list(_check_asserts(str(tests), entry))
 
 
 def score_of(outcomes: list[dict], how: str) -> float:

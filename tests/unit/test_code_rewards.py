@@ -134,3 +134,16 @@ def test_held_out_evaluation_counts_a_program_correct_only_when_every_test_passe
     verdicts = scorer.judge(["p"] * 2, ["def is_even(n):\n    return n % 2 == 0", "def is_even(n):\n    return n == 2"],
                             [MBPP, MBPP])
     assert verdicts == [True, False]  # the second passes 2 of 3: a reward of 2/3, not a pass
+
+
+def test_a_prompts_humaneval_tests_are_split_once_for_all_its_completions():
+    """The G completions of one prompt share its tests: check() is parsed and split once, and each sample
+    gets its own list (a caller appending to one cannot change another's)."""
+    code._check_asserts.cache_clear()
+    cfg = RewardConfig(functions=["code_tests"])
+    first = code.tests_of(HUMANEVAL_PROMPT, "    return sum(xs)\n", HUMANEVAL, cfg)[1]
+    second = code.tests_of(HUMANEVAL_PROMPT, "    return 0\n", HUMANEVAL, cfg)[1]
+    assert [name for name, _ in first] == ["assert candidate([1, 2]) == 3", "assert candidate([]) == 0",
+                                           "assert candidate([5]) == 5"]
+    assert first == second and first is not second
+    assert code._check_asserts.cache_info().hits == 1
