@@ -29,17 +29,21 @@ class ClusterAuthError(RuntimeError):
     """The cluster wants a token we do not have (or rejected ours)."""
 
 
+def token_file() -> Path:
+    """The token file Ray reads: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+
+
 def token_source() -> str | None:
     """Where Ray would read the token from, in Ray's order of precedence, or None."""
     if os.environ.get("RAY_AUTH_TOKEN"):
         return "RAY_AUTH_TOKEN"
     path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if token_file().is_file():
+        return path or str(token_file())
     if path:
-        if not Path(path).expanduser().is_file():
-            raise ClusterAuthError(f"RAY_AUTH_TOKEN_PATH={path} names no readable file; {TOKEN_HELP}")
-        return path
-    default = Path.home() / ".ray" / "auth_token"
-    return str(default) if default.is_file() else None
+        raise ClusterAuthError(f"RAY_AUTH_TOKEN_PATH={path} names no readable file; {TOKEN_HELP}")
+    return None
 
 
 def dashboard_auth_mode(url: str, timeout_s: float = 10.0) -> str | None:
@@ -119,7 +123,7 @@ def keep_token_private(say=print) -> str | None:
     """The token file Ray reads (RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token) made 0600 where it is ours and others
     may read it: Ray's `ray.init()` writes a new one with the umask's mode (0644 seen, issue 59), and with it
     anyone on the machine could submit code to the cluster. Returns the path changed, or None."""
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+    path = token_file()
     try:
         st = path.stat()
         if st.st_uid != os.getuid() or not st.st_mode & 0o077:
