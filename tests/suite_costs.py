@@ -216,7 +216,9 @@ class SuiteCostsPlugin:
     def __init__(self, config):
         self.config = config
         self.is_worker = hasattr(config, "workerinput")
-        self.out = Path(config.getoption("suite_costs"))
+        # Absolute: the ledger's path travels in RAYGRPO_START_LEDGER to processes in other directories (a
+        # `raygrpo` run from the user's directory, a Ray actor), where `make test`'s relative path named nothing.
+        self.out = Path(config.getoption("suite_costs")).resolve()
         self.costs = CostsByTest()
         self.t0 = time.monotonic()
         self.summary: dict | None = None

@@ -167,7 +167,7 @@ pytest_plugins = ["suite_costs"]
 # What the start points do, from the test process and from a subprocess (a `raygrpo` run, a Ray actor);
 # a module fixture's start is charged to the first test that asked for it.
 INNER_A = """
-import subprocess, sys
+import subprocess, sys, tempfile
 import pytest
 from actors.runtime.start_ledger import record_start
 
@@ -178,8 +178,9 @@ def cluster():
 
 def test_two_engines_one_from_a_subprocess(cluster):
     record_start("engine")
+    # from another directory, as a `raygrpo` run from the user's directory and a Ray actor in its own one
     subprocess.run([sys.executable, "-c", "from actors.runtime.start_ledger import record_start; record_start('engine')"],
-                   check=True)
+                   check=True, cwd=tempfile.gettempdir())
 
 def test_a_learner_group_on_the_shared_cluster(cluster):
     record_start("learner_group", world_size=2)
@@ -210,8 +211,9 @@ def test_an_inner_session_charges_each_start_to_the_test_that_made_it(tmp_path, 
     (tmp_path / "a.py").write_text(textwrap.dedent(INNER_A))
     (tmp_path / "b.py").write_text(textwrap.dedent(INNER_B))
     out = tmp_path / "costs" / "suite-costs.json"
+    # a relative path, as `make test` gives it: the ledger it names must still be found from other directories
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "a.py", "b.py", *workers,
-                          f"--suite-costs={out}", "--suite-costs-tier=e2e"], cwd=tmp_path, capture_output=True,
+                          "--suite-costs=costs/suite-costs.json", "--suite-costs-tier=e2e"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr  # b.py's test fails on purpose
     tier = json.loads(out.read_text())["tiers"]["e2e"]
