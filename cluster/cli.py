@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster.launch.submit import SUBMIT_EXCLUDES
@@ -129,9 +130,12 @@ def _seed(text: str) -> int:
 DEMO_RECIPES = ("addition", "lora", "async", "pipeline", "chat", "tools", "reward_model", "smollm2", "code")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="raygrpo", description="GRPO training on Ray: vLLM rollouts, DeepSpeed-ZeRO learner.")
-    sub = p.add_subparsers(dest="command", required=True)
+# `add(name, help=..., description=...)`: a sub-parser of `raygrpo` that takes the common options
+AddCommand = Callable[..., argparse.ArgumentParser]
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command takes, as the parent parser of each."""
     # every command takes --log-level (README "Logging"): the console threshold of third-party loggers
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default=None, choices=LEVELS, type=str.upper,
@@ -139,10 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: ${LEVEL_ENV}, else {DEFAULT_LEVEL}); at {DEFAULT_LEVEL} and ERROR the actors' other "
                         "output (vLLM's INFO lines, progress bars, C++ warnings) goes to RUN_DIR/logs/ instead; INFO or "
                         "DEBUG shows everything. raygrpo's own lines are always shown")
+    return common
 
-    def add(name: str, **kw) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kw)
 
+def _train_parser(add: AddCommand) -> None:
+    """`raygrpo train CONFIG [overrides] [--overwrite]`."""
     t = add("train", help="train from a YAML config (+ dotted overrides)",
             description="Train with GRPO. Starts an embedded Ray cluster unless ray.address is set "
             "(ray.address=auto joins the local node's cluster). Resumes from the run dir's latest "
@@ -160,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "RUN_DIR.replaced-<time> beside it (nothing is deleted)")
     t.set_defaults(fn=cmd_train)
 
+
+def _data_parser(add: AddCommand) -> None:
+    """`raygrpo data CONFIG [overrides] [-n N]`."""
     dp = add("data", help="show the data as training will use it: rendered prompts, reward columns, stats",
              description="Loads the config's data exactly as `train` would (files, chat template, system "
              "prompt, length filter) and prints the first N prompts of step 1 as the engine receives them "
@@ -170,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("-n", type=int, default=3, help="prompts to print (default 3)")
     dp.set_defaults(fn=cmd_data)
 
+
+def _submit_parser(add: AddCommand) -> None:
+    """`raygrpo submit CONFIG [overrides] --address URL`: the job's upload and its wait."""
     s = add("submit", help="submit `train` as a job to a Ray cluster, with your own files",
             description="Submit a training run through Ray's Job Submission API. The job runs in an uploaded "
             "working dir: --working-dir DIR (default: the config's directory when the config is outside "
@@ -190,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-wait", action="store_true", help="print the job id and return at once")
     s.set_defaults(fn=cmd_submit)
 
+
+def _show_parser(add: AddCommand) -> None:
+    """`raygrpo show RUN_DIR [--step S] [-n N]`."""
     sh = add("show", help="print the sample completions a run logged: prompt, completion, scores",
              description="Reads RUN_DIR/completions.jsonl (metrics.log_completions, a few per step) and "
              "prints the completions of one step: the prompt (or, multi-turn, the whole transcript with "
@@ -200,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("-n", type=int, default=None, help="at most this many completions (default: all of the step's)")
     sh.set_defaults(fn=cmd_show)
 
+
+def _score_parser(add: AddCommand) -> None:
+    """`raygrpo score CONFIG FILE.jsonl [overrides] [--out SCORES.jsonl]`."""
     sc = add("score", help="score hand-written completions with the config's reward functions (no run starts)",
              description="Scores each row of FILE.jsonl (a JSON object per line: completion, prompt and the "
              "dataset's fields) with CONFIG's reward functions, every kind, as training would; no engine or learner "
@@ -211,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--out", default=None, metavar="SCORES.jsonl", help="write the scores, one row per input row")
     sc.set_defaults(fn=cmd_score)
 
+
+def _export_parser(add: AddCommand) -> None:
+    """`raygrpo export CHECKPOINT OUT_DIR [--model-path P] [--overwrite]`."""
     e = add("export", help="write a checkpoint as a plain HF model directory",
             description="Consolidate a checkpoint's (ZeRO-sharded) weights into OUT_DIR with the "
             "tokenizer: transformers' from_pretrained and vLLM load it. Needs no running actors.")
@@ -226,11 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "never a target")
     e.set_defaults(fn=cmd_export)
 
+
+def _plot_parser(add: AddCommand) -> None:
+    """`raygrpo plot RUN_DIR`."""
     pl = add("plot", help="PNG curves of a run: reward, KL, step time split",
              description="Reads RUN_DIR/metrics.jsonl; writes reward.png, kl.png, step_time.png there.")
     pl.add_argument("run_dir", help="a run directory written by `raygrpo train` (holds metrics.jsonl)")
     pl.set_defaults(fn=cmd_plot)
 
+
+def _demo_parser(add: AddCommand) -> None:
+    """`raygrpo demo [--recipe R] [overrides]`: the recipe, its steps, seed and warm start."""
     d = add("demo", help="build a small model and show GRPO learning on CPU (2-digit addition, or a --recipe)",
             description="Builds (or reuses) a small Qwen2 model offline, warm-starts it briefly on the task "
             "format, then trains it with GRPO through the full system (Ray, vLLM, DeepSpeed, reference, "
@@ -261,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("overrides", nargs="*", help=_overrides_help())
     d.set_defaults(fn=cmd_demo)
 
+
+def _bench_parser(add: AddCommand) -> None:
+    """`raygrpo bench [overrides]`: the setting, the model's size, the parts and each part's sizes."""
     b = add("bench", help="measure throughput, sync cost, schedules, ZeRO stages; compare with TRL",
             description="Measures, in one run on this machine: (1) rollout tokens/s through a RolloutWorker "
             "Ray actor vs the same vLLM engine called directly, (2) a full weight update (learner -> vLLM, "
@@ -320,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "reward cost; a few minutes) and write the profile to FILE (default runs/calibrate/profile.json)")
     b.set_defaults(fn=cmd_bench)
 
+
+def _plan_parser(add: AddCommand) -> None:
+    """`raygrpo plan CONFIG --cluster C`: the cluster, the profile, the workload's lengths, the output."""
     pn = add("plan", help="predict a run's step time and memory on a cluster, and recommend its placement",
              description="Predicts, before anything starts, the step time by phase and the memory per device of "
              "CONFIG on a cluster, for the config as given and for the placement it recommends (engines x TP, "
@@ -339,6 +371,34 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--json", action="store_true", help="print one JSON object: as_given, recommended (+ overrides)")
     pn.add_argument("--write", default=None, metavar="FILE", help="write the config with the recommended overrides")
     pn.set_defaults(fn=cmd_plan)
+
+
+# One builder per command, in the order `raygrpo --help` lists them: a new command is its builder and one line here.
+COMMAND_PARSERS: tuple[Callable[[AddCommand], None], ...] = (
+    _train_parser,
+    _data_parser,
+    _submit_parser,
+    _show_parser,
+    _score_parser,
+    _export_parser,
+    _plot_parser,
+    _demo_parser,
+    _bench_parser,
+    _plan_parser,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`raygrpo`'s parser: every command with the common options (--log-level)."""
+    p = argparse.ArgumentParser(prog="raygrpo", description="GRPO training on Ray: vLLM rollouts, DeepSpeed-ZeRO learner.")
+    sub = p.add_subparsers(dest="command", required=True)
+    common = _common_options()
+
+    def add(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    for add_command in COMMAND_PARSERS:
+        add_command(add)
     return p
 
 
