@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny model built offline, and (for e2e) one embedded Ray cluster per session."""
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,9 +29,13 @@ pytest_plugins = ["suite_costs"]
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
 
 
-# The slowest e2e files (their --durations in a two-at-a-time run, docs/STATUS.md), longest first: `make test` hands
-# whole files to its two workers in collection order (--dist loadfile --no-loadscope-reorder), and a
-# long file started last would keep one worker busy after the other has run out of work.
+# The slowest e2e files first: `make test` hands whole files to its two workers in collection order (--dist loadfile
+# --no-loadscope-reorder), and a long file started last would keep one worker busy after the other has run out of
+# work. The order is the last recorded e2e tier's (`make test` writes COST_FILE, tests/suite_costs.py), so it follows
+# the suite as it changes; SLOWEST_FIRST (their --durations in a two-at-a-time run, docs/STATUS.md) where there is
+# none. Every xdist worker must collect the same order: each reads the same file, which only the controller
+# rewrites, at the end of a tier (the e2e section at the end of the e2e tier, after every worker has collected).
+COST_FILE = Path(__file__).resolve().parent.parent / ".cache" / "tests" / "suite-costs.json"
 SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_partition.py", "test_train.py",
                  "test_recipes_end_to_end.py", "test_external_cluster.py", "test_reliability_round3_runs.py",
                  "test_slurm.py", "test_safety.py", "test_lora_end_to_end.py", "test_multinode.py",
@@ -38,9 +43,21 @@ SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_partition.py", "t
                  "test_reliability_env.py", "test_reliability_runs.py", "test_pipeline_train.py")
 
 
+def slowest_first(cost_file: Path = COST_FILE) -> tuple[str, ...]:
+    """The e2e files' names, slowest first: by their seconds in the cost file's e2e tier, then the SLOWEST_FIRST
+    names it does not hold (a run of a few files records only those); SLOWEST_FIRST alone without a readable one."""
+    try:
+        files = json.loads(cost_file.read_text())["tiers"]["e2e"]["files"]
+        measured = [Path(f["file"]).name for f in sorted(files, key=lambda f: -float(f["test_s"]))
+                    if Path(f["file"]).parent.name == "e2e"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return SLOWEST_FIRST
+    return tuple(measured) + tuple(name for name in SLOWEST_FIRST if name not in measured)
+
+
 def pytest_collection_modifyitems(items):
-    """The slowest e2e files first (SLOWEST_FIRST), then every other file in the order collected."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    """The slowest e2e files first (slowest_first()), then every other file in the order collected."""
+    rank = {name: i for i, name in enumerate(slowest_first())}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent.name == "e2e" else len(rank))
 
 
