@@ -35,6 +35,7 @@ from learner.export import write_hf_dir
 from learner.forward import call_at_every_block, completion_logits, logprobs_and_entropy
 from learner.lora import adapter_config_json, param_counts, write_adapter_dir
 from learner.op_build import build_dir, check_shm_op_build, environment_ninja
+from learner.peak_memory import PeakMemory
 from learner.rank_setup import (
     build_ds_config,
     build_model,
@@ -100,6 +101,7 @@ class LearnerWorker:
         self.ds_config = build_ds_config(cfg, world_size=world_size, on_gpu=self.on_gpu)
         dtype = getattr(torch, resolve_dtype(cfg.dtype, self.on_gpu))
         self.reference_on_learner, self.reference = reference_on_learner, None
+        self._memory = PeakMemory(self.on_gpu)  # before any weights load: the step line's learner_peak_bytes
         if reference_on_learner and not cfg.lora:  # loaded before ZeRO-3's config exists: a whole, unpartitioned copy
             self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device)
             self.reference.eval().requires_grad_(False)
@@ -261,7 +263,8 @@ class LearnerWorker:
         use_threads(self.threads)  # lent threads go back with the step
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped else 0
         metrics = self._reduce_metrics(sums, passes, batch.num_completion_tokens())
-        metrics["logprob_diff_max"], threads_max = self._all_reduce([diff_max, self._threads_max], op="max")
+        metrics["logprob_diff_max"], threads_max, metrics["learner_peak_bytes"] = self._all_reduce(
+            [diff_max, self._threads_max, self._memory.peak_bytes()], op="max")
         metrics.update(grad_norm=grad_norm, lr=lr, tokens=batch.num_completion_tokens(), skipped=skipped,
                        nonfinite_count=self.nonfinite_streak, seconds=time.perf_counter() - t0, step=self.step,
                        ref_seconds=ref_seconds, train_threads_max=int(threads_max))

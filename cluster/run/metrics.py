@@ -21,8 +21,9 @@ from learner.checkpoint import naming_save_errors
 # What the learner reports for a step that a step's line carries.
 # train_threads_max: the most torch threads a rank trained with (more than its share where the
 # collecting side lent its idle cores, cluster/launch/thread_budget.py).
+# learner_peak_bytes: the most memory a rank's model took (learner/peak_memory.py; `raygrpo plan` predicts it).
 LEARNER_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "grad_norm", "lr", "ratio_mean", "tis_weight_mean",
-                "logprob_diff_mean", "logprob_diff_max", "train_threads_max")
+                "logprob_diff_mean", "logprob_diff_max", "train_threads_max", "learner_peak_bytes")
 # Multi-turn rollouts (rollout.env; NaN in single-turn runs): assistant turns and "tool" messages per
 # trajectory, environment failures (each ended its trajectory), trajectories whose environment messages did
 # not fit in rollout.max_model_len (each ended there), seconds the engines waited on environments,
