@@ -42,14 +42,16 @@ def actor_error(e: BaseException) -> str:
     return exc[0] if len(exc) == 1 else f"{exc[0]} ... {exc[-1]}"
 
 
-def say_waiting(actor: str, what: str, waited: float, timeout_s: float) -> None:
-    print(f"waiting on {actor} ({what}): {waited:.0f}s so far, at most trainer.actor_timeout_s={timeout_s:.0f}s",
-          file=sys.stderr, flush=True)
+def say_waiting(actor: str, what: str, waited: float, timeout_s: float, bound: str | None = None) -> None:
+    """`bound`: what sets `timeout_s` when it is not trainer.actor_timeout_s (a fixed wait), said beside it."""
+    limit = f"trainer.actor_timeout_s={timeout_s:.0f}s" if bound is None else f"{timeout_s:.0f}s ({bound})"
+    print(f"waiting on {actor} ({what}): {waited:.0f}s so far, at most {limit}", file=sys.stderr, flush=True)
 
 
-def wait_for(refs, actor: str, what: str, timeout_s: float):
+def wait_for(refs, actor: str, what: str, timeout_s: float, bound: str | None = None):
     """ray.get with a timeout, saying every WAITING_LINE_EVERY_S what it waits on; a dead or silent actor
-    becomes ActorFailed naming it (with the actor's own error)."""
+    becomes ActorFailed naming it (with the actor's own error). `bound`: what sets `timeout_s` when it is not
+    trainer.actor_timeout_s, so the lines do not name a key that did not set it."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -60,8 +62,8 @@ def wait_for(refs, actor: str, what: str, timeout_s: float):
             return ray.get(refs, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
         except GetTimeoutError:
             if left <= WAITING_LINE_EVERY_S:
-                raise no_answer(actor, what, timeout_s) from None
-            say_waiting(actor, what, time.monotonic() - t0, timeout_s)
+                raise no_answer(actor, what, timeout_s, bound) from None
+            say_waiting(actor, what, time.monotonic() - t0, timeout_s, bound)
         except RayActorError as e:
             if not actor_died(e):
                 raise
@@ -89,9 +91,9 @@ def actor_table_entry(handle) -> dict:
         return {}
 
 
-def no_answer(actor: str, what: str, timeout_s: float) -> ActorFailed:
-    return ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s "
-                       "(raise trainer.actor_timeout_s if this machine is just slow)")
+def no_answer(actor: str, what: str, timeout_s: float, bound: str | None = None) -> ActorFailed:
+    why = "raise trainer.actor_timeout_s if this machine is just slow" if bound is None else bound
+    return ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s ({why})")
 
 
 # How long a caller keeps asking an actor that Ray calls unavailable (reach_actors).

@@ -25,6 +25,7 @@ from cluster.launch.waits import ActorFailed, actor_state, wait_for
 
 NODE_WAIT_LINE_EVERY_S = 30.0  # how often a wait for a node with room says so again
 REJOIN_ANSWER_S = 30.0  # an engine Ray reports ALIVE again must answer info() within this
+REJOIN_BOUND = "the fixed wait for an engine coming back, not trainer.actor_timeout_s"  # what its waiting line says
 
 
 class RolloutPool:
@@ -169,7 +170,7 @@ class RolloutPool:
             if state in ("ALIVE", ""):  # "": Ray's actor table is not readable here; ask the actor
                 try:
                     info = wait_for(self.handles[w].info.remote(), name, "restarting",
-                                    max(1.0, min(REJOIN_ANSWER_S, deadline - time.monotonic())))
+                                    max(1.0, min(REJOIN_ANSWER_S, deadline - time.monotonic())), bound=REJOIN_BOUND)
                 except ActorFailed:
                     info = None
                 if info is not None:
@@ -229,7 +230,8 @@ class RolloutPool:
                 self._asked[w] = self.handles[w].info.remote()
             asked = self._asked[w]
             try:
-                info = wait_for(asked, name, "coming back", REJOIN_ANSWER_S if w not in self._asked_once else 0.01)
+                info = wait_for(asked, name, "coming back", REJOIN_ANSWER_S if w not in self._asked_once else 0.01,
+                                bound=REJOIN_BOUND)
             except ActorFailed as e:
                 self._asked_once.add(w)
                 if e.died:

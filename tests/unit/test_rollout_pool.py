@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from actors.completions import PromptRollout
+from actors.runtime import waits
 from cluster.driver import rollout_pool
 from cluster.driver.rollout_pool import RolloutPool
 from cluster.launch.waits import ActorFailed
@@ -58,7 +59,7 @@ class Hosts:
 def fakes(monkeypatch):
     states = {}
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, bound=None):
         engine, answer = ref
         if engine.dead:
             raise ActorFailed(actor, what, died=True, detail="killed")
@@ -86,11 +87,11 @@ def answer_when_restarting(monkeypatch, may=lambda engine: True) -> None:
     where `may(engine)` says so."""
     original = rollout_pool.wait_for
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, bound=None):
         engine, _ = ref
         if engine.dead and what == "restarting" and may(engine):
             engine.dead = False
-        return original(ref, actor, what, timeout_s)
+        return original(ref, actor, what, timeout_s, bound)
 
     monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
 
@@ -230,12 +231,12 @@ def test_a_hung_engine_leaves_the_fleet_and_rejoins_with_the_weights_when_it_ans
     waits = []
     original = rollout_pool.wait_for
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, bound=None):
         engine, _ = ref
         waits.append((engine.index, what, timeout_s))
         if engine.index in stopped:
             raise ActorFailed(actor, what, died=False, detail=f"no answer within {timeout_s:.0f}s")
-        return original(ref, actor, what, timeout_s)
+        return original(ref, actor, what, timeout_s, bound)
 
     monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
     questions = []
@@ -258,7 +259,7 @@ def test_a_hung_engine_at_min_workers_fails_the_run_naming_it(fakes, monkeypatch
     hosts, events = Hosts(), []
     engines, pool = pool_of(2, hosts, 2, events)
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, bound=None):
         raise ActorFailed(actor, what, died=False, detail="no answer")
 
     monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
@@ -273,10 +274,35 @@ def test_an_engine_silent_when_a_failed_update_checks_the_fleet_leaves_it(fakes,
     engines, pool = pool_of(2, hosts, 1, events)
     original = rollout_pool.wait_for
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, bound=None):
         if ref[0].index == 1:
             raise ActorFailed(actor, what, died=False, detail="no answer")
-        return original(ref, actor, what, timeout_s)
+        return original(ref, actor, what, timeout_s, bound)
 
     monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
     assert pool.recover_all() is True and pool.live == [0] and pool.fleet_changed
+
+
+def test_the_wait_for_an_engine_coming_back_names_its_own_bound_not_actor_timeout_s(fakes, monkeypatch, capsys):
+    """The rejoin's question waits REJOIN_ANSWER_S (30 s), a fixed bound: its waiting line and its error said
+    "at most trainer.actor_timeout_s=30s", a key set to something else (issue 59's small item)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    def silent(ref, timeout=None):
+        raise GetTimeoutError("not yet")
+
+    clock = iter(range(10_000))  # each look at the clock is 1 s later
+    monkeypatch.setattr(ray, "get", silent)
+    monkeypatch.setattr(waits.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(rollout_pool, "wait_for", waits.wait_for)  # the real one, over the silent ray.get
+    hosts, events = Hosts(), []
+    engines, pool = pool_of(2, hosts, 1, events, live=[0])
+    assert pool.rejoin() == [] and pool.live == [0]  # still silent: looked at again next time
+    said = capsys.readouterr().err
+    assert "waiting on rollout worker 1 (coming back)" in said, said
+    assert f"at most 30s ({rollout_pool.REJOIN_BOUND})" in said and "trainer.actor_timeout_s=30s" not in said, said
+    with pytest.raises(ActorFailed, match=r"no answer within 30s \(the fixed wait") as failed:
+        waits.wait_for(object(), "rollout worker 1", "coming back", rollout_pool.REJOIN_ANSWER_S,
+                       bound=rollout_pool.REJOIN_BOUND)
+    assert "raise trainer.actor_timeout_s" not in str(failed.value)
