@@ -40,7 +40,7 @@ SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_partition.py", "t
                  "test_recipes_end_to_end.py", "test_external_cluster.py", "test_reliability_round3_runs.py",
                  "test_slurm.py", "test_safety.py", "test_lora_end_to_end.py", "test_multinode.py",
                  "test_progress_and_throughput.py", "test_reward_faults.py", "test_rollout.py",
-                 "test_reliability_env.py", "test_reliability_runs.py", "test_pipeline_train.py")
+                 "test_environment_failures.py", "test_reliability_runs.py", "test_pipeline_train.py")
 
 
 def slowest_first(cost_file: Path = COST_FILE) -> tuple[str, ...]:

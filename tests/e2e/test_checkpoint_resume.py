@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_learner_helpers import make_batch, on_all, start_ranks, stop
+from learner_ranks import make_batch, on_all, start_ranks, stop
 
 from learner import checkpoint
 from learner.config import AlgoConfig, LearnerConfig

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from test_learner_helpers import make_batch, max_weight_diff, on_all, reference_step, start_ranks, stop
+from learner_ranks import make_batch, max_weight_diff, on_all, reference_step, start_ranks, stop
 
 from learner.config import AlgoConfig, LearnerConfig
 

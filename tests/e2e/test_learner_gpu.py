@@ -19,10 +19,10 @@ import math
 
 import pytest
 import torch
-from test_learner_helpers import drop_deepspeed_groups as _teardown
-from test_learner_helpers import in_process_rank as _rank
-from test_learner_helpers import make_batch, max_weight_diff, reference_step
-from test_learner_helpers import whole_weights as _weights
+from learner_ranks import drop_deepspeed_groups as _teardown
+from learner_ranks import in_process_rank as _rank
+from learner_ranks import make_batch, max_weight_diff, reference_step
+from learner_ranks import whole_weights as _weights
 
 from learner.config import AlgoConfig, LearnerConfig
 

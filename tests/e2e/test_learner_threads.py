@@ -3,7 +3,7 @@ lent it for one train call, through the "lend" concurrency group, and gives them
 from __future__ import annotations
 
 import pytest
-from test_learner_helpers import make_batch, start_ranks, stop
+from learner_ranks import make_batch, start_ranks, stop
 
 from learner.config import AlgoConfig, LearnerConfig
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_learner_helpers import make_batch, on_all, start_ranks, stop
+from learner_ranks import make_batch, on_all, start_ranks, stop
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker

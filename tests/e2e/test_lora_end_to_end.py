@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from test_learner_helpers import make_batch, on_all, start_ranks, stop
+from learner_ranks import make_batch, on_all, start_ranks, stop
 from test_learner_weight_sync import TOL, _init_info, max_diff
 from test_train import config, train_rows
 

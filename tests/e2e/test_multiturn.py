@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_multiturn_helpers import learner_loss_and_grads, model_tokens_only_loss_and_grads
+from multiturn_loss import learner_loss_and_grads, model_tokens_only_loss_and_grads
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker

@@ -22,9 +22,9 @@ import math
 import pytest
 import torch
 from hf_logprobs import chat, hf_logprobs, max_diff
-from test_learner_helpers import drop_deepspeed_groups as _teardown
-from test_learner_helpers import in_process_rank as _rank
-from test_learner_helpers import whole_weights as _weights
+from learner_ranks import drop_deepspeed_groups as _teardown
+from learner_ranks import in_process_rank as _rank
+from learner_ranks import whole_weights as _weights
 
 from cluster.models.smollm2 import MARKER, greedy_answer, incoherence
 from learner.batch import TrainBatch

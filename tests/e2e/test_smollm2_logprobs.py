@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 from hf_logprobs import chat, hf_logprobs, max_diff
-from test_learner_helpers import on_all, start_ranks, stop
+from learner_ranks import on_all, start_ranks, stop
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
