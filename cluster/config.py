@@ -116,7 +116,7 @@ class TrainerConfig:
     halt_after: int = 10  # 0: never halt (the conditions are still warned about)
     halt_on_zero_variance: bool = True  # every group's rewards are all equal: no learning signal
     entropy_floor: float = 1e-3  # mean token entropy (nats) below this: the policy collapsed
-    kl_ceiling: float = 5.0  # KL to the reference (per token) above this: the policy ran away
+    kl_ceiling: float = 5.0  # KL to the reference (per token, median of the last 5 steps: health.py) above this: ran away
     logprob_diff_warn: float = 0.05  # mean |learner - vLLM| log-prob of the sampled tokens (fresh batches): warn above
     logprob_diff_ceiling: float = 1.0  # ... and count as unhealthy above this
 

@@ -78,3 +78,36 @@ def test_an_environment_failing_every_trajectory_halts_with_an_environment_diagn
     assert "policy collapsed" not in v2.halt and "learning signal" not in v2.halt
     assert m.streaks["entropy"] == m.streaks["zero_variance"] == 0  # the environment's steps are not counted there
     assert m.check(row(3), 4).halt is None and m.streaks["environment"] == 0  # a working step ends the streak
+
+
+def demo_rows(kls, rewards):
+    return [row(s, kl=k, reward_mean=r) for s, (k, r) in enumerate(zip(kls, rewards), 1)]
+
+
+def test_a_single_kl_spike_in_a_learning_run_is_not_a_runaway():
+    """Issue 59, item 11: the main demo warned "KL to the reference 8.16 > trainer.kl_ceiling 5: the policy ran
+    away" at step 154 of a run that learned +29 points. Its shape: the reward rising, KL per token a few tenths,
+    and single steps far above (k3's unbounded tail: one unlikely sampled token). Not a word, not a halt."""
+    kls = [0.05 + 0.002 * s for s in range(200)]
+    for step, spike in ((61, 6.3), (154, 8.16), (167, 7.6)):
+        kls[step - 1] = spike
+    kls[154] = 5.4  # two spikes in a row: still the median of five says 0.4
+    rewards = [0.35 + 0.0015 * s for s in range(200)]
+    m = HealthMonitor(TrainerConfig(halt_after=10), beta=0.001, mismatch_expected=False)
+    verdicts = run(m, demo_rows(kls, rewards))
+    assert [(s, v.warnings) for s, v in enumerate(verdicts, 1) if v.warnings or v.halt] == []
+
+
+def test_a_kl_that_stays_over_the_ceiling_still_warns_and_halts():
+    """A runaway stays over the ceiling (the halted pipeline try: 49 of 70 steps over 5, 10 in a row, median 8.48):
+    the median of the last steps crosses it two steps after the KL does, is warned about every step, and halts
+    after halt_after steps."""
+    kls = [0.3] * 20 + [2.0 + 0.8 * s for s in range(20)]  # KL climbs past 5 at step 25 and stays
+    rewards = [0.3] * 40  # the reward goes nowhere
+    m = HealthMonitor(TrainerConfig(halt_after=10), beta=0.001, mismatch_expected=False)
+    verdicts = run(m, demo_rows(kls, rewards))
+    warned = [s for s, v in enumerate(verdicts, 1) if v.warnings]
+    assert warned == list(range(27, 41)), warned  # over 5 from step 25: the median from step 27 on, every step
+    assert "the policy ran away" in verdicts[26].warnings[0] and "median of the last 5 steps" in verdicts[26].warnings[0]
+    assert verdicts[35].halt is not None and "for 10 consecutive steps" in verdicts[35].halt
+    assert all(v.halt is None for v in verdicts[:35])
