@@ -9,15 +9,17 @@ that lists them all, so a user fixes a config in one round.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
+import functools
 import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import pydantic
 import yaml
 
 from actors.config import RewardConfig, RolloutConfig
@@ -247,7 +249,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def problems(self) -> list[str]:
-        p = _nonfinite_numbers(self)
+        p = []
         for f in dataclasses.fields(self):
             p += getattr(self, f.name).problems()
         t, lrn, r = self.trainer, self.learner, self.rollout
@@ -315,64 +317,7 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def _nonfinite_numbers(obj, where: str = "") -> list[str]:
-    """NaN / inf in any float knob (or list of them): every comparison with NaN is False, so the
-    range checks alone would wave it through."""
-    out = []
-    for f in dataclasses.fields(obj):
-        v, name = getattr(obj, f.name), f"{where}{f.name}"
-        if dataclasses.is_dataclass(v):
-            out += _nonfinite_numbers(v, name + ".")
-        for x in v if isinstance(v, list) else [v]:
-            if isinstance(x, float) and not math.isfinite(x):
-                out.append(f"{name} must be a finite number, got {x}")
-                break
-    return out
-
-
 # --------------------------------------------------------------------------- loading
-
-
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            sub: list[str] = []
-            out = _coerce(value, arg, where, sub)
-            if not sub:
-                return out
-        problems.append(f"{where}: expected {' | '.join(_type_name(a) for a in args)}, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where, problems)
-    if origin is list:
-        (item_tp,) = typing.get_args(tp) or (Any,)
-        if not isinstance(value, list):
-            problems.append(f"{where}: expected a list, got {value!r}")
-            return value
-        return [_coerce(v, item_tp, f"{where}[{i}]", problems) for i, v in enumerate(value)]
-    if tp is Any:
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):
-        try:  # YAML 1.1 reads `3e-4` (no dot) as a string
-            return float(value)
-        except ValueError:
-            pass
-    if (tp in (int, float) and isinstance(value, bool)) or not isinstance(value, tp):
-        problems.append(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
-    return value
 
 
 def _dotted_keys(cls, prefix: str = "") -> list[str]:
@@ -384,27 +329,72 @@ def _dotted_keys(cls, prefix: str = "") -> list[str]:
     return out
 
 
-def _build(cls, data: Any, where: str, problems: list[str]):
-    if not isinstance(data, dict):
-        problems.append(f"{where or 'config'}: expected a mapping, got {data!r}")
-        return cls()
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key, value in data.items():
-        if key not in names:
-            problems += unknown_key_problems(str(key), value, where, sorted(names), _dotted_keys(RunConfig))
-    kwargs = {}
-    for k, v in data.items():
-        if k in names:
-            before = len(problems)
-            value = _coerce(v, hints[k], f"{where + '.' if where else ''}{k}", problems)
-            if len(problems) == before or dataclasses.is_dataclass(hints[k]):
-                kwargs[k] = value  # a mistyped value keeps its default, so range checks still run on the rest
+def _yaml11_number(value: Any) -> Any:  # YAML 1.1 reads `3e-4` (no dot) as a string: a float knob takes its number
+    with contextlib.suppress(ValueError):
+        return float(value) if isinstance(value, str) else value
+    return value
+
+
+@functools.cache
+def _input_model(cls) -> type[pydantic.BaseModel]:
+    """A strict pydantic model of what a config may hold for the dataclass `cls`: a bool is no int, 8.5 no
+    int, 1 no bool (an int is a float); NaN and inf are refused (every comparison with NaN is False, so the
+    range checks would wave it through); an unknown key is an error. pydantic's strict mode takes only an
+    instance for a stdlib dataclass, not a mapping, so this mirrors `cls` field by field; every field is
+    None and left out when unset: the defaults stay in the dataclass."""
+    def of(tp):
+        if dataclasses.is_dataclass(tp):
+            return _input_model(tp)
+        if tp is float:
+            return Annotated[float, pydantic.BeforeValidator(_yaml11_number)]
+        args, origin = typing.get_args(tp), typing.get_origin(tp)
+        return (typing.Union if origin is types.UnionType else origin)[tuple(map(of, args))] if args else tp
+
+    hints, strict = typing.get_type_hints(cls), pydantic.ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    return pydantic.create_model(cls.__name__, __config__=strict, **{f.name: (of(hints[f.name]), None)
+                                                                     for f in dataclasses.fields(cls)})
+
+
+@functools.cache
+def _dataclasses() -> pydantic.TypeAdapter:  # builds the RunConfig of a mapping _input_problems passed
+    return pydantic.TypeAdapter(RunConfig)
+
+
+def _text_keys(data: Any) -> Any:  # YAML's `1:`, `null:` or `yes:` keys: unknown keys like any other
+    return {str(k): _text_keys(v) for k, v in data.items()} if isinstance(data, dict) else data
+
+
+def _input_problems(data: Any) -> tuple[dict, list[str]]:
+    """Every type problem and unknown key in `data` at once, one line each; `data` without them (a mistyped
+    value's setting keeps its default, so the range checks still run on the rest)."""
+    data = _text_keys(data)
     try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        problems.append(f"{where or 'config'}: {e}")
-        return cls()
+        _input_model(RunConfig).model_validate(data)
+        return data, []
+    except pydantic.ValidationError as e:
+        errors = e.errors()
+    if not isinstance(data, dict):
+        return {}, [f"config: expected a mapping, got {data!r}"]
+    problems, wrong, left_out, known = [], {}, [], _dotted_keys(RunConfig)
+    for err in errors:
+        keys, node = (), data  # the keys of `data` the error is under (a list's index or a union's member ends them)
+        while isinstance(node, dict) and len(keys) < len(err["loc"]) and err["loc"][len(keys)] in node:
+            keys, node = (*keys, err["loc"][len(keys)]), node[err["loc"][len(keys)]]
+        left_out.append(keys)
+        *section, key = keys
+        if err["type"] == "extra_forbidden":
+            prefix = "".join(f"{k}." for k in section)
+            names = sorted({k[len(prefix):].split(".")[0] for k in known if k.startswith(prefix)})
+            problems += unknown_key_problems(key, node, ".".join(section), names, known)
+        else:  # a union (learner.zero_stage: int | str) errs once per member: one line
+            where = ".".join(keys) + "".join(f"[{i}]" for i in err["loc"][len(keys):] if isinstance(i, int))
+            want = "a mapping" if err["type"] == "model_type" else err["msg"].removeprefix("Input should be ")
+            wrong.setdefault(where, (err["input"], []))[1].append(want)
+    problems += [f"{where}: expected {' or '.join(dict.fromkeys(wants))}, got {type(value).__name__} {value!r}"
+                 for where, (value, wants) in wrong.items()]
+    for *section, key in left_out:
+        functools.reduce(lambda node, k: node.get(k, {}), section, data).pop(key, None)
+    return data, problems
 
 
 def apply_overrides(data: dict, overrides: list[str], problems: list[str]) -> dict:
@@ -455,10 +445,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), valid
             raise ConfigError([f"config file {path} does not exist"], source) from None
         except yaml.YAMLError as e:
             raise ConfigError([f"not valid YAML: {e}"], source) from None
-    data = apply_overrides(data, list(overrides), problems)
-    cfg = _build(RunConfig, data, "", problems)  # type problems; mistyped values are left at their defaults
+    data, wrong = _input_problems(apply_overrides(data, list(overrides), problems))
+    problems += wrong  # a mistyped value is left out: its setting keeps the default, and the range checks run
+    cfg = _dataclasses().validate_python(data)  # checked above: this only builds the dataclasses
     if validate_paths:  # (submit keeps them as written: they are read on the cluster, from the job's directory)
-        cfg = _build(RunConfig, absolute_paths(cfg.to_dict()), "", [])
+        cfg = _dataclasses().validate_python(absolute_paths(cfg.to_dict()))
     own = cfg.problems()
     problems += [p for p in own if validate_paths or not _is_path_problem(p)]  # ranges, together
     if validate_paths and not any(p.startswith("model.path") for p in own):

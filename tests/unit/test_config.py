@@ -77,7 +77,7 @@ def test_every_problem_is_listed_in_one_error(tmp_path):
     text = str(e.value)
     # type and range problems come together, in one round
     assert "unknown key trainer.stepz" in text
-    assert "learner.lr: expected float" in text
+    assert "learner.lr: expected a valid number" in text
     assert "group_size must be >= 2" in text
     assert "not divisible by learner.num_ranks = 3" in text
     assert "rollout.temperature must be >= 0" in text
@@ -85,14 +85,14 @@ def test_every_problem_is_listed_in_one_error(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("learner.lr=.nan", "learner.lr must be a finite number"),
-    ("learner.lr=.inf", "learner.lr must be a finite number"),
-    ("rollout.temperature=.nan", "rollout.temperature must be a finite number"),
+    ("learner.lr=.nan", "learner.lr: expected a finite number"),
+    ("learner.lr=.inf", "learner.lr: expected a finite number"),
+    ("rollout.temperature=.nan", "rollout.temperature: expected a finite number"),
     ("rollout.top_p=0", "rollout.top_p must be in (0, 1]"),
     ("rollout.top_p=5", "rollout.top_p must be in (0, 1]"),
     ("learner.grad_clip=-1", "learner.grad_clip must be >= 0"),
-    ("reward.fallback=.nan", "reward.fallback must be a finite number"),
-    ("reward.weights=[1.0, .inf]", "reward.weights must be a finite number"),
+    ("reward.fallback=.nan", "reward.fallback: expected a finite number"),
+    ("reward.weights=[1.0, .inf]", "reward.weights[1]: expected a finite number"),
     ("trainer.eval_pass_k=-1", "trainer.eval_pass_k must be >= 0"),
     ("data.num_eval=-1", "data.num_eval must be >= 0"),
     ("rollout.bucket_mb=0", "rollout.bucket_mb must be >= 1"),
@@ -103,7 +103,7 @@ def test_every_problem_is_listed_in_one_error(tmp_path):
     ("learner.adam_beta2=1.0", "learner.adam_beta2 must be in [0, 1)"),
     ("trainer.run_dir=", "trainer.run_dir is empty"),
     ("trainer.halt_after=-1", "trainer.halt_after must be >= 0"),
-    ("trainer.kl_ceiling=.nan", "trainer.kl_ceiling must be a finite number"),
+    ("trainer.kl_ceiling=.nan", "trainer.kl_ceiling: expected a finite number"),
     ("checkpoint.resume=/no/such/ckpt", "no such checkpoint directory"),
     ("rollout.min_workers=0", "rollout.min_workers must be in [1, rollout.num_workers (1)], got 0"),
     ("rollout.min_workers=2", "rollout.min_workers must be in [1, rollout.num_workers (1)], got 2"),
@@ -149,7 +149,7 @@ def test_model_dir_needs_weights_whose_headers_parse(tmp_path):
 
 def test_bool_is_not_an_int_and_int_is_a_float(tmp_path):
     m = model_dir(tmp_path)
-    with pytest.raises(ConfigError, match="trainer.steps: expected int"):
+    with pytest.raises(ConfigError, match="trainer.steps: expected a valid integer"):
         load_config(None, [f"model.path={m}", "trainer.steps=true"])
     assert load_config(None, [f"model.path={m}", "learner.lr=1"]).learner.lr == 1.0
 
@@ -180,7 +180,7 @@ def test_an_override_yaml_would_cut_at_a_comment_is_taken_whole(tmp_path):
     assert cfg.data.system_prompt == "Solve it. End with #### and the number."
     assert cfg.rollout.stop == ["#", " #"]  # quoted: YAML reads no comment there, so YAML's value stands
     assert load_config(None, [model, "data.system_prompt=#1 rule: be brief"]).data.system_prompt == "#1 rule: be brief"
-    with pytest.raises(ConfigError, match="trainer.steps: expected int"):  # taken whole, so never silently 50
+    with pytest.raises(ConfigError, match="trainer.steps: expected a valid integer"):  # taken whole, so never silently 50
         load_config(None, [model, "trainer.steps=50 # fifty"])
 
 
