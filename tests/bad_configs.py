@@ -108,8 +108,9 @@ def named_keys(problems: list[str]) -> list[str]:
     """The dotted keys (and unknown top-level names) a list of problems names, in order, once each."""
     found = []
     for line in problems:
+        found += re.findall(r"^([\w.]+)(?:\[\d+\])?: ", line)  # `trainer.steps: expected ...`, `config: ...`
         found += re.findall(r"unknown key (\S+?):?(?=\s|$)", line)
-        found += re.findall(r"(?<![\w./-])([a-z_]+(?:\.[a-z_]+)+)\b", line)
+        found += re.findall(r"(?<![\w./-])([a-z_]{2,}(?:\.[a-z_]{2,})+)(?!\.?\w)", line)
     return list(dict.fromkeys(found))
 
 

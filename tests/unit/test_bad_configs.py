@@ -1,9 +1,12 @@
 """The bad-config table (docs/config-errors.md): each of the cases in tests/bad_configs.py is refused, and
 its problems name the config keys it got wrong and the key to write instead where there is one."""
 import re
+from pathlib import Path
 
 import pytest
-from bad_configs import CASES, check, named_keys
+from bad_configs import CASES, cell, check, named_keys
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def names(problems: list[str], key: str) -> bool:
@@ -32,3 +35,13 @@ def test_the_table_covers_about_thirty_kinds_of_mistake():
     assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
     assert sum(bool(c.did_you_mean) for c in CASES) >= 8  # did-you-mean and TRL / verl names
     assert sum(any("=" in o for o in c.overrides) for c in CASES) >= 20 and sum(c.yaml is not None for c in CASES) >= 8
+
+
+def test_the_doc_says_what_the_check_says_today(tmp_path):
+    """docs/config-errors.md's table: a row per case, whose last cell is what the check prints now
+    (`.venv/bin/python tests/bad_configs.py` prints it again)."""
+    rows = {line.split(" | ")[1]: line for line in (ROOT / "docs" / "config-errors.md").read_text().splitlines()
+            if re.match(r"\| \d+ \| ", line)}
+    assert list(rows) == [c.name for c in CASES]
+    for case in CASES:
+        assert rows[case.name].endswith(f" | {cell(check(case, tmp_path))} |"), case.name
