@@ -272,6 +272,9 @@ class HttpVerifier:
                 tries = f" (after {attempt + 1} attempts)" if attempt else ""
                 return RequestOutcome([(False, f"{self.url}: {error}{tries}")] * n, seconds=time.monotonic() - t0,
                                       attempts=attempt + 1)
+            # By hand, not httpx's HTTPTransport(retries=N) (issue 60): httpcore retries only the connection, and
+            # with it the TLS handshake (an untrusted certificate, which stops the run at once here, would be
+            # asked N times) and a connect timeout, the first time without a wait; never a 5xx, a 429 or Retry-After.
             time.sleep(max(min(MAX_BACKOFF_S, 0.5 * 2 ** attempt), min(wait, MAX_RETRY_AFTER_S)))
             attempt += 1
 
