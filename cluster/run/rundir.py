@@ -7,9 +7,9 @@
   belongs to another process (a restarted container gives the new run the same pid and hostname); so is
   one from another host (a shared filesystem) whose holder stopped touching it: a holder touches its
   lock every `HEARTBEAT_S`, and a claimant watches the file, never comparing clocks, for `STALE_AFTER_S`;
-- a run dir whose saved config.yaml differs from this run's in anything but `trainer.steps`,
-  `checkpoint.resume` and `trainer.run_dir` (continuing a run with other settings would mix two runs in
-  one record; a run dir moved or copied elsewhere is still the same run);
+- a run dir whose saved config.yaml differs from this run's in anything but CONTINUATION_KEYS (`trainer.steps`,
+  `checkpoint.resume`, `trainer.run_dir` and the bounds on faults): continuing a run with other settings would
+  mix two runs in one record; a run dir moved or copied elsewhere is still the same run;
 - a run dir whose checkpoints all fail verification (resuming would restart from step 0 over
   them), or `checkpoint.resume=none` on a run dir that holds checkpoints.
 `overwrite=True` (`raygrpo train --overwrite`) starts afresh instead: the old contents are moved
@@ -43,8 +43,11 @@ STALE_AFTER_S = 35.0  # a lock from another host untouched this long (watched, n
 # seen it unchanged for 2 s (filelock._soft.MALFORMED_LOCK_AGE_THRESHOLD); a claimant waits that long and a little
 UNREADABLE_WAIT_S = 3.0
 # what may change between a run and its continuation in the same run dir; trainer.run_dir too: the dir
-# itself, moved or copied elsewhere, is still the same run
-CONTINUATION_KEYS = {"trainer.steps", "checkpoint.resume", "trainer.run_dir"}
+# itself, moved or copied elsewhere, is still the same run. And the bounds on faults, which decide whether a
+# run survives a fault, not what it trains: a run that stopped on one says to raise rollout.max_restarts, lower
+# rollout.min_workers or raise trainer.actor_timeout_s and run again, which resumes (issue 59, item 2)
+CONTINUATION_KEYS = {"trainer.steps", "checkpoint.resume", "trainer.run_dir", "rollout.max_restarts",
+                     "rollout.min_workers", "trainer.actor_timeout_s", "trainer.max_learner_restarts"}
 
 
 class RunDirError(ValueError):

@@ -128,6 +128,19 @@ def test_a_different_config_is_refused_unless_overwrite_which_moves_the_old_run_
     assert "moved the previous contents" in capsys.readouterr().out
 
 
+def test_a_run_stopped_on_a_fault_continues_with_larger_fault_bounds(tmp_path):
+    """Issue 59, item 2: a run that stopped on an engine dead past its budget says "raise rollout.max_restarts
+    ... or lower rollout.min_workers" and "run the same command again to resume"; doing both was refused
+    ("its config differs: rollout.max_restarts: 0 -> 2"). The bounds on faults may change; the training may not."""
+    cfg = cfg_for(tmp_path, "rollout.max_restarts=0", "rollout.num_workers=2", "rollout.min_workers=2")
+    claim(cfg).release()
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    claim(cfg_for(tmp_path, "rollout.max_restarts=2", "rollout.num_workers=2", "rollout.min_workers=1",
+                  "trainer.actor_timeout_s=900", "trainer.max_learner_restarts=3")).release()
+    with pytest.raises(RunDirError, match=r"rollout.num_workers: 2 -> 3"):
+        claim(cfg_for(tmp_path, "rollout.max_restarts=2", "rollout.num_workers=3", "rollout.min_workers=2"))
+
+
 def test_checkpoints_that_all_fail_verification_are_listed_never_trained_over(tmp_path):
     cfg = cfg_for(tmp_path)
     root = tmp_path / "run" / "checkpoints"
