@@ -54,6 +54,8 @@ setup(
         "filelock>=4.3,<5",
         "numpy",
         "tqdm",
+        # `raygrpo bench`'s tables (cluster/bench/table.py markdown_table); tested on 15.0
+        "rich>=13,<16",
         "matplotlib",
         "tensorboard",
         "wandb==0.31.0",

@@ -328,7 +328,7 @@ def _write_and_print(run: BenchRun) -> None:
     res = run.res
     res["load_average_end"] = load_average()
     res["wall_seconds"] = time.perf_counter() - run.t_start
-    rows = table_rows(res) + reward_part.table_rows(res) + cross_host.table_rows(res) + pipeline_summary.table_rows(res)
+    rows = table_rows(res)
     res["table"] = [list(r) for r in rows]
     if "pipeline" in res:
         res["pipeline"]["lines"] = pipeline_summary.report_lines(res["pipeline"])

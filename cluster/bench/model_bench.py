@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from cluster.bench.report import mean, progress, ratio, steady
-from cluster.bench.table import fmt_value
+from cluster.bench.table import fmt_value, markdown_table
 from cluster.config import ConfigError
 from cluster.models.smollm2 import SmolLM2Unavailable, build_smollm2
 from cluster.models.wordproblems import conversational_rows, write_jsonl
@@ -206,18 +206,13 @@ PHASE_HEADERS = ("run", "step s", "gen s", "gen tok/s", "reward s", "ref s", "tr
 
 def format_phases(rows: list[dict]) -> str:
     """The per-phase table (Markdown), one line per run: medians of steps, means of phases, after warm-up."""
-    cells = [list(PHASE_HEADERS)]
+    cells = []
     for r in rows:
         sync_ms = None if r.get("sync_s") is None else 1000 * r["sync_s"]
         cells.append([r["run"], *(fmt_value(r.get(k)) for k in ("step_s", "gen_s", "gen_tokens_per_s", "reward_s",
                                                                 "ref_s", "train_s", "train_tokens_per_s")),
                       fmt_value(sync_ms), PHASE_NAMES.get(r.get("bound"), "n/a")])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(PHASE_HEADERS))]
-
-    def line(c):
-        return "| " + " | ".join(x.ljust(w) if i in (0, 9) else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths))) + " |"
-    sep = "| " + " | ".join("-" * w if i in (0, 9) else "-" * (w - 1) + ":" for i, w in enumerate(widths)) + " |"
-    return "\n".join([line(cells[0]), sep, *(line(c) for c in cells[1:])])
+    return markdown_table(PHASE_HEADERS, cells, right=tuple(range(1, 9)))  # the figures; run and bound by: left
 
 
 GOAL = 0.5  # issue 38: raygrpo's best schedule <= 0.5x TRL's best step time

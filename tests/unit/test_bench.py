@@ -87,6 +87,25 @@ def test_format_table_is_aligned_markdown():
     assert "12,346" in lines[2] and "1.50" in lines[3]
 
 
+def test_format_table_keeps_long_notes_and_brackets_as_written_and_marks_the_value_column_right():
+    note = "[bold]not rich markup[/bold]; " + "a long note, " * 20 + "the end"  # wider than any terminal: never wrapped
+    lines = table.format_table([("1 rollout", "direct", 1.5, note)]).splitlines()
+    assert len(lines) == 3 and lines[2].endswith(f"| {note} |")
+    rule = [cell.strip() for cell in lines[1].split("|")[1:-1]]
+    assert [cell.endswith(":") for cell in rule] == [False, False, True, False]  # Markdown: value right-aligned
+    assert lines[2].split("|")[3] == "  1.50 "  # under "value": right-aligned in the text too
+
+
+def test_a_new_bench_part_is_its_rows_function_and_one_line_in_table_parts(monkeypatch):
+    def toy_rows(res: dict) -> list[tuple]:
+        return [("9 toy", "widgets/s", res["toy"]["rate"], "a part added in the test alone")] if "toy" in res else []
+
+    monkeypatch.setattr(table, "TABLE_PARTS", (*table.TABLE_PARTS, toy_rows))
+    assert table.table_rows({"toy": {"rate": 42.0}}) == [("9 toy", "widgets/s", 42.0, "a part added in the test alone")]
+    assert "| 9 toy | widgets/s |  42.0 |" in table.format_table(table.table_rows({"toy": {"rate": 42.0}}))
+    assert table.table_rows({}) == []  # no part ran: no rows
+
+
 def _fake_results():
     rollout = {"prompts": 32, "group_size": 8, "max_new_tokens": 32, "threads": 1, "same_tokens": True,
                "direct": {"tokens_per_s": 10000.0, "tokens_per_call": 8000},
