@@ -14,19 +14,26 @@ U b / (b + 1) (U = min(2m, M)).
                  stage 0-1 an all-reduce of the grads per step, 2 a reduce-scatter per micro-batch,
                  3 also the weights gathered 2 (3 with checkpointing) times per micro-batch
     weight sync  w P bytes over the link from learner rank 0 to the engines, plus the update's overhead
+                 (colocated: through host memory, gloo: NCCL refuses two ranks on one device)
+    overhead     the driver's per-step cost outside the phases (Ray calls, batching, logging): measured on
+                 `local` by the calibration's run fit, 0 on a spec
 
-    sync      step = generation + reward + reference + training + weight sync
+    sync      step = generation + reward + reference + training + weight sync + overhead  (every step: + overhead)
     async     step = max(generation + reward [+ reference actor], training [+ reference on learner])
                      + weight sync                  (colocated: nothing overlaps, the sum)
     pipeline  step = max(generation without its tail + re-prefill after each update, training) + weight sync
               (the engines refill freed slots at once, so the tail costs nothing; staleness >= 1 lets the
               engines run ahead; the idle share of an engine is 1 - its busy time / step)
+    colocated step = the sum, as sync: learner rank i and engine i time-slice one device (both resident:
+              the learner's peak and the engine's gpu_memory_utilization x memory must fit together)
+    On `local` the overlapping sides share the cores: cluster/plan/cores.py.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from cluster.plan.cores import local_threads, overlapped
 from cluster.plan.memory import EngineMemory, LearnerLayout, LearnerMemory, engine_memory, learner_memory
 from cluster.plan.shapes import ModelShape
 
@@ -146,9 +153,7 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
                         offload_optimizer=c.offload, offload_params=c.offload and c.zero_stage == 3,
                         ranks_per_node=min(c.ranks, devices_per_node), reference_copy=c.reference == "learner")
     mem = learner_memory(shape, lay)
-    measured_peak = speeds.peak_learner_bytes(c.micro_batch)
-    if local and measured_peak:  # on this machine the calibration measured it
-        mem = LearnerMemory(**{**asdict(mem), "activations": max(measured_peak - mem.states - mem.logits, 0.0)})
+    mem = _measured_memory(mem, speeds, c) if local else mem
     seqs = math.ceil(wl.sequences / c.engines)
     problems = []
     eng = None
@@ -160,7 +165,8 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
                             f"leave {eng.kv_cache / 1e9:.1f} GB of KV cache in rollout.gpu_memory_utilization "
                             f"{wl.gpu_memory_utilization} x {device_bytes / 1e9:.0f} GB, under one sequence's "
                             f"{eng.kv_needed_one / 1e9:.2f} GB")
-        room = device_bytes * headroom * ((1 - wl.gpu_memory_utilization) if c.colocate else 1.0)
+        # colocated: the engine keeps its gpu_memory_utilization share of the device beside the learner
+        room = device_bytes * (headroom - (wl.gpu_memory_utilization if c.colocate else 0.0))
         if mem.peak > room:
             problems.append(f"learner: {mem.peak / 1e9:.1f} GB per device (states {mem.states / 1e9:.1f}, activations "
                             f"{(mem.activations + mem.logits) / 1e9:.1f}) > {room / 1e9:.1f} GB")
@@ -172,29 +178,53 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
     if c.reference == "learner":
         ref /= c.ranks
     train = training_s(speeds, shape, wl, c, cross_node=learner_nodes > 1)
-    sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.devices() > devices_per_node)
+    train_all = None
+    if local:  # the cores are shared: each phase at the threads the run's budget gives it (cores.py)
+        th = local_threads(c.engines, c.ranks, c.reference == "actor", c.mode, total_devices)
+        gen_f = speeds.thread_factor("generation", th["rollout"])
+        body, tail = body * gen_f, tail * gen_f
+        ref *= speeds.thread_factor("learner", th["reference" if c.reference == "actor" else "learner"])
+        if c.mode == "async":
+            all_cores = local_threads(c.engines, c.ranks, c.reference == "actor", "sync", total_devices)["learner"]
+            train_all = train * speeds.thread_factor("learner", all_cores)
+        train *= speeds.thread_factor("learner", th["learner"])
+    if c.colocate:  # our colocate sends the weights through host memory (gloo): NCCL refuses one device twice
+        sync = speeds.host_transfer_s(shape.params() * wl.dtype_bytes)
+    else:
+        sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.devices() > devices_per_node)
     reward = speeds.reward_s(wl.sequences)
-    phases, step, busy = schedule(c, body, tail, reward, ref, train, sync)
+    phases, step, busy = schedule(c, body, tail, reward, ref, train, sync, speeds.step_overhead_s(), train_all)
     return Prediction(c, step, phases, mem, eng, max(0.0, 1 - busy / step) if step > 0 else 0.0, problems, [speeds.source])
 
 
-def schedule(c: Candidate, body: float, tail: float, reward: float, ref: float, train: float,
-             sync: float) -> tuple[dict[str, float], float, float]:
-    """(phases, step seconds, engine busy seconds) of one step under c.mode (module docstring)."""
+def _measured_memory(mem: LearnerMemory, speeds, c: Candidate) -> LearnerMemory:
+    """On this machine: the analytic model plus the run fit's measured extra; without a fit, the plain-torch
+    calibration's measured peak at this micro-batch."""
+    offset = speeds.learner_memory_offset()
+    if offset is not None:
+        return replace(mem, measured_extra=offset)
+    measured_peak = speeds.peak_learner_bytes(c.micro_batch)
+    if measured_peak:
+        return replace(mem, activations=max(measured_peak - mem.states - mem.logits, 0.0))
+    return mem
+
+
+def schedule(c: Candidate, body: float, tail: float, reward: float, ref: float, train: float, sync: float,
+             overhead: float = 0.0, train_all: float | None = None) -> tuple[dict[str, float], float, float]:
+    """(phases, step seconds, engine busy seconds) of one step under c.mode (module docstring). `overhead`:
+    the driver's measured per-step cost; `train_all`: on `local` in async, training at every core (cores.py)."""
     ref_actor = ref if c.reference == "actor" else 0.0
     ref_learner = ref if c.reference == "learner" else 0.0
     gen = body + tail
     phases = {"generation": gen, "generation_tail": tail, "reward": reward, "reference": ref, "training": train,
-              "weight_sync": sync, "wait_engines": 0.0, "wait_learner": 0.0}
-    if c.mode == "sync" or c.colocate:
-        return phases, gen + reward + ref + train + sync, gen
+              "weight_sync": sync, "wait_engines": 0.0, "wait_learner": 0.0, "overhead": overhead}
+    if c.mode == "sync" or c.colocate:  # colocated: engine and learner time-slice one device, nothing overlaps
+        return phases, gen + reward + ref + train + sync + overhead, gen
     engine_side = (gen if c.mode == "async" else body) + reward + ref_actor
     learner_side = train + ref_learner
-    # On `local` the overlapped sides share the machine's cores, as the thread budget splits them: the
-    # calibration measured each side at its share, so the max holds there too (checked in docs/plan.md).
-    core = max(engine_side, learner_side)
+    core = overlapped(c.mode, engine_side, learner_side, learner_side if train_all is None else train_all + ref_learner)
     phases["wait_engines"] = core - engine_side
     phases["wait_learner"] = core - learner_side
     if c.mode == "pipeline":
         phases["generation"], phases["generation_tail"] = body, 0.0
-    return phases, core + sync, (gen if c.mode == "async" else body)
+    return phases, core + sync + overhead, (gen if c.mode == "async" else body)

@@ -74,6 +74,9 @@ class LearnerMemory:
     logits: float
     reference: float
     host: float
+    # on `local`: what a run of this model measured beyond this model (DeepSpeed's flat buffers, the
+    # allocator's and oneDNN's working memory), the calibration's run fit (profile.py); 0 elsewhere
+    measured_extra: float = 0.0
 
     @property
     def states(self) -> float:
@@ -81,7 +84,7 @@ class LearnerMemory:
 
     @property
     def peak(self) -> float:
-        return self.states + self.activations + self.logits + self.reference
+        return self.states + self.activations + self.logits + self.reference + self.measured_extra
 
     def to_dict(self) -> dict:
         return {**asdict(self), "states": self.states, "peak": self.peak}

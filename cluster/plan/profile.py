@@ -47,6 +47,12 @@ class CalibrationProfile:
     sync_overhead_s: float = 0.0  # a zero-byte broadcast's round: the software floor of an update
     reward_s_per_completion: float = 0.0
     seconds: float = 0.0  # how long the calibration took
+    threads: int = 0  # torch threads of the generation and learner points (0: an old profile, half the cores)
+    # {"generation": s, "learner": s, "threads": C}: each side's speed-up from `threads` to C threads (Amdahl)
+    thread_speedup: dict = field(default_factory=dict)
+    # What a short `raygrpo train` of this model measured and what the points alone predicted for it
+    # (cluster/plan/fit.py RunFit): the actor path's factors, the per-step overhead, the learner's memory offset
+    run: dict = field(default_factory=dict)
     version: int = PROFILE_VERSION
 
     def save(self, path: str | Path) -> Path:
@@ -85,39 +91,86 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
 
 
 class MeasuredSpeeds:
-    """Speeds from a calibration profile, scaled by parameter count when the plan's model is another one
-    (on a CPU every term is about proportional to P: a stated assumption, checked in docs/plan.md)."""
+    """Speeds from a calibration profile. Its points were measured in one process at `threads` threads; a
+    phase at t threads takes A(t) / A(threads) of that time, A(t) = (1 - f) + f / t with f each side's
+    parallel share from the measured speed-up (Amdahl). The run fit (profile.run) multiplies generation
+    and training by what a real run measured over what the points predicted for it (the Ray actor path,
+    DeepSpeed, the driver) and adds the run's per-step overhead. A plan for another model scales by
+    parameter count (an assumption that overstated a 4x larger model 1.7x: docs/plan.md); its source says
+    so and names the calibration to run instead."""
 
-    def __init__(self, profile: CalibrationProfile, shape: ModelShape, path: str = ""):
+    def __init__(self, profile: CalibrationProfile, shape: ModelShape, path: str = "", use_run: bool = True):
         self.p, self.shape = profile, shape
         self.scale = shape.params() / max(profile.model_params, 1)
+        self.run = profile.run if use_run else {}
+        self.use_run = use_run  # False: the points alone and the analytic memory (what the run fit compares)
         self.source = f"measured: {path or 'calibration profile'} ({profile.machine}, {profile.model})"
+        if self.run:
+            self.source += (f", fitted on a run ({self.run.get('overrides_text', '')}): generation x"
+                            f"{self.run['generation_factor']:.2f}, training x{self.run['training_factor']:.2f}, "
+                            f"{self.run['overhead_s']:.2f} s a step of overhead")
         if abs(self.scale - 1) > 0.01:
-            self.source += f", scaled x{self.scale:.2f} by parameters"
+            self.source += (f", scaled x{self.scale:.2f} by parameters (not measured: calibrate with "
+                            f"`raygrpo bench --calibrate model.path={shape.name}`)")
+
+    @property
+    def calibrated_threads(self) -> int:
+        return self.p.threads or max(1, self.p.cores // 2)
+
+    def thread_factor(self, side: str, threads: int) -> float:
+        """Time at `threads` over time at the calibration's threads: A(threads) / A(calibrated), A above."""
+        sp = self.p.thread_speedup
+        c, s = sp.get("threads", 0), sp.get(side, 0.0)
+        if not c or c <= self.calibrated_threads or s <= 0:
+            return self.calibrated_threads / max(threads, 1)  # unmeasured: linear in the cores (an assumption)
+        t0 = self.calibrated_threads
+        # s = A(t0) / A(c); solve for f, then A(t) / A(t0)
+        f = (1 - s) / ((1 - s) - (1 / t0 - s / c)) if (1 - s) - (1 / t0 - s / c) else 1.0
+        f = min(max(f, 0.0), 1.0)
+        amdahl = lambda t: (1 - f) + f / max(t, 1)  # noqa: E731
+        return amdahl(threads) / amdahl(t0)
 
     def decode_tokens_per_s(self, batch: int, ctx: int, tp: int = 1) -> float:
         pts = [(g["batch"], g["tokens_per_s"]) for g in self.p.generation]
-        return _interpolate(pts, batch) / self.scale
+        return _interpolate(pts, batch) / self.scale / self.run.get("generation_factor", 1.0)
 
     def prefill_s(self, tokens: float) -> float:
         return 0.0  # in the measured generation rate (each measured call prefilled its prompts)
 
     def train_s(self, tokens: float, micro_batch: int, checkpointing: bool, micro_tokens: float = 0.0) -> float:
         pts = [(x["micro_batch"], x["tokens_per_s"]) for x in self.p.learner]
-        return tokens * self.scale / _interpolate(pts, micro_batch) * (4 / 3 if checkpointing else 1)
+        return (tokens * self.scale / _interpolate(pts, micro_batch) * (4 / 3 if checkpointing else 1)
+                * self.run.get("training_factor", 1.0))
 
     def forward_s(self, tokens: float) -> float:
         pts = [(x["micro_batch"], x["tokens_per_s"]) for x in self.p.learner]
-        return tokens * self.scale / (3 * _interpolate(pts, max(pts)[0]))  # forward ~ 1/3 of forward + backward
+        # forward ~ 1/3 of forward + backward
+        return tokens * self.scale / (3 * _interpolate(pts, max(pts)[0])) * self.run.get("training_factor", 1.0)
 
     def transfer_s(self, nbytes: float, cross_node: bool = False) -> float:
-        return nbytes / self.p.sync_bytes_per_s + self.p.sync_overhead_s
+        # a run's update is not a raw broadcast (the engines' load_weights and re-pack, the fingerprint
+        # check): the fit's measured update over this
+        return (nbytes / self.p.sync_bytes_per_s + self.p.sync_overhead_s) * self.run.get("sync_factor", 1.0)
 
     def collective_s(self, nbytes: float, ranks: int, cross_node: bool = False) -> float:
         return 0.0 if ranks <= 1 else nbytes * 2 * (ranks - 1) / ranks / self.p.sync_bytes_per_s
 
+    def host_transfer_s(self, nbytes: float) -> float:
+        return self.transfer_s(nbytes)  # what the calibration measured is gloo through host memory already
+
     def reward_s(self, completions: int) -> float:
-        return completions * self.p.reward_s_per_completion
+        return completions * self.p.reward_s_per_completion * self.run.get("reward_factor", 1.0)
+
+    def step_overhead_s(self) -> float:
+        """The driver's per-step cost outside the phases (Ray calls, batching, logging): measured by the fit."""
+        return self.run.get("overhead_s", 0.0)
+
+    def learner_memory_offset(self) -> float | None:
+        """Measured peak of the fit's run less the analytic model's for it (DeepSpeed's buffers, the
+        allocator); None without a run fit."""
+        if not self.use_run:
+            return 0.0
+        return self.run.get("memory_offset_bytes") if self.run else None
 
     def peak_learner_bytes(self, micro_batch: int) -> float | None:
         pts = [(x["micro_batch"], x["peak_bytes"]) for x in self.p.learner if x.get("peak_bytes")]
@@ -134,6 +187,10 @@ class SpecSpeeds:
     # tokens of one micro-batch at which a GPU's matmuls run at half their sustained rate (an assumption
     # of the order seen in GEMM benchmarks: a few thousand rows fill an H100; not measured here)
     SATURATION_TOKENS = 1024  # a built-in rule reward in Python (measured here: ~20-100 us)
+    # A colocated pair's update goes through host memory (gloo over the loopback: device -> host copy,
+    # TCP, host -> device): an assumed 2 GB/s, the order of a gloo broadcast measured on a CPU host here
+    # (cluster/bench/calibrate.py measure_sync), not a spec figure.
+    HOST_GLOO_BYTES_PER_S = 2e9
 
     def __init__(self, cluster: ClusterSpec, shape: ModelShape, dtype_bytes: int = 2):
         d, e = cluster.device, cluster.efficiency
@@ -167,6 +224,9 @@ class SpecSpeeds:
     def transfer_s(self, nbytes: float, cross_node: bool = False) -> float:
         return nbytes / (self.inter if cross_node else self.intra) + self.UPDATE_OVERHEAD_S
 
+    def host_transfer_s(self, nbytes: float) -> float:
+        return nbytes / self.HOST_GLOO_BYTES_PER_S + self.UPDATE_OVERHEAD_S
+
     def collective_s(self, nbytes: float, ranks: int, cross_node: bool = False) -> float:
         """A ring reduce-scatter or all-gather of `nbytes` over `ranks`: (ranks - 1) / ranks of it crosses each link."""
         if ranks <= 1:
@@ -175,6 +235,15 @@ class SpecSpeeds:
 
     def reward_s(self, completions: int) -> float:
         return completions * self.REWARD_S_PER_COMPLETION
+
+    def thread_factor(self, side: str, threads: int) -> float:
+        return 1.0  # a GPU phase's speed does not depend on its host threads
+
+    def step_overhead_s(self) -> float:
+        return 0.0  # unmeasured on a spec: in UPDATE_OVERHEAD_S and the efficiencies
+
+    def learner_memory_offset(self) -> float | None:
+        return None
 
     def peak_learner_bytes(self, micro_batch: int) -> float | None:
         return None

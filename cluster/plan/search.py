@@ -4,6 +4,13 @@ Candidates on a cluster of D devices (nodes of d): engines x TP (TP a power of t
 learner ranks (one device less when the reference model gets its own), ZeRO stage 0-3 with and without
 optimizer offload, micro-batch 1-32, with and without gradient checkpointing, and each schedule. Every
 candidate's memory is checked per device; the fastest that fits wins.
+
+Colocated candidates (as NeMo-RL's colocated mode; `ray.placement=colocate`): k devices each hold learner
+rank i and engine i (TP 1), both resident, so the learner's peak and the engine's
+`gpu_memory_utilization` share of the device must fit together; they time-slice it, so the step is the
+sum of the phases (cost.py), and the update goes through host memory (gloo). They free the devices
+separate placement gives the other side, which wins where memory, not time, is short (one GPU).
+On `local` there are no colocated candidates: the cores are shared in every placement (cores.py).
 """
 from __future__ import annotations
 
@@ -66,6 +73,19 @@ def candidates(total: int, per_node: int, wl: Workload, ref_choice: str | None, 
                     if (offload and stage == 0) or (local and (offload or ckpt)) or (stage == 0 and wl.dtype_bytes < 4):
                         continue
                     out.append(Candidate(engines, tp, r, stage, mb, mode, offload, ckpt, ref))
+    return out + ([] if local else colocated_candidates(total, wl, refs))
+
+
+def colocated_candidates(total: int, wl: Workload, refs: tuple[str, ...]) -> list[Candidate]:
+    """k devices, each holding learner rank i and engine i (TP 1), in the sync schedule (time-sliced: the
+    schedules would not overlap anything); the reference on the learner or on a device of its own."""
+    out = []
+    for ref in refs:
+        for k in range(1, total - (1 if ref == "actor" else 0) + 1):
+            if wl.sequences % k or k > wl.prompts:
+                continue
+            for stage, offload, ckpt, mb in itertools.product((1, 2, 3), (False, True), (False, True), MICRO_BATCHES):
+                out.append(Candidate(k, 1, k, stage, mb, "sync", offload, ckpt, ref, colocate=True))
     return out
 
 
@@ -108,9 +128,12 @@ def overrides(c: Candidate, per_engine_gpus: float = 1.0, local: bool = False) -
     out = [f"rollout.num_workers={c.engines}", f"learner.num_ranks={c.ranks}", f"learner.zero_stage={c.zero_stage}",
            f"learner.offload_optimizer={str(c.offload).lower()}", f"learner.micro_batch_size={c.micro_batch}",
            f"learner.gradient_checkpointing={str(c.gradient_checkpointing).lower()}", f"trainer.mode={c.mode}",
-           "ray.placement=separate", "ray.strategy=PACK"]
+           f"ray.placement={'colocate' if c.colocate else 'separate'}", "ray.strategy=PACK"]
     out.append(f"learner.offload_params={str(c.offload and c.zero_stage == 3).lower()}")
-    if not local:
+    if c.colocate:  # one device for the pair (half each in Ray's count), the update through host memory
+        out += ["rollout.tensor_parallel_size=1", "rollout.num_gpus=0.5", "learner.num_gpus=0.5",
+                "rollout.weight_transfer_backend=gloo"]
+    elif not local:
         out += [f"rollout.tensor_parallel_size={c.tp}", f"rollout.num_gpus={c.tp * per_engine_gpus:g}", "learner.num_gpus=1"]
     if c.reference != "none":
         out.append(f"reference.placement={c.reference}")

@@ -1,0 +1,113 @@
+"""`raygrpo plan --cluster local` (issue 62): the cores shared by the engines, the learner and the reference
+(cluster/plan/cores.py), the thread scaling and the run fit of a calibration (profile.py, fit.py), and
+the run probe's medians (cluster/bench/run_probe.py). No actor starts: a profile is written by hand."""
+import pytest
+
+from cluster.bench.run_probe import measured_of
+from cluster.config import load_config
+from cluster.plan.cores import local_threads, overlapped
+from cluster.plan.fit import FitError, fit_run, predict_local
+from cluster.plan.profile import CalibrationProfile, MeasuredSpeeds
+from cluster.plan.shapes import PUBLISHED
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def _profile(**kw) -> CalibrationProfile:
+    kw = {"thread_speedup": {"generation": 1.5, "learner": 1.8, "threads": 2}, **kw}
+    return CalibrationProfile(machine="test", cores=2, model=MODEL, model_params=PUBLISHED[MODEL].params(), dtype_bytes=4,
+                              generation=[{"batch": 1, "tokens_per_s": 50.0}, {"batch": 64, "tokens_per_s": 800.0}],
+                              learner=[{"micro_batch": 1, "seq_len": 64, "tokens_per_s": 200.0, "peak_bytes": 2e9},
+                                       {"micro_batch": 16, "seq_len": 64, "tokens_per_s": 600.0, "peak_bytes": 3e9}],
+                              sync_bytes_per_s=5e8, sync_overhead_s=0.001, reward_s_per_completion=1e-4, threads=1, **kw)
+
+
+def _cfg(*overrides):
+    base = ["model.path=" + MODEL, "data.train=task:addition", "trainer.prompts_per_step=8", "trainer.group_size=8",
+            "rollout.max_new_tokens=32", "rollout.min_new_tokens=32", "rollout.max_model_len=96",
+            "learner.micro_batch_size=16", "reward.functions=[exact_match]"]
+    return load_config(None, [*base, *overrides], validate_paths=False)
+
+
+def test_the_threads_a_run_gives_each_side():
+    """sync: each phase takes both cores (two engines: one each); async and pipeline split them."""
+    assert local_threads(1, 1, False, "sync", 2) == {"rollout": 2, "learner": 2, "reference": 2}
+    assert local_threads(2, 1, False, "sync", 2)["rollout"] == 1
+    assert local_threads(1, 1, False, "async", 2) == {"rollout": 1, "learner": 1, "reference": 1}
+    assert local_threads(1, 1, True, "pipeline", 4)["learner"] == 2
+
+
+def test_overlapping_sides_contend_for_the_cores():
+    assert overlapped("pipeline", 3.0, 5.0, 2.0) == 5.0  # no lending in pipeline: the slower side at its share
+    assert overlapped("async", 5.0, 3.0, 2.0) == 5.0  # the learner finishes inside the collection
+    # the learner did 2/4 of its work during the 2 s of collection, the rest at every core (half of 3 s)
+    assert overlapped("async", 2.0, 4.0, 3.0) == pytest.approx(2.0 + 0.5 * 3.0)
+
+
+def test_thread_factor_follows_amdahl_from_the_measured_speedup():
+    shape = PUBLISHED[MODEL]
+    perfect = MeasuredSpeeds(_profile(thread_speedup={"generation": 2.0, "learner": 1.0, "threads": 2}), shape)
+    assert perfect.thread_factor("generation", 2) == pytest.approx(0.5)
+    assert perfect.thread_factor("learner", 2) == pytest.approx(1.0)  # no speed-up measured: threads do not help
+    s = MeasuredSpeeds(_profile(), shape)
+    assert s.thread_factor("learner", 2) == pytest.approx(1 / 1.8) and s.thread_factor("learner", 1) == 1.0
+    assert s.thread_factor("learner", 4) < 1 / 1.8  # beyond the measured cores, the same parallel share
+    unmeasured = MeasuredSpeeds(_profile(thread_speedup={}), shape)
+    assert unmeasured.thread_factor("generation", 2) == pytest.approx(0.5)  # linear: an assumption, said in source
+
+
+def test_async_overlaps_less_on_shared_cores_than_on_devices_of_their_own():
+    """The same phases: on two cores async gains only what each side's thread scaling leaves (each side has one
+    core instead of two), so it is slower than max(generation, training) of the sync run."""
+    speeds = lambda s: MeasuredSpeeds(_profile(), s)  # noqa: E731
+    sync = predict_local(_cfg(), speeds)[0]
+    asyn = predict_local(_cfg("trainer.mode=async"), speeds)[0]
+    pipe = predict_local(_cfg("trainer.mode=pipeline"), speeds)[0]
+    ph = sync.phases
+    assert asyn.step_s > max(ph["generation"], ph["training"]) + ph["weight_sync"]
+    assert asyn.step_s < sync.step_s  # the learner takes the engine's core once the batch is collected
+    assert asyn.phases["generation"] == pytest.approx(ph["generation"] * 1.5)  # one thread of the engine's two
+    # pipeline lends nothing: its learner trains on one core all step, 1.8x its sync time, so on two cores a
+    # learner-bound pipeline is slower than sync (what a thread-blind max(generation, training) hides)
+    assert pipe.phases["training"] == pytest.approx(ph["training"] * 1.8)
+    assert pipe.step_s == pytest.approx(max(pipe.phases["generation"], pipe.phases["training"]) + ph["weight_sync"])
+    assert pipe.step_s > sync.step_s
+
+
+def test_the_run_fit_reproduces_its_run_and_carries_to_other_configs():
+    prof = _profile()
+    cfg = _cfg()
+    raw = predict_local(cfg, lambda s: MeasuredSpeeds(prof, s, use_run=False))[0]
+    measured = {"step_s": 9.0, "gen_s": 2 * raw.phases["generation"], "train_s": 1.5 * raw.phases["training"],
+                "sync_s": 0.8, "reward_s": 0.01, "ref_s": 0.0, "learner_peak_bytes": raw.learner.peak + 3e8}
+    prof.run = fit_run(prof, cfg, measured, "fit")
+    assert prof.run["generation_factor"] == pytest.approx(2.0) and prof.run["training_factor"] == pytest.approx(1.5)
+    assert prof.run["overhead_s"] == pytest.approx(9.0 - measured["gen_s"] - measured["train_s"] - 0.8 - 0.01)
+    fitted = predict_local(cfg, lambda s: MeasuredSpeeds(prof, s))[0]
+    assert fitted.step_s == pytest.approx(9.0, rel=1e-6)  # the fit run itself, to rounding
+    assert fitted.learner.peak == pytest.approx(measured["learner_peak_bytes"])
+    assert fitted.phases["overhead"] == pytest.approx(prof.run["overhead_s"])
+    other = predict_local(_cfg("rollout.num_workers=2"), lambda s: MeasuredSpeeds(prof, s))[0]
+    assert other.phases["generation"] != pytest.approx(fitted.phases["generation"])  # predicted, not copied
+    assert "fitted on a run" in MeasuredSpeeds(prof, PUBLISHED[MODEL]).source
+
+
+def test_the_fit_needs_a_sync_run_with_steps():
+    with pytest.raises(FitError, match="trainer.mode=async"):
+        fit_run(_profile(), _cfg("trainer.mode=async"), {"step_s": 1.0})
+    with pytest.raises(FitError, match="no step after the first"):
+        fit_run(_profile(), _cfg(), {"step_s": 1.0, "gen_s": 0.0})
+
+
+def test_another_model_is_scaled_and_the_source_says_which_calibration_to_run():
+    s = MeasuredSpeeds(_profile(), PUBLISHED["Qwen2.5-0.5B-Instruct"])
+    assert "scaled" in s.source and "bench --calibrate model.path=Qwen2.5-0.5B-Instruct" in s.source
+
+
+def test_the_run_probe_takes_medians_after_the_first_step():
+    rows = [{"kind": "train", "step_s": 30.0, "gen_s": 20.0, "train_s": 9.0, "learner_peak_bytes": 5.0},
+            {"kind": "eval", "accuracy": 0.5},
+            *({"kind": "train", "step_s": s, "gen_s": 1.0, "train_s": 2.0, "sync_s": None, "learner_peak_bytes": 7.0}
+              for s in (3.0, 1.0, 2.0))]
+    m = measured_of(rows)
+    assert (m["steps"], m["step_s"], m["gen_s"], m["sync_s"], m["learner_peak_bytes"]) == (3, 2.0, 1.0, 0.0, 7.0)
