@@ -9,12 +9,18 @@ tiny model) and the machine at hand, in this process (no Ray; an in-process vLLM
   (plain torch, as one rank at ZeRO-0; DeepSpeed's own overhead is not in it: docs/plan.md);
 - sync bytes/s: a gloo broadcast of the model's bytes between two processes, and a 1-element one (the
   floor an update pays whatever its size);
-- reward cost: the config's built-in reward functions on sample completions.
+- reward cost: the config's built-in reward functions on sample completions;
+- each side's speed-up from its threads to every core (one point each), for the core sharing of a run's
+  schedules (cluster/plan/cores.py);
+- the run fit: a short `raygrpo train` of the model (sync, one engine, one rank; FIT_CONFIG under the
+  given overrides) against what the points alone predict for it (cluster/plan/fit.py): the actor path's
+  generation, DeepSpeed's training, the update, the driver's per-step overhead, the learner's memory.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import resource
 import statistics
 import threading
@@ -30,8 +36,10 @@ from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
 from cluster.bench.report import machine_info, model_spec, progress, rss_bytes
 from cluster.bench.rollout import renice_to
+from cluster.bench.run_probe import train_and_measure
 from cluster.config import load_config
 from cluster.models.tinymodel import build_tiny_model, num_parameters
+from cluster.plan.fit import fit_run
 from cluster.plan.profile import CalibrationProfile
 from cluster.plan.shapes import read_shape
 
@@ -45,6 +53,16 @@ SYNC_REPEATS = 3
 # cores at it, so the calibration does too (at niceness 0 it measured 4-15x a run's speed on a shared
 # machine: docs/plan.md)
 RAY_WORKER_NICENESS = 15
+SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS, SPEEDUP_MICRO_BATCH = 16, 16, 4  # the one point measured at every core
+# The run the calibration fits on: sync, one engine, one rank, every completion at its length (the
+# model's own overrides, e.g. a smaller step for a larger model, go on top).
+FIT_CONFIG = {
+    "data": {"train": "task:addition", "num_eval": 0},
+    "trainer": {"steps": 4, "prompts_per_step": 8, "group_size": 8, "mode": "sync", "eval_every": 0},
+    "rollout": {"num_workers": 1, "max_new_tokens": 32, "min_new_tokens": 32, "max_model_len": 96},
+    "learner": {"num_ranks": 1, "micro_batch_size": 16},
+    "reward": {"functions": ["exact_match"]},
+}
 
 
 class PeakRss:
@@ -66,30 +84,68 @@ class PeakRss:
         self.peak = max(self.peak, rss_bytes())
 
 
-def measure_generation(model: str, threads: int) -> list[dict]:
-    cfg = RolloutConfig(max_model_len=max(GEN_LENGTHS) + 64, max_new_tokens=max(GEN_LENGTHS), threads=threads)
-    worker = RolloutWorker(model, cfg)
+def _generation_point(worker: RolloutWorker, batch: int, length: int) -> dict:
+    """One call as a step sends it: several prompts, each with n = G (GEN_GROUP, or the batch when smaller)."""
     prompts = [[1 + (i + j) % 50 for j in range(8)] for i in range(max(GEN_BATCHES))]
-    worker.generate(prompts[:1], group_size=2, seeds=[0], max_new_tokens=4)  # warm-up
+    worker.cfg.min_new_tokens = length  # every completion runs to its length (vLLM min_tokens)
+    group = min(batch, GEN_GROUP)
+    n = batch // group
+    t0 = time.perf_counter()
+    out = worker.generate(prompts[:n], group_size=group, seeds=list(range(n)), max_new_tokens=length)
+    secs = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for r in out for c in r.completions)
+    return {"batch": batch, "prompts": n, "group": group, "new_tokens": length, "prompt_tokens": 8,
+            "tokens_per_s": tokens / secs, "seconds": secs}
+
+
+def _engine(model: str, threads: int) -> RolloutWorker:
+    worker = RolloutWorker(model, RolloutConfig(max_model_len=max(GEN_LENGTHS) + 64, max_new_tokens=max(GEN_LENGTHS),
+                                                threads=threads))
+    worker.generate([[1, 2, 3]], group_size=2, seeds=[0], max_new_tokens=4)  # warm-up
+    return worker
+
+
+def measure_generation(model: str, threads: int) -> list[dict]:
+    worker = _engine(model, threads)
     points = []
     for length in GEN_LENGTHS:
-        worker.cfg.min_new_tokens = length  # every completion runs to its length (vLLM min_tokens)
         for batch in GEN_BATCHES:
-            # as a step sends them: several prompts, each with n = G (G = GEN_GROUP, or the batch when smaller)
-            group = min(batch, GEN_GROUP)
-            n = batch // group
-            t0 = time.perf_counter()
-            out = worker.generate(prompts[:n], group_size=group, seeds=list(range(n)), max_new_tokens=length)
-            secs = time.perf_counter() - t0
-            tokens = sum(len(c.token_ids) for r in out for c in r.completions)
-            points.append({"batch": batch, "prompts": n, "group": group, "new_tokens": length, "prompt_tokens": 8,
-                           "tokens_per_s": tokens / secs, "seconds": secs})
-            progress(f"calibrate: generation batch {batch} x {length} tokens: {tokens / secs:.0f} tok/s")
+            points.append(_generation_point(worker, batch, length))
+            progress(f"calibrate: generation batch {batch} x {length} tokens: {points[-1]['tokens_per_s']:.0f} tok/s")
     del worker  # the engine and its KV cache go before the learner loads
     return points
 
 
-def measure_learner(model: str, threads: int) -> list[dict]:
+def generation_speedup(model: str, threads: int, cores: int) -> float:
+    """Tokens/s of one engine at every core over at `threads` threads, at one point (a fresh engine each:
+    vLLM's CPU worker fixes its threads when it starts)."""
+    rates = []
+    for t in (threads, cores):
+        worker = _engine(model, t)
+        _generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)  # the first call at this size warms up
+        rates.append(_generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)["tokens_per_s"])
+        del worker
+    return rates[1] / rates[0]
+
+
+def _train_steps(lm, opt, ids, repeats: int = 3) -> float:
+    """Median seconds of a float32 forward + backward + Adam step, the first left out (it allocates
+    Adam's moments and warms the kernels)."""
+    secs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = lm(ids).logits[:, :-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))
+        (-lp.mean()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        secs.append(time.perf_counter() - t0)
+    return statistics.median(secs[1:])
+
+
+def measure_learner(model: str, threads: int, cores: int = 0) -> tuple[list[dict], float]:
+    """(points at `threads` threads by micro-batch, the speed-up at `cores` threads at SPEEDUP_MICRO_BATCH;
+    1.0 without `cores`)."""
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -100,21 +156,21 @@ def measure_learner(model: str, threads: int) -> list[dict]:
     points = []
     for mb in MICRO_BATCHES:
         ids = torch.randint(0, lm.config.vocab_size, (mb, LEARNER_SEQ), generator=g)
-        secs = []
         with PeakRss() as peak:
-            for _ in range(3):  # the first allocates Adam's moments and warms the kernels
-                t0 = time.perf_counter()
-                logits = lm(ids).logits[:, :-1]
-                lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))
-                (-lp.mean()).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                secs.append(time.perf_counter() - t0)
-        s = statistics.median(secs[1:])
+            s = _train_steps(lm, opt, ids)
         points.append({"micro_batch": mb, "seq_len": LEARNER_SEQ, "tokens_per_s": mb * LEARNER_SEQ / s,
                        "peak_bytes": peak.peak - base, "seconds": s})
         progress(f"calibrate: learner micro-batch {mb}: {mb * LEARNER_SEQ / s:.0f} tok/s, peak {(peak.peak - base) / 2**20:.0f} MiB")
-    return points
+    speedup = 1.0
+    if cores > threads:
+        ids = torch.randint(0, lm.config.vocab_size, (SPEEDUP_MICRO_BATCH, LEARNER_SEQ), generator=g)
+        at = {}
+        for t in (threads, cores):
+            torch.set_num_threads(t)
+            at[t] = _train_steps(lm, opt, ids)
+        torch.set_num_threads(threads)
+        speedup = at[threads] / at[cores]
+    return points, speedup
 
 
 def _broadcast_peer(rank: int, port: int, nbytes: int, repeats: int, out) -> None:
@@ -156,29 +212,78 @@ def measure_reward(names: list[str], n: int = 2000) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def run_calibrate(args) -> int:
-    t_start = time.perf_counter()
-    cfg = load_config(None, list(args.overrides or []), validate_paths=False)
-    model = args.model or cfg.model.path
-    if not model:
-        model = str(build_tiny_model(Path(args.cache_dir).resolve() / "base-h128-l4", model_spec(128, 4)))
-    shape = read_shape(model)
+def fit_on_a_run(prof: CalibrationProfile, overrides: list[str], run_dir: Path) -> dict:
+    """profile.run: a short sync run of the model (FIT_CONFIG + overrides), fitted (cluster/plan/fit.py)."""
+    fit_overrides = [*overrides, f"model.path={prof.model}"]
+    progress(f"calibrate: the run fit: raygrpo train {' '.join(fit_overrides)} in {run_dir}")
+    measured = train_and_measure(FIT_CONFIG, fit_overrides, run_dir)
+    cfg = load_config(str(run_dir.parent / f"{run_dir.name}.yaml"), fit_overrides, validate_paths=False)
+    fit = fit_run(prof, cfg, measured, " ".join(overrides))
+    progress(f"calibrate: run fit: step {measured['step_s']:.2f} s (generation {measured['gen_s']:.2f}, training "
+             f"{measured['train_s']:.2f}, sync {measured['sync_s']:.2f}); generation x{fit['generation_factor']:.2f}, "
+             f"training x{fit['training_factor']:.2f}, overhead {fit['overhead_s']:.2f} s a step")
+    return fit
+
+
+def _niced_points(model: str, reward_functions: list, out) -> None:
     renice_to(RAY_WORKER_NICENESS)()  # as Ray's workers run (only ever raised)
+    out.put(measure_points(model, reward_functions))
+
+
+def calibrate(model: str, overrides: list[str], run_dir: Path, reward_functions: list | None = None) -> CalibrationProfile:
+    """The whole profile of `model` on this machine (module docstring). The points are measured in a child
+    at Ray's worker niceness, as a run's engines and ranks compute; the run fit's driver keeps this process's
+    niceness (a Ray head started at 15 missed its start-up timeout at load 25 here)."""
+    t_start = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    child = ctx.Process(target=_niced_points, args=(model, list(reward_functions or []), q))
+    child.start()
+    prof = None
+    while prof is None:
+        try:
+            prof = q.get(timeout=5)
+        except queue.Empty:
+            if not child.is_alive():
+                raise RuntimeError(f"calibrate: the measuring process exited {child.exitcode} before its profile "
+                                   "(its output above says why)") from None
+    child.join()
+    prof.run = fit_on_a_run(prof, [o for o in overrides if not o.startswith("model.path=")], run_dir)
+    prof.seconds = time.perf_counter() - t_start
+    return prof
+
+
+def measure_points(model: str, reward_functions: list) -> CalibrationProfile:
+    """The profile's measured points, without the run fit (this process's niceness)."""
+    shape = read_shape(model)
     cores = len(os.sched_getaffinity(0))
     threads = max(1, cores // 2)  # the thread budget gives an engine and a learner rank half the cores each
     progress(f"calibrate: {model} ({shape.params() / 1e6:.2f}M parameters), {threads} thread(s) per side, {cores} cores")
     gen = measure_generation(model, threads)
-    learner = measure_learner(model, threads)
+    gen_speedup = generation_speedup(model, threads, cores) if cores > threads else 1.0
+    learner, learner_speedup = measure_learner(model, threads, cores)
+    progress(f"calibrate: speed-up at {cores} threads: generation {gen_speedup:.2f}x, learner {learner_speedup:.2f}x")
     params = num_parameters(model) if (Path(model) / "model.safetensors").exists() else shape.params()
     sync = measure_sync(params * 4)
     progress(f"calibrate: sync {sync['bytes_per_s'] / 1e6:.0f} MB/s, floor {sync['overhead_s'] * 1e3:.2f} ms")
-    reward = measure_reward(list(cfg.reward.functions))
     prof = CalibrationProfile(machine=machine_info().get("cpu_model") or "this machine", cores=cores, model=str(model),
                               model_params=params, dtype_bytes=4, generation=gen, learner=learner,
                               sync_bytes_per_s=sync["bytes_per_s"], sync_overhead_s=sync["overhead_s"],
-                              reward_s_per_completion=reward, seconds=time.perf_counter() - t_start)
-    path = prof.save(args.calibrate)
-    print(f"raygrpo bench --calibrate: profile of this machine written to {path.resolve()} "
+                              reward_s_per_completion=measure_reward(list(reward_functions or [])), threads=threads,
+                              thread_speedup={"generation": gen_speedup, "learner": learner_speedup, "threads": cores})
+    return prof
+
+
+def run_calibrate(args) -> int:
+    cfg = load_config(None, list(args.overrides or []), validate_paths=False)
+    model = args.model or cfg.model.path
+    if not model:
+        model = str(build_tiny_model(Path(args.cache_dir).resolve() / "base-h128-l4", model_spec(128, 4)))
+    out = Path(args.calibrate)
+    prof = calibrate(str(Path(model).resolve()) if Path(model).exists() else model, list(args.overrides or []),
+                     out.parent / f"{out.stem}-fit-run", list(cfg.reward.functions))
+    path = prof.save(out)
+    print(f"raygrpo bench --calibrate: profile of this machine for {prof.model} written to {path.resolve()} "
           f"({prof.seconds:.0f} s, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB); "
-          f"use it: raygrpo plan CONFIG --cluster local --profile {path}")
+          f"use it: raygrpo plan CONFIG model.path={prof.model} --cluster local --profile {path}")
     return 0

@@ -25,10 +25,12 @@ def test_peak_rss_sees_an_allocation_inside_the_block():
 def test_learner_points_grow_with_the_micro_batch(tmp_path):
     model = build_tiny_model(tmp_path / "m", TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
                                                            intermediate_size=128))
-    pts = measure_learner(str(model), threads=1)
+    pts, speedup = measure_learner(str(model), threads=1, cores=2)
     assert [p["micro_batch"] for p in pts] == sorted(p["micro_batch"] for p in pts)
     assert all(p["tokens_per_s"] > 0 for p in pts)
     assert pts[-1]["peak_bytes"] > pts[0]["peak_bytes"] > 0  # more sequences, more activations
+    assert speedup > 0  # at 2 threads against 1 (on a loaded machine it may be under 1)
+    assert measure_learner(str(model), threads=1)[1] == 1.0  # not asked: not measured
 
 
 def test_sync_measures_a_rate_and_a_floor():
