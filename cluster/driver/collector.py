@@ -1,17 +1,16 @@
 """Collecting a batch (steps 1-3 of a GRPO step) and the held-out evaluation, for the driver loop.
 
 `Collector` is the rollout side of the loop (cluster/driver/trainer.py), kept apart so the loop
-there stays short. It is handed everything it uses when the actors are up: the config, the prompt
-stream, the reward scorer, the engines (`RolloutPool`) with the lock it shares with the weight sync,
-the reference actor, the learners (to lend them the cores collecting leaves idle), and two readers
-of the weight versions, which the loop moves while a batch is being collected (async).
+there stays short, and driven by the sync and async schedules (cluster/driver/schedules/). It reads what
+it uses from the run's context (cluster/driver/context.py), built once the actors are up: the config, the
+prompt stream, the reward scorer, the engines (`RolloutPool`) with the lock it shares with the weight sync,
+the reference actor, the learners (to lend them the cores collecting leaves idle), and the weight versions,
+which the loop moves while a batch is being collected (async).
 """
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.data.dataset import Example
@@ -20,7 +19,6 @@ from cluster.driver.actor_restarts import reference_logprobs
 from cluster.driver.batch import (
     Batch,
     CollectStats,
-    EnvironmentNotes,
     ScoredGroup,
     sample_seed,
     score_groups,
@@ -29,35 +27,25 @@ from cluster.driver.batch import (
 from cluster.driver.worker_groups import Stopwatch
 
 if TYPE_CHECKING:
-    import threading
-
-    from actors.rewards import RewardScorer
-    from cluster.config import RunConfig
-    from cluster.data.dataset import PromptStream
-    from cluster.driver.actor_restarts import RestartWatch
-    from cluster.driver.worker_groups import LearnerGroup, RolloutPool
+    from cluster.driver.context import RunContext
 
 
 class Collector:
     """The rollout side of the driver loop: generation, rewards, the reference, evaluation."""
 
-    def __init__(self, cfg: RunConfig, stream: PromptStream, scorer: RewardScorer, pool: RolloutPool, *,
-                 reference, learners: LearnerGroup, lend: dict[int, int], engines_lock: threading.RLock,
-                 weight_version: Callable[[], int], engine_version: Callable[[], int], eos_id: int | None,
-                 env_notes: EnvironmentNotes, run_dir: Path | str, restarts: RestartWatch | None = None):
-        """reference: the reference actor's handle (None: none, or it runs on the learner ranks);
-        restarts: waits on it, saying a lost host and its restart (cluster/driver/actor_restarts.py).
-        lend: {learner rank: threads} it may take while collecting idles (async on CPU; empty otherwise).
-        engines_lock: held around each generate; the weight sync holds it around itself (an engine
-        must not serve a generate between the calls of a weight update).
-        weight_version(): the learner's version now (an empty batch carries it); engine_version():
-        the version every engine is known to hold (a lower answer means an engine was restarted).
-        eos_id: the tokenizer's EOS, which ends a multi-turn turn. run_dir: named in errors."""
-        self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
-        self.reference, self.learners, self.lend, self.engines_lock = reference, learners, lend, engines_lock
-        self.weight_version, self.engine_version = weight_version, engine_version
-        self.eos_id, self.env_notes, self.run_dir = eos_id, env_notes, run_dir
-        self.restarts = restarts
+    def __init__(self, ctx: RunContext):
+        """What it reads of `ctx`: the config, the prompt stream, the scorer, the engines' pool; the reference
+        actor (None: none, or it runs on the learner ranks) and the waits on it (ctx.restarts: a lost host and
+        its restart said, cluster/driver/actor_restarts.py); ctx.lend: {learner rank: threads} it may take while
+        collecting idles (async on CPU; empty otherwise), offered to ctx.learners; the engines' lock
+        (ctx.weights.lock), held around each generate (the weight sync holds it around itself: an engine must
+        not serve a generate between the calls of a weight update); ctx.versions: the learner's version now
+        (an empty batch carries it) and the one every engine is known to hold (a lower answer means an engine
+        was restarted); the EOS, which ends a multi-turn turn; the run dir, named in errors."""
+        self.cfg, self.stream, self.scorer, self.pool = ctx.cfg, ctx.stream, ctx.scorer, ctx.pool
+        self.reference, self.learners, self.lend, self.engines_lock = ctx.reference, ctx.learners, ctx.lend, ctx.weights.lock
+        self.versions, self.eos_id, self.env_notes, self.run_dir = ctx.versions, ctx.eos_id, ctx.env_notes, ctx.run_dir
+        self.restarts = ctx.restarts
 
     # ------------------------------------------------------------------ collecting a batch
     def collect(self, step: int, lend_to: int | None = None) -> Batch:
@@ -70,7 +58,7 @@ class Collector:
         if t.dynamic_sampling:
             groups += self._refill(step, t.prompts_per_step - len(groups), stats)
         groups = trim_to_ranks(groups, t.group_size, self.cfg.learner.num_ranks)
-        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.weight_version(),
+        batch = Batch.from_groups(groups, state, stats, version_if_empty=self.versions.learner,
                                   advantage_estimator=self.cfg.algo.advantage_estimator)
         if self.reference is not None and batch.examples and not stats.every_group_failed():  # else not trained on
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
@@ -126,11 +114,11 @@ class Collector:
         lines say an engine is doing, "{}" its number of prompts (None: generating / running conversations)."""
         if not self.cfg.rollout.env:
             return self.pool.generate([e.prompt_ids for e in examples], G, seeds, greedy=greedy,
-                                      expected_version=self.engine_version(), activity=activity)
+                                      expected_version=self.versions.sent, activity=activity)
         fmt = multiturn_format(self.cfg)
         rollouts = self.pool.generate_multiturn([conversation(e.prompt, fmt) for e in examples],
                                                 [e.fields for e in examples], G, seeds, greedy,
-                                                expected_version=self.engine_version(), activity=activity)
+                                                expected_version=self.versions.sent, activity=activity)
         if stats is not None:
             stats.add_trajectories(rollouts)
         for line in self.env_notes.lines(rollouts, what):

@@ -23,13 +23,12 @@ from cluster.launch.waits import wait_for
 
 
 class Comebacks:
-    pool: RolloutPool | None = None  # set once the pool is made (it is given these handlers)
-
     def __init__(self, actors: Actors, placement: PlacementRecord, hosts: HostWatch, threads: dict[str, int],
-                 weights: EngineWeights, scorer: RewardScorer, timeout_s: float):
-        """`threads`: each role's thread count (apply_thread_budget); `timeout_s`: trainer.actor_timeout_s."""
+                 weights: EngineWeights, scorer: RewardScorer, pool: RolloutPool, timeout_s: float):
+        """`threads`: each role's thread count (apply_thread_budget); `pool`: the engines, whose `on_restart` and
+        `on_rejoin` are this object's handlers (cluster/driver/startup.py); `timeout_s`: trainer.actor_timeout_s."""
         self.actors, self.placement, self.hosts, self.threads = actors, placement, hosts, threads
-        self.weights, self.scorer, self.timeout_s = weights, scorer, timeout_s
+        self.weights, self.scorer, self.pool, self.timeout_s = weights, scorer, pool, timeout_s
 
     def engine_restarted(self, worker_index: int, new_process: bool = True) -> None:
         """The pool's `on_restart`: the current weights to the engine (EngineWeights.restarted); a new process

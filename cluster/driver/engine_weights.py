@@ -12,7 +12,8 @@ fingerprint mismatch reach the trainer.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from actors.transport.fingerprint import SyncMismatch
 from cluster.launch.hosts import HostWatch
@@ -23,25 +24,37 @@ from cluster.launch.waits import ActorFailed, actor_error, wait_for
 # engine unanswered (reach_actors' bound) while the pool waited for Ray's verdict, then the update without it.
 ENGINE_UPDATE_TRIES = 4
 
+if TYPE_CHECKING:
+    from cluster.driver.rollout_pool import RolloutPool
+    from cluster.driver.worker_groups import LearnerGroup
+
+
+@dataclass
+class WeightVersions:
+    """The run's weight versions, one object that whoever reads them holds (the collector, the pipeline's
+    feeder, the engines' updates), moved only by the training loop (a step's update, a resume) and by
+    EngineWeights.update."""
+
+    learner: int = 0  # the version of the learner's weights: the number of updates trained so far
+    sent: int = 0  # the version every engine is known to hold (set after each verified update)
+
 
 class EngineWeights:
     """What the engines hold and how they get the learner's weights (module docstring)."""
 
-    def __init__(self, cfg, version: Callable[[], int], backend: str, rollouts: list, threads: dict,
-                 hosts: HostWatch, lock: threading.RLock):
-        """`version()`: the learner's weight version now; `backend`: the transfer backend (actors/transport/
-        registry.py); `rollouts`: every engine's handle; `threads`: each actor's thread count by role (a new
-        engine process gets its own); `lock`: held around each update and, by the collector, each generate
-        (vLLM must not serve one between the calls of an update). `learners` and `pool` are set once made:
-        the pool calls back into `restarted` and `rejoined`."""
-        self.cfg, self.version, self.backend, self.rollouts = cfg, version, backend, rollouts
+    def __init__(self, cfg, versions: WeightVersions, backend: str, pool: RolloutPool, learners: LearnerGroup,
+                 threads: dict, hosts: HostWatch, lock: threading.RLock):
+        """`versions`: the learner's weight version (what an update sends) and the engines' (set here);
+        `backend`: the transfer backend (actors/transport/registry.py); `pool`: the engines (its handles, its
+        live fleet; it calls back into `restarted` and `rejoined`); `learners`: the learner group, which sends;
+        `threads`: each actor's thread count by role (a new engine process gets its own); `lock`: held around
+        each update and, by the collector, each generate (vLLM must not serve one between the calls of an
+        update)."""
+        self.cfg, self.versions, self.backend, self.pool, self.learners = cfg, versions, backend, pool, learners
         self.threads, self.hosts, self.lock = threads, hosts, lock
-        self.learners = None  # LearnerGroup; a new one after the learner ranks restart
-        self.pool = None  # RolloutPool
-        self.sent = 0  # the version every engine is known to hold (set after each verified update)
 
     def update(self, send: bool = True, rebuild: bool = False) -> dict:
-        """Send weights `version()` to the live engines, verified (`send=False`: only connect); `rebuild`: the
+        """Send weights `versions.learner` to the live engines, verified (`send=False`: only connect); `rebuild`: the
         transfer group is built anew first, as it is after an engine left or an attempt failed.
 
         An engine that fails on the way (it died, left with its host, or Ray found the learner's connection
@@ -61,9 +74,9 @@ class EngineWeights:
                         self.pool.fleet_changed = False
                     if not send:
                         return {}
-                    version = self.version()
+                    version = self.versions.learner
                     out = self.learners.sync_weights(version, watch=self.host_lost)
-                    self.sent = version
+                    self.versions.sent = version
                     return out
                 except SyncMismatch:
                     raise
@@ -77,7 +90,7 @@ class EngineWeights:
                     cut = isinstance(e, RayActorError) or (isinstance(e, ActorFailed) and not e.died)
                     if attempt == ENGINE_UPDATE_TRIES or not (self.pool.recover_all() or cut):
                         raise
-                    what = f"sending weights version {self.version()}" if send else "connecting"
+                    what = f"sending weights version {self.versions.learner}" if send else "connecting"
                     why = actor_error(e.cause if isinstance(e, RayTaskError) else e)
                     print(f"{what} to the rollout engines failed ({why}); the engines were checked (a dead one revived, "
                           f"a lost one out of the fleet) and it goes again ({attempt + 1}/{ENGINE_UPDATE_TRIES})", flush=True)
@@ -97,13 +110,13 @@ class EngineWeights:
         connection may have missed an update): the transfer group rebuilt and the current weights sent.
 
         Runs with the lock held. If the learner is mid-step, Ray queues these calls after it, so the engine
-        may get weights one step newer than `version()` says; the loss still uses the behaviour log-probs of
+        may get weights one step newer than `versions.learner` says; the loss still uses the behaviour log-probs of
         what actually sampled (TIS), so this stays correct."""
         # the pids named: a line that says "the same process" can be checked (issue 59 saw one for a killed engine)
         was, now = self.pool.pid_before[worker_index], self.pool.pids[worker_index]
         print(f"rollout worker {worker_index} " + (f"restarted as a new process (pid {was} -> {now})" if new_process else
               f"answers again as the process the driver last knew (pid {now}; a call of it was lost, or it missed an "
-              "update)") + f"; re-syncing weights version {self.version()}", flush=True)
+              "update)") + f"; re-syncing weights version {self.versions.learner}", flush=True)
         self.resync(worker_index)
 
     def rejoined(self, worker_index: int) -> None:
@@ -111,7 +124,7 @@ class EngineWeights:
         start had no room for has started: its threads, the transfer group rebuilt with it, the current
         weights sent; the sync checks every engine's fingerprint (a mismatch raises) before the engine is
         given prompts."""
-        print(f"rollout worker {worker_index} is up; sending it weights version {self.version()}", flush=True)
+        print(f"rollout worker {worker_index} is up; sending it weights version {self.versions.learner}", flush=True)
         self.resync(worker_index)
 
     def resync(self, worker_index: int | None = None) -> None:
@@ -122,6 +135,6 @@ class EngineWeights:
                 # An engine an elastic start had no room for has no share of the thread plan: its bundle's CPUs
                 threads = self.threads.setdefault(f"rollout-{worker_index}",
                                                   self.cfg.rollout.threads or max(1, round(self.cfg.rollout.num_cpus)))
-                wait_for(self.rollouts[worker_index].set_threads.remote(threads),
+                wait_for(self.pool.handles[worker_index].set_threads.remote(threads),
                          f"rollout worker {worker_index}", "setting its threads", self.cfg.trainer.actor_timeout_s)
             self.update(rebuild=True)

@@ -32,7 +32,6 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cluster.driver.actor_restarts import reference_logprobs
@@ -42,6 +41,7 @@ from cluster.launch.waits import ActorFailed, wait_for
 if TYPE_CHECKING:
     from cluster.config import RunConfig
     from cluster.data.dataset import Example, PromptStream
+    from cluster.driver.engine_weights import WeightVersions
     from cluster.driver.worker_groups import RolloutPool
 
 POLL_S = 0.02  # between two polls of the engines when none had anything
@@ -64,11 +64,12 @@ def in_flight_bound(t) -> int:
 
 class PipelineFeeder:
     def __init__(self, cfg: RunConfig, stream: PromptStream, scorer, pool: RolloutPool, *, reference,
-                 eos_id: int | None, weight_version: Callable[[], int], restarts=None):
-        """`restarts`: the RestartWatch the reference actor's calls are waited on with (its host lost: said,
+                 eos_id: int | None, versions: WeightVersions, restarts=None):
+        """`versions`: the run's weight versions (the learner's, which a group's staleness is measured against);
+        `restarts`: the RestartWatch the reference actor's calls are waited on with (its host lost: said,
         waited for, the call sent again); None: a plain bounded wait."""
         self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
-        self.reference, self.eos_id, self.weight_version, self.restarts = reference, eos_id, weight_version, restarts
+        self.reference, self.eos_id, self.versions, self.restarts = reference, eos_id, versions, restarts
         t, m = cfg.trainer, cfg.metrics
         self._feeding: list[int] = list(pool.live)  # the engines supplied: the pool's live ones, once up to date
         self._failed: set[int] = set()  # engines a call found dead, not yet revived or out of the fleet
@@ -106,7 +107,7 @@ class PipelineFeeder:
     def next_batch(self, timeout_s: float) -> tuple[Batch, dict]:
         """The next prompts_per_step scored groups within trainer.max_staleness, in arrival order, as a
         Batch; and the pipeline's metrics since the last batch (cluster/run/metrics.py PIPELINE_KEYS)."""
-        t, version = self.cfg.trainer, self.weight_version()
+        t, version = self.cfg.trainer, self.versions.learner
         want, taken, stale = t.prompts_per_step, [], 0
         start = time.monotonic()
         deadline, say_at = start + timeout_s, start + WAITING_LINE_S

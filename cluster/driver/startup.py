@@ -6,11 +6,13 @@ loaded a model (minutes on a real one). The prompts are rendered and length-filt
 model's tokenizer.
 
 `start_actors` starts (or joins) the Ray cluster and the actors, and says where each one runs: placement.json,
-the console's network line, each role's threads. The driver loop (cluster/driver/trainer.py) then builds its
-handles on them: the learner group, the engines' pool, the collector.
+the console's network line, each role's threads. `start_run` then builds the run's context on them once
+(cluster/driver/context.py): the learner group, the engines' pool, the weights' state, what an actor running
+again is given; the driver loop (cluster/driver/trainer.py) hands it to the collector and its schedule.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +20,26 @@ from actors.multiturn.env_pool import EnvPool
 from actors.multiturn.trajectories import ChatTokens, TemplateError
 from actors.rewards.scorer import RewardScorer
 from actors.runtime.start_up import starts_with_few_full_collections
+from actors.transport.registry import resolve_backend
 from cluster.config import ConfigError, RunConfig
 from cluster.data.dataset import DataError, Example, PromptStream, load_run_data, load_tokenizer, reward_column_problem
 from cluster.data.model_check import eos_warning
+from cluster.driver.actor_restarts import RestartWatch
+from cluster.driver.batch import EnvironmentNotes
+from cluster.driver.comebacks import Comebacks
+from cluster.driver.context import RunContext
+from cluster.driver.engine_weights import EngineWeights, WeightVersions
 from cluster.driver.placement_record import PlacementRecord, actor_name
+from cluster.driver.worker_groups import LearnerGroup, RolloutPool
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
-from cluster.launch.placement import Actors, apply_thread_budget, create_actors, wait_ready
+from cluster.launch.placement import (
+    Actors,
+    apply_thread_budget,
+    create_actors,
+    resources,
+    start_waiting_rollouts,
+    wait_ready,
+)
 from cluster.launch.ray_cluster import embedded_cluster, pin_network_interface, start_ray
 from cluster.run import logs
 from cluster.run.stopping import StopSignals
@@ -46,6 +62,7 @@ class RunInputs:
     heldout: list[Example]  # the held-out prompts (data.eval, or data.num_eval taken from the train data)
     stream: PromptStream  # the training prompts, in the seeded order a resume continues
     scorer: RewardScorer  # the reward functions, loaded and checked against the data
+    env_notes: EnvironmentNotes  # what the environments' failures said so far (multi-turn), for the whole run
 
 
 @starts_with_few_full_collections  # transformers imported, the tokenizer and data loaded (actors/runtime/start_up.py)
@@ -71,7 +88,7 @@ def load_inputs(cfg: RunConfig) -> RunInputs:
         raise ConfigError(problems, "reward config")
     if cfg.rollout.env:
         check_multiturn(cfg, tokenizer)
-    return RunInputs(tokenizer, data.heldout, stream, scorer)
+    return RunInputs(tokenizer, data.heldout, stream, scorer, EnvironmentNotes(cfg.rollout.max_model_len))
 
 
 @dataclass
@@ -111,3 +128,32 @@ def start_actors(cfg: RunConfig, run_dir: Path, scorer: RewardScorer, stop: Stop
     for p in placement:
         hosts.place(actor_name(p), p.get("node_id"))
     return StartedActors(actors, placement, threads, lend, learner_params, hosts)
+
+
+def start_run(cfg: RunConfig, run_dir: Path, inputs: RunInputs, stop: StopSignals, versions: WeightVersions,
+              engines_lock: threading.RLock) -> RunContext:
+    """The actors started (start_actors), then the run's context built on them, once: the learner group, the
+    engines' pool, the weights on the engines, what an actor running again is given, the reference's waits.
+    `versions`: the loop's weight versions (held across a full restart); `engines_lock`: held around each
+    weight update and each generate (vLLM must not serve one between the calls of an update)."""
+    up = start_actors(cfg, run_dir, inputs.scorer, stop)  # Ray, every actor ready, placement.json
+    actors, r, timeout_s = up.actors, cfg.rollout, cfg.trainer.actor_timeout_s
+    learners = LearnerGroup(actors.learners, timeout_s)
+    start_waiting_rollouts(actors, cfg)  # an elastic start's engines with no room yet: pending on Ray
+    pids = {int(p["role"].split("-")[1]): p["pid"] for p in up.placement if p["role"].startswith("rollout-")}
+    # The pool calls back into the comebacks, which hand an engine to the weights, which send through the
+    # pool: the handlers reach `comebacks` once it is built below (the pool calls none before an engine fails).
+    pool = RolloutPool(actors.rollouts, timeout_s, lambda w, new_process: comebacks.engine_restarted(w, new_process),
+                       [pids.get(w) for w in range(r.num_workers)], on_rejoin=lambda w, info: comebacks.engine_up(w, info),
+                       hosts=up.hosts, min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s, live=sorted(pids),
+                       bundle=resources(r.num_cpus, r.num_gpus))
+    weights = EngineWeights(cfg, versions, resolve_backend(r.weight_transfer_backend, r.num_gpus), pool, learners,
+                            up.threads, up.hosts, engines_lock)
+    comebacks = Comebacks(actors, up.placement, up.hosts, up.threads, weights, inputs.scorer, pool, timeout_s)
+    ref = cfg.reference
+    restarts = RestartWatch(up.hosts, cfg.ray.node_wait_s, {"reference actor": resources(ref.num_cpus, ref.num_gpus)},
+                            comebacks.actor_back,
+                            pids={actor_name(p): p["pid"] for p in up.placement if p["role"] == "reference"})
+    return RunContext(cfg, run_dir, inputs.stream, inputs.scorer, inputs.tokenizer.eos_token_id, inputs.env_notes,
+                      actors, up.placement, up.hosts, up.threads, up.lend, up.learner_params, learners, pool, versions,
+                      weights, comebacks, restarts)

@@ -1,35 +1,31 @@
 """The driver loop: one GRPO step is generate -> score -> reference -> advantages -> train -> sync.
 
-Sync and async schedules share this code. A batch is collected by the `Collector` (generation,
-rewards and, with a reference actor, its log-probs; cluster/driver/collector.py) in a background
-thread; the sync schedule waits for it right away, the async one starts collecting step k+1
-before training step k, so collecting overlaps training and each batch is one weight version old
-(`max_staleness` bounds how old it may be).
+Every schedule shares this code: how a batch is made (sync: collected, then trained on; async: step k+1
+collected while step k trains; pipeline: engines that never stop) is the schedule's, behind one seam
+(cluster/driver/schedules/, chosen by trainer.mode). The loop asks it for the next batch, trains on it,
+sends the weights, tells it so, and checkpoints what it says to.
 """
 from __future__ import annotations
 
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from actors.transport.fingerprint import SyncMismatch
-from actors.transport.registry import resolve_backend
 from cluster.config import ConfigError, RunConfig, save_config
 from cluster.data.model_check import checkpoint_model_problems
 from cluster.driver import checkpoints
-from cluster.driver.actor_restarts import RestartWatch
-from cluster.driver.batch import Batch, EnvironmentNotes
+from cluster.driver.batch import Batch
 from cluster.driver.collector import Collector
-from cluster.driver.comebacks import Comebacks
-from cluster.driver.engine_weights import EngineWeights
-from cluster.driver.pipeline import PipelineFeeder
+from cluster.driver.context import RunContext
+from cluster.driver.engine_weights import WeightVersions
 from cluster.driver.placement_record import actor_name
-from cluster.driver.startup import load_inputs, start_actors
+from cluster.driver.schedules import SCHEDULES, CheckpointParts, Schedule
+from cluster.driver.startup import load_inputs, start_run
 from cluster.driver.step_row import step_row
-from cluster.driver.worker_groups import LearnerGroup, RolloutPool, Stopwatch
-from cluster.launch.placement import Actors, resources, restart_learners, shutdown_actors, start_waiting_rollouts, wait_ready
+from cluster.driver.worker_groups import Stopwatch
+from cluster.launch.placement import Actors, restart_learners, shutdown_actors, wait_ready
 from cluster.launch.waits import HOST_DEATH_WAIT_S, ActorFailed, wait_dead, wait_for
 from cluster.run import logs
 from cluster.run.health import HealthMonitor, TrainingHalted
@@ -42,12 +38,9 @@ from learner.batch import TrainBatch
 
 
 class Trainer:
-    learner_params: int | None = None  # the model's parameter count, as learner rank 0 reports it (perf/mfu)
-    feeder: PipelineFeeder | None = None  # trainer.mode=pipeline (cluster/driver/pipeline.py), made in _setup
-    actors: Actors | None = None  # made in _setup; None again after _teardown
-    pool: RolloutPool | None = None
-    weights: EngineWeights | None = None  # the weights on the engines (cluster/driver/engine_weights.py), made in _setup
-    comebacks: Comebacks | None = None  # what an actor running again in a new process is given (made in _setup)
+    ctx: RunContext | None = None  # what start-up built once the actors are up (cluster/driver/context.py); in _setup
+    schedule: Schedule | None = None  # how batches are made (trainer.mode; cluster/driver/schedules/), made in _setup
+    collector: Collector | None = None  # the rollout side: a step's batch (sync, async), the evaluation; in _setup
     saved_step = 0  # the step of the last checkpoint this run saved or resumed from
     # (batch, metrics, stopwatch, start) of a step the learner trained whose row is not logged yet (its weight update
     # runs): a failure there saves it as trained (_save_before_failing)
@@ -61,25 +54,19 @@ class Trainer:
         t = cfg.trainer
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
-        inputs = load_inputs(cfg)  # the tokenizer, the data and the reward functions, checked before any actor starts
+        # the tokenizer, the data and the reward functions, checked before any actor starts
+        self.inputs = inputs = load_inputs(cfg)
         self.tokenizer, self.heldout, self.stream, self.scorer = inputs.tokenizer, inputs.heldout, inputs.stream, inputs.scorer
-        self.env_notes = EnvironmentNotes(cfg.rollout.max_model_len)
         self.resume_from = ResumePoint()  # where the run (re)starts: read before any actor starts
         self.log: MetricsLogger | None = None
-        self.step = self.version = 0
+        self.step = 0
+        self.versions = WeightVersions()  # the learner's weight version (moved by _learn and _resume) and the engines'
         self.resumed_batch: Batch | None = None  # the next step's batch, from an async run's checkpoint
-        self.position_before_pending: dict = {}  # the data position before the batch being collected
-        # pipeline: the data position when the feeder stopped (with the prompts it had in flight), what the
-        # final checkpoint records; and the groups in flight at the checkpoint resumed from (generated again)
-        self.position_after_feeder: dict | None = None
-        self.regenerated_on_resume = 0
-        self.lend: dict[int, int] = {}  # {learner rank: threads} while collecting idles (async, CPU; _setup)
+        self.regenerated_on_resume = 0  # pipeline: the groups in flight at the checkpoint resumed from (generated again)
         self.learner_restarts = 0
         # An engine must not serve a generate between the calls of a weight update (vLLM holds mixed
         # weights then): the collector holds this lock around each generate, the sync around itself.
         self._engines_lock = threading.RLock()
-        self._collecting = ThreadPoolExecutor(1, thread_name_prefix="collect")
-        self.collector: Collector | None = None  # made in _setup, once the actors it drives are up
         self.stop = StopSignals(t.stop_grace_s)
         r = cfg.rollout
         self.health = HealthMonitor(t, beta=cfg.algo.beta, mismatch_expected=r.logprobs_mode == "processed_logprobs"
@@ -110,11 +97,12 @@ class Trainer:
                     if self.learner_restarts >= self.cfg.trainer.max_learner_restarts:
                         raise
                     self.learner_restarts += 1
-                    self._stop_feeder()
+                    if self.schedule is not None:
+                        self.schedule.stop()
                     budget = f"({self.learner_restarts}/{self.cfg.trainer.max_learner_restarts})"
                     if self._engines_outlive_learners(e.actor):
                         print(f"{e}; restarting the learner ranks and resuming from the last checkpoint {budget}; "
-                              f"the {len(self.pool.live)} live rollout engine(s) and the other actors are kept", flush=True)
+                              f"the {len(self.ctx.pool.live)} live rollout engine(s) and the other actors are kept", flush=True)
                     else:
                         print(f"{e}; restarting every actor and resuming from the last checkpoint {budget}", flush=True)
                         self._teardown()
@@ -129,16 +117,16 @@ class Trainer:
         finally:
             self.stop.restore()
             try:  # stopping on a signal: the engines' loops get what is left of trainer.stop_grace_s, no more
-                self._stop_feeder(self.stop.grace_left() if self.stop.requested else None,
-                                  recorded=isinstance(sys.exc_info()[1], RunStopped)  # its checkpoint just saved
-                                  or self.failure_checkpoint is not None)
+                if self.schedule is not None:
+                    self.schedule.stop(self.stop.grace_left() if self.stop.requested else None,
+                                       recorded=isinstance(sys.exc_info()[1], RunStopped)  # its checkpoint just saved
+                                       or self.failure_checkpoint is not None)
             except Exception as e:  # noqa: BLE001 - the run's own error (if any) is the one to raise
-                print(f"pipeline: stopping the engine loops failed ({type(e).__name__}: {e})", flush=True)
+                print(f"{self.cfg.trainer.mode}: stopping the generation failed ({type(e).__name__}: {e})", flush=True)
             self._teardown()
             run_dir_lock.release()
             logs.tidy(self.run_dir)
             self.scorer.close()
-            self._collecting.shutdown(wait=False, cancel_futures=True)
             if self.log is not None:
                 self.log.close()
 
@@ -159,77 +147,49 @@ class Trainer:
                                  extra_keys=(*self.scorer.metric_keys(), *((MFU_KEY,) if cfg.metrics.peak_tflops else ())),
                                  eval_every=cfg.trainer.eval_every, evaluates=bool(self.heldout))
 
+    @property
+    def version(self) -> int:
+        """The learner's weight version: the number of updates trained so far (WeightVersions.learner)."""
+        return self.versions.learner
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.versions.learner = value
+
     def _train(self) -> dict:
         cfg, t = self.cfg, self.cfg.trainer
         # resumed: the evaluation before training is the one the first run logged at step 0
         before = (self.evaluate() if self.step == 0 else first_eval(self.run_dir)) if self.heldout else None
-        pending: Future | None = None
-        if self.resumed_batch is not None:  # generated before the checkpoint was taken: train on it first
-            pending, self.position_before_pending = Future(), self.resumed_batch.stream_state
-            pending.set_result(self.resumed_batch)
-            self.resumed_batch = None
         self.stop.armed = True  # from here a stop signal waits for the step boundary (and a checkpoint)
-        if self.feeder is not None:
-            self.feeder.start()  # the engines run from here to the end of training
+        self.schedule.start(self.resumed_batch, self.regenerated_on_resume)
+        self.resumed_batch, self.regenerated_on_resume = None, 0
         while self.step < t.steps:
             sw, t0 = Stopwatch(), time.perf_counter()
-            engines: dict = {}
             with sw("wait_gen"):
-                if self.feeder is not None:
-                    batch, engines = self.feeder.next_batch(t.actor_timeout_s)
-                    engines["pipeline/regenerated_on_resume"], self.regenerated_on_resume = self.regenerated_on_resume, 0
-                else:
-                    batch = (pending or self._collect_async(self.step)).result()
-            pending, batch = None, self._fresh(batch)
-            if t.mode == "async" and self.step + 1 < t.steps:
-                # Overlaps the training below, which is the learners' next train call: once this
-                # batch is collected, that call may take the collecting side's cores.
-                pending = self._collect_async(self.step + 1, lend_to=self.learners.train_calls)
+                batch, extra = self.schedule.next_batch(self.step)
             self._step_t0 = t0
-            row = self._record_step(batch, self._learn(batch, sw), sw, t0, engines)
-            self.comebacks.reward_models_back()
-            self._check_health(row, batch, pending)
+            row = self._record_step(batch, self._learn(batch, sw), sw, t0, extra)
+            self.schedule.after_update(self.version)
+            self.ctx.comebacks.reward_models_back()
+            self._check_health(row, batch)
             if self.stop.requested:
-                raise RunStopped(self.stop.signum, self.step, str(self.save_checkpoint(pending=pending)))
+                raise RunStopped(self.stop.signum, self.step, str(self.save_checkpoint()))
             if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps and self.heldout:
                 self.evaluate()
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < t.steps:
-                self.save_checkpoint(pending=pending)
-        self._stop_feeder(recorded=True)  # before the evaluation (its generate needs idle engines) and the final checkpoint
+                self.save_checkpoint()
+        self.schedule.stop(recorded=True)  # before the evaluation (its generate needs idle engines) and the final checkpoint
         after = self.evaluate() if self.heldout else None
         final = self.save_checkpoint(finished=True)
-        self.learners.export_hf(str(self.run_dir / "hf_model"))
-        reward_model_restarts, rollout_restarts = self.scorer.restarts, self.pool.restarts
+        self.ctx.learners.export_hf(str(self.run_dir / "hf_model"))
+        reward_model_restarts, rollout_restarts = self.scorer.restarts, self.ctx.pool.restarts
         self._teardown()
         write_plots(self.run_dir)
         return {"run_dir": str(self.run_dir), "before": before, "after": after, "checkpoint": str(final),
                 "hf_model": str(self.run_dir / "hf_model"), "rollout_restarts": rollout_restarts,
                 "reward_model_restarts": reward_model_restarts}
 
-    def _fresh(self, batch: Batch) -> Batch:
-        """sync/async: a batch generated more than trainer.max_staleness versions ago is never trained on; it is
-        generated again with the weights now (pipeline: the feeder drops its stale groups itself)."""
-        if self.feeder is None and self.version - batch.weight_version > self.cfg.trainer.max_staleness:
-            return self._collect_async(self.step).result()
-        return batch
-
-    def _stop_feeder(self, wait_s: float | None = None, recorded: bool = False) -> None:
-        """trainer.mode=pipeline: stop the engines' loops (`wait_s`: PipelineFeeder.stop); the groups still in
-        flight are said, and the data position with their prompts kept for the final checkpoint. `recorded`: a
-        checkpoint records those prompts (the final one, saved next; a stop signal's, just saved); else the
-        line claims no checkpoint (issue 59: it promised one on a failure that saved none)."""
-        if self.feeder is not None:
-            feeder, self.feeder = self.feeder, None
-            feeder.stop(wait_s)
-            self.position_after_feeder = feeder.checkpoint_state()
-            lost = len(self.position_after_feeder.get("in_flight", []))
-            if lost:
-                print(f"pipeline: {lost} group(s) in flight when the engines stopped were not trained on " + (
-                      "(a checkpoint records their prompts: a run resumed from it generates them again first)" if recorded
-                      else "and no checkpoint records them (a rerun resumes from the last checkpoint saved, if any, "
-                      "with what was in flight then)"), flush=True)
-
-    def _check_health(self, row: dict, batch: Batch, pending: Future | None) -> None:
+    def _check_health(self, row: dict, batch: Batch) -> None:
         """Warn about an unhealthy step; after trainer.halt_after in a row, checkpoint and halt with a diagnosis."""
         s = batch.stats
         verdict = self.health.check(row, s.groups, env_failed=s.every_trajectory_failed(), unscored=s.every_group_failed(),
@@ -241,15 +201,10 @@ class Trainer:
             self.log.note(f"health: WARNING: {verdict.halt} This was the run's last step, so the run ends normally "
                           "(final evaluation, checkpoint, hf_model/).")
         elif verdict.halt:
-            path = self.save_checkpoint(pending=pending)
+            path = self.save_checkpoint()
             write_plots(self.run_dir)
             raise TrainingHalted(f"{verdict.halt} Checkpoint {path} was saved; metrics, plots and sample completions "
                                  f"(`raygrpo show {self.run_dir}`) are in {self.run_dir}.")
-
-    def _collect_async(self, step: int, lend_to: int | None = None) -> Future:
-        """Steps 1-3 in the collecting thread (`lend_to`: see Collector.collect)."""
-        self.position_before_pending = self.stream.state()  # the collecting thread is idle whenever this is called
-        return self._collecting.submit(self.collector.collect, step, lend_to)
 
     def evaluate(self) -> dict:
         """The held-out evaluation (Collector.evaluate), said as it starts and logged at this step with its cost."""
@@ -267,8 +222,8 @@ class Trainer:
         self.step += 1
         self._unrecorded = None
         sw.t["step_s"] = time.perf_counter() - t0
-        row = step_row(self.cfg, batch, m, sw, step=self.step, version=self.version, pool=self.pool,
-                       learner_params=self.learner_params) | (extra or {})
+        row = step_row(self.cfg, batch, m, sw, step=self.step, version=self.version, pool=self.ctx.pool,
+                       learner_params=self.ctx.learner_params) | (extra or {})
         self.log.log_step(row)
         self.log.log_completions(self.step, batch.stats.samples)
         return row
@@ -283,7 +238,7 @@ class Trainer:
         if batch.ref_logp is not None:  # the reference actor ran while the batch was collected
             sw.t["ref_s"] = batch.stats.ref_s
         with sw("train"):
-            m = self.learners.train(TrainBatch(
+            m = self.ctx.learners.train(TrainBatch(
                 prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids, advantages=batch.advantages,
                 behavior_logp=batch.behavior_logp, ref_logp=batch.ref_logp, pad_id=self.pad_id,
                 max_new_tokens=self.cfg.rollout.model_token_cap(), loss_mask=batch.loss_mask))
@@ -299,120 +254,100 @@ class Trainer:
         """Broadcast the learner's weights (verified); an engine that fails it costs only the update
         (cluster/driver/engine_weights.py)."""
         try:
-            return self.weights.update()
+            return self.ctx.weights.update()
         except SyncMismatch as e:  # an engine holds other weights than the learner's: stop before sampling
             raise TrainingHalted(f"step {self.step + 1}: {getattr(e, 'cause', None) or e} Metrics and "
                                  f"checkpoints so far are in {self.run_dir}.") from None
 
     # ------------------------------------------------------------------ actors, checkpoints
+    @property
+    def actors(self) -> Actors | None:
+        """Every actor's handle (the run context's; None before _setup and after _teardown)."""
+        return self.ctx.actors if self.ctx is not None else None
+
+    @property
+    def placement(self):
+        """placement.json as the run keeps it (cluster/driver/placement_record.py)."""
+        return self.ctx.placement
+
     def _engines_outlive_learners(self, dead: str) -> bool:
         """After learner rank `dead` died: whether the engines can be kept for the restart (they hold no learner
-        state). The collection under way ends first (its engines answer, or fail, within their timeouts);
+        state). The generation under way ends first (its engines answer, or fail, within their timeouts);
         engines whose host was lost leave the fleet (below rollout.min_workers this waits for room, or raises)."""
-        if self.actors is None or self.pool is None:
+        if self.ctx is None:
             return False
-        self._collecting.submit(lambda: None).result()  # the single collecting thread is idle after this
-        rank = dead.removeprefix("learner rank ")
+        self.schedule.settle()
+        rank, pool = dead.removeprefix("learner rank "), self.ctx.pool
         if rank.isdigit():  # Ray may call it unavailable (its socket closed) before its host is known dead:
             wait_dead(self.actors.learners[int(rank)], dead, HOST_DEATH_WAIT_S)  # then the lost host is said and waited for
-        for w in self.pool.lost_with_host():
-            self.pool.leave(w)
-        return bool(self.pool.live)
+        for w in pool.lost_with_host():
+            pool.leave(w)
+        return bool(pool.live)
 
     def _restart_learners(self) -> None:
         """New learner ranks, each on its node or, where that was lost, on a live node with room (waiting, at
         most ray.node_wait_s, for one), the engines and the other actors kept; the weights reach the engines in
         _resume, from the checkpoint (or the base model)."""
-        cfg = self.cfg
-        restart_learners(self.actors, cfg, self.hosts)
-        infos = wait_ready(Actors(learners=self.actors.learners), cfg.trainer.actor_timeout_s)
+        cfg, ctx = self.cfg, self.ctx
+        restart_learners(ctx.actors, cfg, ctx.hosts)
+        infos = wait_ready(Actors(learners=ctx.actors.learners), cfg.trainer.actor_timeout_s)
         for info in infos:
-            self.hosts.place(actor_name(info), info.get("node_id"))
-            wait_for(self.actors.learners[info["rank"]].set_threads.remote(self.threads[info["role"]]), actor_name(info),
+            ctx.hosts.place(actor_name(info), info.get("node_id"))
+            wait_for(ctx.actors.learners[info["rank"]].set_threads.remote(ctx.threads[info["role"]]), actor_name(info),
                      "setting its threads", cfg.trainer.actor_timeout_s)
-            self.placement.row(info["role"]).update({**info, "threads": self.threads[info["role"]]})
-        self.placement.say_network([info["role"] for info in infos])
-        self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
-        self.collector.learners = self.weights.learners = self.learners
-        self.weights.update(send=False, rebuild=True)
-        self._make_feeder()  # pipeline: the kept engines' loops start again with _train
+            ctx.placement.row(info["role"]).update({**info, "threads": ctx.threads[info["role"]]})
+        ctx.placement.say_network([info["role"] for info in infos])
+        ctx.learners.use(ctx.actors.learners)  # the group every part holds now calls the new ranks
+        ctx.weights.update(send=False, rebuild=True)
+        self.schedule = SCHEDULES[cfg.trainer.mode](ctx, self.collector)  # pipeline: the kept engines' loops start in _train
         self._resume(resync_engines=True)
 
-    def _make_feeder(self) -> None:
-        """trainer.mode=pipeline: the feeder that keeps the engines generating (cluster/driver/pipeline.py)."""
-        if self.cfg.trainer.mode == "pipeline":
-            self.feeder = PipelineFeeder(self.cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference,
-                                         eos_id=self.tokenizer.eos_token_id, weight_version=lambda: self.version,
-                                         restarts=self.restarts)
-
     def _setup(self) -> None:
-        cfg = self.cfg
-        if self.actors is not None:  # a learner rank died and the engines were kept
+        if self.ctx is not None:  # a learner rank died and the engines were kept
             self._restart_learners()
             return
         # Padding positions are masked out; a tokenizer without a pad token pads with EOS (or 0).
         tok = self.tokenizer
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
-        up = start_actors(cfg, self.run_dir, self.scorer, self.stop)  # Ray, every actor ready, placement.json
-        self.actors, self.placement, self.threads, self.hosts = up.actors, up.placement, up.threads, up.hosts
-        self.lend, self.learner_params = up.lend, up.learner_params
-        self.learners = LearnerGroup(self.actors.learners, cfg.trainer.actor_timeout_s)
-        r = cfg.rollout
-        self.weights = EngineWeights(cfg, lambda: self.version, resolve_backend(r.weight_transfer_backend, r.num_gpus),
-                                     self.actors.rollouts, self.threads, self.hosts, self._engines_lock)
-        start_waiting_rollouts(self.actors, cfg)  # an elastic start's engines with no room yet: pending on Ray
-        comebacks = self.comebacks = Comebacks(self.actors, self.placement, self.hosts, self.threads, self.weights,
-                                               self.scorer, cfg.trainer.actor_timeout_s)
-        pids = {int(p["role"].split("-")[1]): p["pid"] for p in self.placement if p["role"].startswith("rollout-")}
-        self.pool = self.weights.pool = comebacks.pool = RolloutPool(
-            self.actors.rollouts, cfg.trainer.actor_timeout_s, comebacks.engine_restarted,
-            [pids.get(w) for w in range(r.num_workers)], on_rejoin=comebacks.engine_up, hosts=self.hosts,
-            min_live=r.min_live_workers(), node_wait_s=cfg.ray.node_wait_s, live=sorted(pids),
-            bundle=resources(r.num_cpus, r.num_gpus))
-        self.weights.learners = self.learners
-        ref = cfg.reference
-        self.restarts = RestartWatch(self.hosts, cfg.ray.node_wait_s,
-                                     {"reference actor": resources(ref.num_cpus, ref.num_gpus)}, comebacks.actor_back,
-                                     pids={actor_name(p): p["pid"] for p in self.placement if p["role"] == "reference"})
-        self.collector = Collector(
-            cfg, self.stream, self.scorer, self.pool, reference=self.actors.reference, learners=self.learners,
-            lend=self.lend, engines_lock=self._engines_lock, weight_version=lambda: self.version,
-            engine_version=lambda: self.weights.sent, eos_id=self.tokenizer.eos_token_id,
-            env_notes=self.env_notes, run_dir=self.run_dir, restarts=self.restarts)
-        self._make_feeder()
-        self.weights.update(send=False, rebuild=True)
+        # Ray, every actor ready, placement.json; then the learner group, the engines' pool and weights
+        ctx = self.ctx = start_run(self.cfg, self.run_dir, self.inputs, self.stop, self.versions, self._engines_lock)
+        self.collector = Collector(ctx)
+        self.schedule = SCHEDULES[self.cfg.trainer.mode](ctx, self.collector)
+        ctx.weights.update(send=False, rebuild=True)
         self._resume()
 
     def _resume(self, resync_engines: bool = False) -> None:
         """Where _open_log's resume point says: a checkpoint (cluster/driver/checkpoints.py), or step 0.
         `resync_engines`: the engines were kept across a learner restart and hold newer weights than the
         resume point: they get the resumed ones (verified) even when that is the base model."""
-        path, state = self.resume_from.path, self.resume_from.state
-        self.position_after_feeder, self._unrecorded = None, None
+        path, state, weights = self.resume_from.path, self.resume_from.state, self.ctx.weights
+        self._unrecorded = None
         if path is None:  # from step 0 (a restart before the first checkpoint: from step 0 again)
             self.step = self.version = self.regenerated_on_resume = 0
             self.stream.load_state({"epoch": 0, "index": 0})
-            if resync_engines:  # (the collecting thread is idle: _engines_outlive_learners waited for it)
-                self.weights.update()
+            if resync_engines:  # (the generation is idle: _engines_outlive_learners waited for it)
+                weights.update()
             # New engines hold the base weights, kept ones were just sent them. Left at the version the run
             # reached before the restart, every engine's answer would look stale ("restarted: base weights")
             # and be revived and re-sent for ever.
-            self.weights.sent = self.version
+            self.versions.sent = self.version
             return
-        back = checkpoints.restore(self.cfg, path, state, self.learners, self.stream)
+        back = checkpoints.restore(self.cfg, path, state, self.ctx.learners, self.stream)
         self.step, self.version, self.resumed_batch = back.step, back.version, back.batch
         self.saved_step = back.step
         self.regenerated_on_resume = back.regenerated
-        self.weights.update()
+        weights.update()
         print(back.said(), flush=True)
 
-    def save_checkpoint(self, pending: Future | None = None, finished: bool = False, position=None) -> Path:
-        """Checkpoint the step just trained (cluster/driver/checkpoints.py). async: `pending` is the next
-        step's batch, saved with it; `finished`: the run's last one (a rerun says it is done); `position`: the data
-        position (default: _data_position)."""
-        path = checkpoints.save(self.cfg, self.ckpt_root, self.step, self.version, position or self._data_position,
-                                self.learners, self.log, pending=pending, before_pending=self.position_before_pending,
-                                finished=finished)
+    def save_checkpoint(self, finished: bool = False, position=None) -> Path:
+        """Checkpoint the step just trained (cluster/driver/checkpoints.py) with what the schedule says of it (async:
+        the next step's batch, saved with it); `finished`: the run's last one (a rerun says it is done); `position`:
+        a failure's data position (Schedule.failure_position), saved with no pending batch."""
+        parts = self.schedule.checkpoint_parts()
+        if position is not None:
+            parts = CheckpointParts(position)
+        path = checkpoints.save(self.cfg, self.ckpt_root, self.step, self.version, parts.position, self.ctx.learners,
+                                self.log, pending=parts.pending, before_pending=parts.before_pending, finished=finished)
         self.saved_step = self.step
         return path
 
@@ -420,20 +355,18 @@ class Trainer:
         """The run stops on `error` while its learner lives (an engine dead past rollout.max_restarts or hung past
         trainer.actor_timeout_s, the pipeline's wait): the steps trained since the last checkpoint are saved first
         and the line says what to rerun (issue 59: 7-11 steps were lost so). A step the learner trained whose
-        weight update failed is logged and saved as trained. The data position is the one before the batch being
-        collected (sync: after the recorded step's own batch; pipeline: the feeder's, with its prompts in flight)."""
-        if getattr(self, "learners", None) is None or self.log is None:
+        weight update failed is logged and saved as trained. The data position is the schedule's
+        (Schedule.failure_position: sync, after the recorded step's own batch; async, before the batch being
+        collected; pipeline, the feeder's, with its prompts in flight)."""
+        if self.ctx is None or self.schedule is None or self.log is None:
             return
         trained_now = self._unrecorded is not None
         if trained_now:
             self._record_step(*self._unrecorded)  # without the pipeline's engine metrics: the step did not finish
         if self.step <= self.saved_step:
             return
-        mode = self.cfg.trainer.mode
-        position = (self._data_position if mode == "pipeline" else
-                    self.stream.state if mode == "sync" and trained_now else lambda: self.position_before_pending)
         try:
-            path = self.failure_checkpoint = self.save_checkpoint(position=position)
+            path = self.failure_checkpoint = self.save_checkpoint(position=self.schedule.failure_position(trained_now))
         except Exception as e:  # noqa: BLE001 - the run's own error is the one raised
             print(f"the run stops on a failure (below); saving a checkpoint of step {self.step} first failed too "
                   f"({type(e).__name__}: {e}): a rerun resumes from the last one saved", flush=True)
@@ -442,17 +375,7 @@ class Trainer:
               f"saved first ({path}); once the cause is dealt with, run the same command again to resume from it",
               flush=True)
 
-    def _data_position(self) -> dict:
-        """What a checkpoint records as the data position; pipeline: the stream moves in the feeder's thread,
-        ahead of training, so the feeder's position with the prompts it has in flight (or, once it stopped,
-        the one it stopped at)."""
-        if self.cfg.trainer.mode != "pipeline":
-            return self.stream.state()
-        if self.feeder is not None:
-            return self.feeder.checkpoint_state()
-        return self.position_after_feeder or self.stream.state()
-
     def _teardown(self) -> None:
-        if getattr(self, "actors", None) is not None:
-            shutdown_actors(self.actors)
-            self.actors = self.pool = None
+        if self.ctx is not None:
+            shutdown_actors(self.ctx.actors)
+            self.ctx = None

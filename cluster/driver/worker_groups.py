@@ -21,6 +21,11 @@ class LearnerGroup:
         self.handles, self.timeout_s = handles, timeout_s
         self.train_calls = 0  # train_step calls made to these actors (lend_threads names one)
 
+    def use(self, handles: list) -> None:
+        """New ranks after the learner ranks restarted: this group's calls go to them, and their train calls
+        count from 0 again. The group stays the one object the collector and the engines' weights hold."""
+        self.handles, self.train_calls = handles, 0
+
     def _all(self, method: str, what: str, *args, timeout_s: float | None = None, watch=None, **kwargs) -> list:
         refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
         return wait_all(refs, [f"learner rank {rank}" for rank in range(len(refs))], what, timeout_s or self.timeout_s,

@@ -5,7 +5,7 @@ collecting logic is the real `Collector.collect`, in a `Trainer` where the loop'
 import dataclasses
 import math
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +24,9 @@ from cluster.data.dataset import Example
 from cluster.driver.batch import Batch, CollectStats, EnvironmentNotes, ScoredGroup, load_batch, save_batch, trim_to_ranks
 from cluster.driver.collector import Collector
 from cluster.driver.comebacks import Comebacks
-from cluster.driver.engine_weights import EngineWeights
+from cluster.driver.context import RunContext
+from cluster.driver.engine_weights import EngineWeights, WeightVersions
+from cluster.driver.schedules import SCHEDULES
 from cluster.driver.step_row import step_row
 from cluster.driver.trainer import Trainer
 from cluster.driver.worker_groups import RolloutPool, Stopwatch
@@ -56,6 +58,7 @@ class FakeStream:
 class FakePool:
     restarts = 0
     live = [0]
+    handles = [None]  # one engine (the pipeline's feeder is made over it, never started here)
     fleet_changed = False
 
     def __init__(self, skip=()):
@@ -98,22 +101,30 @@ class FakeScorer:
         return []  # no reward-model actors here
 
 
-def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, skip=()):
+def fake_context(cfg, stream, pool, scorer, *, learners=None, versions=None, run_dir="/tmp/run") -> RunContext:
+    """The run's context over fakes of the pool, the stream, the scorer (and `learners`): no Ray, no actors."""
+    versions = versions or WeightVersions(learner=5, sent=5)
+    weights = EngineWeights(cfg, versions, "gloo", pool, learners, {}, hosts=None, lock=threading.RLock())
+    comebacks = Comebacks(actors=None, placement=None, hosts=None, threads={}, weights=weights, scorer=scorer, pool=pool,
+                          timeout_s=5.0)  # the loop asks it each step: no reward model came back here
+    return RunContext(cfg, run_dir, stream, scorer, eos_id=9, env_notes=EnvironmentNotes(cfg.rollout.max_model_len),
+                      actors=SimpleNamespace(reference=None, learners=[]), placement=None, hosts=None, threads={}, lend={},
+                      learner_params=None, learners=learners, pool=pool, versions=versions, weights=weights,
+                      comebacks=comebacks, restarts=None)
+
+
+def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, skip=(), learners=None, mode="sync"):
     cfg = RunConfig()
     cfg.trainer.group_size, cfg.trainer.prompts_per_step = G, want
     cfg.trainer.dynamic_sampling, cfg.trainer.max_extra_prompts = dynamic, extra
-    cfg.learner.num_ranks = ranks
+    cfg.trainer.mode, cfg.learner.num_ranks = mode, ranks
     t = Trainer.__new__(Trainer)  # no Ray, no data files: only what collecting and the loop's side touch
-    t.cfg, t.run_dir, t.version, t.step, t.position_before_pending = cfg, "/tmp/run", 5, 0, {}
-    t.stream, t.pool, t.scorer = FakeStream(rewards_per_prompt), FakePool(skip), FakeScorer()
-    t.weights = EngineWeights(cfg, lambda: t.version, "gloo", [], {}, hosts=None, lock=threading.RLock())
-    t.weights.pool, t.weights.sent = t.pool, 5  # its learners: set by the tests that train
-    t.comebacks = Comebacks(actors=None, placement=None, hosts=None, threads={}, weights=t.weights, scorer=t.scorer,
-                            timeout_s=5.0)  # the loop asks it each step: no reward model came back here
-    t.collector = Collector(cfg, t.stream, t.scorer, t.pool, reference=None, learners=None, lend={},
-                            engines_lock=threading.RLock(), weight_version=lambda: t.version,
-                            engine_version=lambda: t.weights.sent, eos_id=9,
-                            env_notes=EnvironmentNotes(cfg.rollout.max_model_len), run_dir=t.run_dir)
+    t.cfg, t.run_dir, t.step = cfg, "/tmp/run", 0
+    t.stream, t.scorer = FakeStream(rewards_per_prompt), FakeScorer()
+    t.ctx = fake_context(cfg, t.stream, FakePool(skip), t.scorer, learners=learners)
+    t.versions, t.pool = t.ctx.versions, t.ctx.pool  # t.pool: the fake, for the tests' asserts
+    t.collector = Collector(t.ctx)
+    t.schedule = SCHEDULES[mode](t.ctx, t.collector)
     return t
 
 
@@ -292,15 +303,14 @@ def test_a_saved_batch_loads_value_for_value(tmp_path):
     assert load_batch(tmp_path / "nothing-here") is None
 
 
-def checkpointing_trainer(tmp_path, rewards_per_prompt):
+def checkpointing_trainer(tmp_path, rewards_per_prompt, mode="sync"):
     """A trainer whose learners write a marker file: enough for save_checkpoint and _resume's driver side."""
-    t = trainer(rewards_per_prompt)
+    learners = SimpleNamespace(save=lambda d, tag: (Path(d) / "learner.bin").write_text("w"),
+                               load=lambda d, tag: None, sync_weights=lambda v, watch=None: {})
+    t = trainer(rewards_per_prompt, learners=learners, mode=mode)
     t.cfg.trainer.run_dir = str(tmp_path)
     t.ckpt_root = tmp_path / "checkpoints"
     t.log = MetricsLogger(tmp_path, 10, tensorboard=False)  # the checkpoint carries its rows
-    t.learners = SimpleNamespace(save=lambda d, tag: (Path(d) / "learner.bin").write_text("w"),
-                                 load=lambda d, tag: None, sync_weights=lambda v, watch=None: {})
-    t.weights.learners = t.learners
     t.cfg.checkpoint.resume = "auto"
     return t, checkpoint
 
@@ -308,12 +318,12 @@ def checkpointing_trainer(tmp_path, rewards_per_prompt):
 def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tmp_path):
     """The batch collected for step k+1 (generated with weights k-1) is saved with checkpoint k, and the
     data position is past its prompts; _resume hands that very batch to the training loop."""
-    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
-    t.step, t.position_before_pending = 2, t.stream.state()
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]], mode="async")
+    t.step, t.schedule.position_before_pending = 2, t.stream.state()
     batch = t.collector.collect(step=2)  # what the collector thread does for the pending future
-    done = Future()
-    done.set_result(batch)
-    path = t.save_checkpoint(pending=done)
+    t.schedule.pending = Future()
+    t.schedule.pending.set_result(batch)
+    path = t.save_checkpoint()
     assert checkpoint.load_driver_state(path)["data"] == {"pos": 3}  # after the saved batch's prompts
 
     r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
@@ -335,12 +345,12 @@ def test_an_async_checkpoint_carries_the_next_batch_and_a_resume_trains_on_it(tm
 def test_a_batch_saved_before_batches_carried_advantages_gets_them_at_resume(tmp_path):
     """An async checkpoint written by an older version has no advantages in next_batch.safetensors:
     it still loads, and the resume computes them as that version's loop did."""
-    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
-    t.step, t.position_before_pending = 2, t.stream.state()
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0], [0, 1], [1, 0], [0, 1], [1, 0], [0, 1]], mode="async")
+    t.step, t.schedule.position_before_pending = 2, t.stream.state()
     batch = t.collector.collect(step=2)
-    done = Future()
-    done.set_result(dataclasses.replace(batch, advantages=None))  # saved as that version saved it
-    path = t.save_checkpoint(pending=done)
+    t.schedule.pending = Future()
+    t.schedule.pending.set_result(dataclasses.replace(batch, advantages=None))  # saved as that version saved it
+    path = t.save_checkpoint()
     assert "advantages" not in load_file(str(Path(path) / "next_batch.safetensors"))
     assert load_batch(path).advantages is None
 
@@ -354,12 +364,12 @@ def test_a_batch_saved_before_batches_carried_advantages_gets_them_at_resume(tmp
 def test_a_failed_next_batch_still_saves_the_checkpoint_before_it(tmp_path, capsys):
     """Nothing done is lost: if the batch being collected fails, checkpoint k is saved without it, at
     the data position before its prompts, and says so."""
-    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0]] * 6)
-    t.step, t.position_before_pending = 2, {"pos": 0}
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0]] * 6, mode="async")
+    t.step, t.schedule.position_before_pending = 2, {"pos": 0}
     t.stream.take(3)  # the failed collection had taken its prompts
-    failed = Future()
-    failed.set_exception(RuntimeError("every reward call failed"))
-    path = t.save_checkpoint(pending=failed)
+    t.schedule.pending = Future()
+    t.schedule.pending.set_exception(RuntimeError("every reward call failed"))
+    path = t.save_checkpoint()
     assert checkpoint.load_driver_state(path)["data"] == {"pos": 0} and load_batch(path) is None
     assert "every reward call failed" in capsys.readouterr().out
 
@@ -408,7 +418,7 @@ def test_the_learner_trains_with_the_advantages_the_batch_carries(estimator):
     before = group_advantages(torch.tensor(b.rewards, dtype=torch.float64), G, estimator).tolist()
     assert [a.hex() for a in b.advantages] == [a.hex() for a in before] and len(before) == 3 * G
     trained = []
-    t.learners = SimpleNamespace(train=lambda batch: trained.append(batch) or {})
+    t.ctx = dataclasses.replace(t.ctx, learners=SimpleNamespace(train=lambda batch: trained.append(batch) or {}))
     t.pad_id, t._sync_weights = 0, lambda: {}
     t._learn(b, Stopwatch())
     assert trained[0].advantages is b.advantages
@@ -458,9 +468,9 @@ def test_a_restart_before_the_first_checkpoint_expects_the_base_weights_of_the_e
     r.stream.load_state = lambda state: None
     r.resume_from = resume_point(r.cfg, restarting=True)
     assert r.resume_from.path is None  # no checkpoint yet
-    r.step, r.version, r.weights.sent = 3, 3, 3  # where the run was when the rank died
+    r.step, r.version, r.versions.sent = 3, 3, 3  # where the run was when the rank died
     r._resume()
-    assert (r.step, r.version, r.weights.sent) == (0, 0, 0)
+    assert (r.step, r.version, r.versions.sent) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("made_with, regenerated", [(5, False), (4, False), (3, True)])
@@ -468,10 +478,10 @@ def test_a_batch_older_than_max_staleness_is_generated_again_before_training(mad
     """sync/async: the learner is at version 5, trainer.max_staleness=1: a batch of version 4 is trained on, one
     of version 3 is never (issue 58: widening this bound by one was caught by no test)."""
     t = trainer([[1, 0], [1, 1], [0, 1]])
-    t.feeder, t.cfg.trainer.max_staleness = None, 1
-    t._collecting = ThreadPoolExecutor(1)  # the collecting thread
-    old = SimpleNamespace(weight_version=made_with)
-    fresh = t._fresh(old)
+    t.cfg.trainer.max_staleness = 1
+    old = SimpleNamespace(weight_version=made_with, stream_state={})
+    t.schedule.start(resumed=old, regenerated=0)  # the batch the schedule holds for the step
+    fresh, _ = t.schedule.next_batch(step=0)
     assert (fresh is not old) == regenerated
     if regenerated:
         assert fresh.weight_version == 5 and t.pool.calls == [3]  # collected again, with the weights now

@@ -18,7 +18,7 @@ import cluster.driver.engine_weights as engine_weights
 from actors.runtime.waits import actor_died
 from cluster.config import RunConfig
 from cluster.driver.comebacks import Comebacks
-from cluster.driver.engine_weights import ENGINE_UPDATE_TRIES, EngineWeights
+from cluster.driver.engine_weights import ENGINE_UPDATE_TRIES, EngineWeights, WeightVersions
 from cluster.launch.waits import ActorFailed
 
 
@@ -74,16 +74,15 @@ class Pool:
 
 
 def weights(learners, pool) -> EngineWeights:
-    w = EngineWeights(RunConfig(), lambda: 4, "gloo", [], {}, SimpleNamespace(check=lambda: []), threading.RLock())
-    w.learners, w.pool, w.sent = learners, pool, 3
-    return w
+    return EngineWeights(RunConfig(), WeightVersions(learner=4, sent=3), "gloo", pool, learners, {},
+                         SimpleNamespace(check=lambda: []), threading.RLock())
 
 
 def test_an_engine_connection_cut_under_the_learner_goes_again_with_no_learner_restart(capsys):
     learners, pool = Learners([("init", raised_by_the_learner(unavailable()))]), Pool(changed=False)
     w = weights(learners, pool)
     out = w.update(rebuild=True)
-    assert out["verified"] and w.sent == 4
+    assert out["verified"] and w.versions.sent == 4
     assert learners.calls == ["init", "init", "sync"] and pool.checked == 1  # the engines were checked first
     said = capsys.readouterr().out
     assert "sending weights version 4 to the rollout engines failed" in said and "Connection reset by peer" in said
@@ -175,19 +174,20 @@ def test_an_engine_back_in_the_fleet_gets_its_threads_then_the_current_weights_v
     weights it had: the transfer group is rebuilt with it and version 4 sent and checked (issue 58: deleting
     this re-sync was caught by no test)."""
     learners, asked = Learners([]), []
-    w = weights(learners, Pool())
-    w.rollouts = [None, SimpleNamespace(set_threads=SimpleNamespace(remote=lambda n: ("set_threads", n)))]
+    pool = Pool()
+    pool.handles = [None, SimpleNamespace(set_threads=SimpleNamespace(remote=lambda n: ("set_threads", n)))]
+    w = weights(learners, pool)
     monkeypatch.setattr(engine_weights, "wait_for", lambda ref, *args, **kw: asked.append(ref))
     w.rejoined(1)
     assert asked == [("set_threads", w.threads["rollout-1"])] and w.threads["rollout-1"] >= 1
-    assert learners.calls == ["init", "sync"] and w.sent == 4  # rebuilt with it, then the weights, verified
+    assert learners.calls == ["init", "sync"] and w.versions.sent == 4  # rebuilt with it, then the weights, verified
 
 
 def test_the_pools_on_rejoin_records_where_the_engine_runs_and_sends_it_the_weights():
     rejoined, rows, said = [], {"rollout-1": {"role": "rollout-1"}}, []
     placement = SimpleNamespace(row=rows.__getitem__, say_network=said.append)
     back = Comebacks(actors=None, placement=placement, hosts=None, threads={"rollout-1": 1},
-                     weights=SimpleNamespace(rejoined=rejoined.append), scorer=None, timeout_s=5)
+                     weights=SimpleNamespace(rejoined=rejoined.append), scorer=None, pool=None, timeout_s=5)
     back.engine_up(1, {"pid": 555, "node_id": "n2", "hostname": "host-b"})
     assert rejoined == [1]  # the weights (EngineWeights.rejoined: the re-sync above)
     assert rows["rollout-1"] == {"role": "rollout-1", "pid": 555, "node_id": "n2", "hostname": "host-b", "threads": 1}

@@ -3,8 +3,8 @@ hung past trainer.actor_timeout_s) saves a checkpoint of its trained steps first
 driver side with fakes (tests/unit/test_collect.py checkpointing_trainer): no Ray, learners that write a marker."""
 from __future__ import annotations
 
+import dataclasses
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,13 +28,12 @@ def runnable(t, fail_at_step: int, error: BaseException):
     """`t` whose run() trains (fakes) to `fail_at_step` steps and then fails with `error` while collecting."""
     t.overwrite, t.stop, t.heldout, t.run_dir = False, StopSignals(25.0), [], Path(t.cfg.trainer.run_dir)
     t.learner_restarts = 0
-    t._collecting = ThreadPoolExecutor(1)
     t.scorer.close = lambda: None
     t._open_log = t._setup = lambda: None
     t._teardown = lambda: None
 
     def train():
-        t.step, t.position_before_pending = fail_at_step, {"pos": 2 * fail_at_step}
+        t.step, t.schedule.position_before_pending = fail_at_step, {"pos": 2 * fail_at_step}
         raise error
 
     t._train = train
@@ -61,7 +60,6 @@ def test_a_step_trained_whose_weight_update_failed_is_logged_and_saved_as_traine
     state, so its row is logged and the checkpoint is of it (a resume neither skips nor repeats a step)."""
     t, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 8)
     t.step, t.version = 4, 5
-    t.learner_params = None
     t.log = MetricsLogger(tmp_path, 10, tensorboard=False, extra_keys=[f"rewards/f/{k}" for k in
                                                                       ("mean", "std", "errors", "unscorable", "s")])
     batch = t.collector.collect(step=4)
@@ -81,7 +79,8 @@ def test_nothing_new_since_the_last_checkpoint_is_not_saved_again_and_a_failed_s
     t._save_before_failing(engine_past_its_budget())
     assert not (tmp_path / "checkpoints").exists()
     t.step = 4
-    t.learners = SimpleNamespace(save=lambda d, tag: (_ for _ in ()).throw(TimeoutError("learner rank 0: no answer")))
+    t.ctx = dataclasses.replace(t.ctx, learners=SimpleNamespace(
+        save=lambda d, tag: (_ for _ in ()).throw(TimeoutError("learner rank 0: no answer"))))
     t._save_before_failing(engine_past_its_budget())
     assert "saving a checkpoint of step 4 first failed too (TimeoutError: learner rank 0: no answer)" in \
         capsys.readouterr().out
@@ -92,7 +91,7 @@ def test_a_dead_learner_is_not_asked_for_a_checkpoint(tmp_path):
     t.cfg.trainer.max_learner_restarts = 0
     runnable(t, 6, ActorFailed("learner rank 0", "training", died=True, detail="killed"))
     asked = []
-    t.learners = SimpleNamespace(save=lambda d, tag: asked.append(d))
+    t.ctx = dataclasses.replace(t.ctx, learners=SimpleNamespace(save=lambda d, tag: asked.append(d)))
     with pytest.raises(ActorFailed, match="learner rank 0"):
         t.run()
     assert not asked

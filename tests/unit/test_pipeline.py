@@ -17,6 +17,7 @@ from actors.completions import Completion, PromptRollout
 from cluster.config import RunConfig
 from cluster.data.dataset import Example, PromptStream
 from cluster.driver.batch import Batch, CollectStats, ScoredGroup
+from cluster.driver.engine_weights import WeightVersions
 from cluster.driver.pipeline import PipelineFeeder
 from cluster.driver.step_row import version_metrics
 from cluster.launch.waits import ActorFailed
@@ -91,7 +92,7 @@ def feeder(version: int, stream=None, pool=None, **trainer) -> PipelineFeeder:
     cfg.trainer = dataclasses.replace(cfg.trainer, mode="pipeline", group_size=2, prompts_per_step=2, **trainer)
     stream = stream or SimpleNamespace(state=lambda: {"epoch": 0, "index": 7})
     return PipelineFeeder(cfg, stream, scorer=None, pool=pool or FakePool(), reference=None, eos_id=None,
-                          weight_version=lambda: version)
+                          versions=WeightVersions(learner=version))
 
 
 def test_next_batch_takes_groups_in_arrival_order_and_regenerates_the_stale_ones():
@@ -119,11 +120,10 @@ def test_next_batch_takes_groups_in_arrival_order_and_regenerates_the_stale_ones
 def steady_state_drops(max_staleness: int, in_flight: int, steps: int = 8) -> int:
     """Groups dropped as stale when the engines keep up with the learner: every group admitted finishes
     before the next update, on the weights the engine holds then (2 prompts per step)."""
-    now = {"version": 0}
     examples = [Example(f"p{i}", prompt_ids=[1, i]) for i in range(100)]
     f = feeder(version=0, stream=PromptStream(examples, seed=0), max_staleness=max_staleness,
                pipeline_groups_in_flight=in_flight)
-    f.weight_version = lambda: now["version"]
+    now = f.versions  # the learner's version, which the loop moves
     f._call = lambda w, call, what: {"pid": 1}
     f.pool.pids = [1]
 
@@ -131,7 +131,7 @@ def steady_state_drops(max_staleness: int, in_flight: int, steps: int = 8) -> in
         f._top_up()
         for key, (ex, _) in list(f._held[0].items()):
             del f._held[0][key]
-            v = now["version"]
+            v = now.learner
             f._ready.append((group(ex.prompt, [[v], [v]])._replace(example=ex), None, CollectStats()))
 
     generate()
@@ -140,7 +140,7 @@ def steady_state_drops(max_staleness: int, in_flight: int, steps: int = 8) -> in
         _, extra = f.next_batch(timeout_s=1)
         dropped += extra["stale_groups"]
         generate()  # while the step trains, on the weights before its update
-        now["version"] += 1  # the update
+        now.learner += 1  # the update
     return dropped
 
 
@@ -307,22 +307,22 @@ def test_the_final_checkpoint_records_what_was_in_flight_when_the_engines_stoppe
     """The last checkpoint is taken after the engines stopped (the final evaluation needs them idle): it
     records the prompts the feeder had in flight then; a resume from it says how many it generates again
     and its stream hands them out first."""
-    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0]] * 8)
+    t, checkpoint = checkpointing_trainer(tmp_path, [[1, 0]] * 8, mode="pipeline")
     examples = t.stream.examples
-    t.cfg.trainer.mode, t.stream, t.step = "pipeline", PromptStream(examples, seed=0), 3
+    t.stream, t.step = PromptStream(examples, seed=0), 3
     stopped = []
-    t.feeder = SimpleNamespace(stop=lambda wait_s=None: stopped.append(True),
-                               checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
-    t._stop_feeder(recorded=True)
-    assert stopped and t.feeder is None
+    t.schedule.feeder = SimpleNamespace(stop=lambda wait_s=None: stopped.append(True),
+                                        checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
+    t.schedule.stop(recorded=True)
+    assert stopped and t.schedule.feeder is None
     said = capsys.readouterr().out
     assert "pipeline: 2 group(s) in flight when the engines stopped were not trained on (a checkpoint records" in said
     path = t.save_checkpoint(finished=True)
     assert checkpoint.load_driver_state(path)["data"] == {"epoch": 0, "index": 6, "in_flight": [4, 2]}
     assert "records the prompts of the 2 group(s) in flight" in capsys.readouterr().out
 
-    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 8)
-    r.cfg.trainer.mode, r.stream = "pipeline", PromptStream(examples, seed=0)
+    r, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 8, mode="pipeline")
+    r.stream = PromptStream(examples, seed=0)
     r.resume_from = resume_point(r.cfg)
     r._resume()
     assert r.step == 3 and r.regenerated_on_resume == 2  # the first step's pipeline/regenerated_on_resume
@@ -501,11 +501,10 @@ def test_a_wait_for_groups_says_what_it_waits_for_and_names_the_silent_engine(mo
 def test_engines_stopped_by_a_failure_claim_no_checkpoint_of_their_prompts(tmp_path, capsys):
     """Issue 59, item 5: after a failure the console said "a checkpoint records their prompts: a run resumed from it
     generates them again first", and no checkpoint existed. Stopped on the way out of a failure, it claims none."""
-    t, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 8)
-    t.cfg.trainer.mode = "pipeline"
-    t.feeder = SimpleNamespace(stop=lambda wait_s=None: None,
-                               checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
-    t._stop_feeder()
+    t, _ = checkpointing_trainer(tmp_path, [[1, 0]] * 8, mode="pipeline")
+    t.schedule.feeder = SimpleNamespace(stop=lambda wait_s=None: None,
+                                        checkpoint_state=lambda: {"epoch": 0, "index": 6, "in_flight": [4, 2]})
+    t.schedule.stop()
     said = capsys.readouterr().out
     assert "2 group(s) in flight when the engines stopped were not trained on and no checkpoint records them" in said
     assert "a checkpoint records" not in said

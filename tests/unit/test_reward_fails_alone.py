@@ -8,7 +8,6 @@ collecting fakes of test_collect.py (no Ray, no engines)."""
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -88,18 +87,16 @@ def test_a_step_no_function_scored_halts_at_once_naming_every_function_that_fail
 
 def loop(tmp_path, rewards_per_prompt, steps=3, halt_after=2):
     """The real driver loop over test_collect.py's fakes: the fake scorer's function is called `f`."""
-    t = collecting_trainer(rewards_per_prompt, want=2)
+    learners = SimpleNamespace(train=lambda batch: t.trained.append(batch) or {"tokens": 1},
+                               sync_weights=lambda version, watch=None: {"bytes": 1, "verified": True}, train_calls=0)
+    t = collecting_trainer(rewards_per_prompt, want=2, learners=learners)
     t.cfg.trainer.steps, t.cfg.trainer.halt_after = steps, halt_after
-    t.run_dir, t.heldout, t.resumed_batch, t.pad_id = tmp_path, None, None, 0
+    t.run_dir, t.heldout, t.resumed_batch, t.regenerated_on_resume, t.pad_id = tmp_path, None, None, 0, 0
     t.stop = SimpleNamespace(armed=False, requested=False)
-    t._collecting = ThreadPoolExecutor(1)
     t.health = HealthMonitor(t.cfg.trainer, beta=0.0, mismatch_expected=False, run_dir=str(tmp_path))
     t.log = MetricsLogger(tmp_path, steps, tensorboard=False, extra_keys=tuple(f"rewards/f/{s}" for s in REWARD_STATS))
     t.trained = []
-    t.learners = SimpleNamespace(train=lambda batch: t.trained.append(batch) or {"tokens": 1},
-                                 sync_weights=lambda version, watch=None: {"bytes": 1, "verified": True}, train_calls=0)
-    t.weights.learners = t.learners
-    t.save_checkpoint = lambda pending=None, finished=False: tmp_path / f"step-{t.step:08d}"
+    t.save_checkpoint = lambda finished=False: tmp_path / f"step-{t.step:08d}"
     return t
 
 
