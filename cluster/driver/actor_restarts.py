@@ -130,18 +130,3 @@ class RestartWatch:
         print(f"{name} restarted on {self.hosts.describe(name)} {time.monotonic() - t0:.0f}s after its host was "
               "lost; its call runs again there", flush=True)
 
-
-def reference_logprobs(restarts: RestartWatch | None, reference, prompt_ids: list, completion_ids: list,
-                       timeout_s: float) -> list:
-    """The reference actor's log-probs of the completions (the collector's and the pipeline's one call to
-    it): waited on by `restarts`, its lost host said and waited out and a new process noticed, where the
-    driver has one; else a plain bounded wait (a collector made on its own, as in tests)."""
-    def call():
-        return reference.logprobs.remote(prompt_ids, completion_ids)
-
-    what = ("reference actor", "computing reference log-probs", timeout_s)
-    if restarts is None:
-        return wait_for(call(), *what)["logprobs"]
-    out = restarts.wait(call, reference, *what)
-    restarts.answered_by("reference actor", reference, out["pid"], timeout_s)
-    return out["logprobs"]

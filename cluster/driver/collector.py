@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from cluster.data.dataset import Example
 from cluster.data.render import conversation, multiturn_format
-from cluster.driver.actor_restarts import reference_logprobs
 from cluster.driver.batch import (
     Batch,
     CollectStats,
@@ -34,10 +33,10 @@ class Collector:
     """The rollout side of the driver loop: generation, rewards, the reference, evaluation."""
 
     def __init__(self, ctx: RunContext):
-        """What it reads of `ctx`: the config, the prompt stream, the scorer, the engines' pool; the reference
-        actor (None: none, or it runs on the learner ranks) and the waits on it (ctx.restarts: a lost host and
-        its restart said, cluster/driver/actor_restarts.py); ctx.lend: {learner rank: threads} it may take while
-        collecting idles (async on CPU; empty otherwise), offered to ctx.learners; the engines' lock
+        """What it reads of `ctx`: the config, the prompt stream, the scorer, the engines' pool; the reference's
+        log-probs (cluster/driver/reference.py; None: no reference actor, or it runs on the learner ranks);
+        ctx.lend: {learner rank: threads} it may take while collecting idles (async on CPU; empty otherwise),
+        offered to ctx.learners; the engines' lock
         (ctx.weights.lock), held around each generate (the weight sync holds it around itself: an engine must
         not serve a generate between the calls of a weight update); ctx.versions: the learner's version now
         (an empty batch carries it) and the one every engine is known to hold (a lower answer means an engine
@@ -45,7 +44,6 @@ class Collector:
         self.cfg, self.stream, self.scorer, self.pool = ctx.cfg, ctx.stream, ctx.scorer, ctx.pool
         self.reference, self.learners, self.lend, self.engines_lock = ctx.reference, ctx.learners, ctx.lend, ctx.weights.lock
         self.versions, self.eos_id, self.env_notes, self.run_dir = ctx.versions, ctx.eos_id, ctx.env_notes, ctx.run_dir
-        self.restarts = ctx.restarts
 
     # ------------------------------------------------------------------ collecting a batch
     def collect(self, step: int, lend_to: int | None = None) -> Batch:
@@ -64,8 +62,7 @@ class Collector:
             # The frozen reference depends on the tokens alone, so it belongs to collecting: in the
             # async schedule it then runs while the learner trains on the previous batch.
             t0 = time.perf_counter()
-            batch.ref_logp = reference_logprobs(self.restarts, self.reference, batch.prompt_ids, batch.completion_ids,
-                                                t.actor_timeout_s)
+            batch.ref_logp = self.reference(batch.prompt_ids, batch.completion_ids)
             stats.ref_s = time.perf_counter() - t0
         if self.lend and lend_to is not None:  # collected before that train call ended: lend it the cores
             self.learners.lend_threads(lend_to, self.lend)

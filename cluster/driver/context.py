@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from cluster.driver.comebacks import Comebacks
     from cluster.driver.engine_weights import EngineWeights, WeightVersions
     from cluster.driver.placement_record import PlacementRecord
+    from cluster.driver.reference import ReferenceLogprobs
     from cluster.driver.worker_groups import LearnerGroup, RolloutPool
     from cluster.launch.hosts import HostWatch
     from cluster.launch.placement import Actors
@@ -48,8 +49,4 @@ class RunContext:
     weights: EngineWeights  # every connect and weight update of the engines (holds the engines' lock)
     comebacks: Comebacks  # what an actor running again in a new process is given
     restarts: RestartWatch  # waits on the reference actor, saying a lost host and its restart
-
-    @property
-    def reference(self):
-        """The reference actor's handle (None: none, or it runs on the learner ranks)."""
-        return self.actors.reference
+    reference: ReferenceLogprobs | None  # its log-probs of a batch (None: no reference actor, or on the learner ranks)

@@ -34,7 +34,6 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from cluster.driver.actor_restarts import reference_logprobs
 from cluster.driver.batch import Batch, CollectStats, score_groups, trim_to_ranks
 from cluster.launch.waits import ActorFailed, wait_for
 
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
     from cluster.config import RunConfig
     from cluster.data.dataset import Example, PromptStream
     from cluster.driver.engine_weights import WeightVersions
+    from cluster.driver.reference import ReferenceLogprobs
     from cluster.driver.worker_groups import RolloutPool
 
 POLL_S = 0.02  # between two polls of the engines when none had anything
@@ -63,13 +63,12 @@ def in_flight_bound(t) -> int:
 
 
 class PipelineFeeder:
-    def __init__(self, cfg: RunConfig, stream: PromptStream, scorer, pool: RolloutPool, *, reference,
-                 eos_id: int | None, versions: WeightVersions, restarts=None):
-        """`versions`: the run's weight versions (the learner's, which a group's staleness is measured against);
-        `restarts`: the RestartWatch the reference actor's calls are waited on with (its host lost: said,
-        waited for, the call sent again); None: a plain bounded wait."""
+    def __init__(self, cfg: RunConfig, stream: PromptStream, scorer, pool: RolloutPool, *,
+                 reference: ReferenceLogprobs | None, eos_id: int | None, versions: WeightVersions):
+        """`reference`: the reference's log-probs of the groups kept (cluster/driver/reference.py; None: no reference
+        actor); `versions`: the run's weight versions (the learner's, which a group's staleness is measured against)."""
         self.cfg, self.stream, self.scorer, self.pool = cfg, stream, scorer, pool
-        self.reference, self.eos_id, self.versions, self.restarts = reference, eos_id, versions, restarts
+        self.reference, self.eos_id, self.versions = reference, eos_id, versions
         t, m = cfg.trainer, cfg.metrics
         self._feeding: list[int] = list(pool.live)  # the engines supplied: the pool's live ones, once up to date
         self._failed: set[int] = set()  # engines a call found dead, not yet revived or out of the fleet
@@ -395,7 +394,7 @@ class PipelineFeeder:
                 t0 = time.perf_counter()
                 rows = [r for g, _ in kept for r in g.rollout.training_rows()]
                 prompts, completions = [r[0] for r in rows], [r[1] for r in rows]
-                logp = reference_logprobs(self.restarts, self.reference, prompts, completions, t.actor_timeout_s)
+                logp = self.reference(prompts, completions)
                 G = t.group_size
                 refs = [logp[i * G:(i + 1) * G] for i in range(len(kept))]
                 kept[0][1].ref_s += time.perf_counter() - t0

@@ -30,6 +30,7 @@ from cluster.driver.comebacks import Comebacks
 from cluster.driver.context import RunContext
 from cluster.driver.engine_weights import EngineWeights, WeightVersions
 from cluster.driver.placement_record import PlacementRecord, actor_name
+from cluster.driver.reference import ReferenceLogprobs
 from cluster.driver.worker_groups import LearnerGroup, RolloutPool
 from cluster.launch.hosts import HostWatch, divert_node_death_lines
 from cluster.launch.placement import (
@@ -156,4 +157,5 @@ def start_run(cfg: RunConfig, run_dir: Path, inputs: RunInputs, stop: StopSignal
                             pids={actor_name(p): p["pid"] for p in up.placement if p["role"] == "reference"})
     return RunContext(cfg, run_dir, inputs.stream, inputs.scorer, inputs.tokenizer.eos_token_id, inputs.env_notes,
                       actors, up.placement, up.hosts, up.threads, up.lend, up.learner_params, learners, pool, versions,
-                      weights, comebacks, restarts)
+                      weights, comebacks, restarts,
+                      ReferenceLogprobs(actors.reference, timeout_s, restarts) if actors.reference is not None else None)

@@ -8,6 +8,7 @@ import pytest
 
 from cluster.driver import actor_restarts
 from cluster.driver.actor_restarts import RestartWatch
+from cluster.driver.reference import ReferenceLogprobs
 from cluster.launch.waits import ActorFailed
 
 
@@ -177,6 +178,7 @@ def test_reference_logprobs_notices_a_new_process(fake_get, capsys):
             return Ref(next(answers))
 
     reference.logprobs = logprobs
-    assert actor_restarts.reference_logprobs(watch, reference, [[1]], [[2]], 600.0) == [[-0.5]]
-    assert actor_restarts.reference_logprobs(watch, reference, [[1]], [[2]], 600.0) == [[-0.25]]
+    logprobs_of = ReferenceLogprobs(reference, 600.0, watch)
+    assert logprobs_of([[1]], [[2]]) == [[-0.5]]
+    assert logprobs_of([[1]], [[2]]) == [[-0.25]]
     assert back == [222] and "reference actor was restarted (process 111 -> 222)" in capsys.readouterr().out

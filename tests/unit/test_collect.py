@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import cluster.driver.actor_restarts as actor_restarts
+import cluster.driver.reference as reference
 from actors.completions import Completion, PromptRollout
 from actors.multiturn.trajectories import MultiTurnRollout, Trajectory
 from actors.rewards.base import FunctionStats
@@ -110,7 +110,7 @@ def fake_context(cfg, stream, pool, scorer, *, learners=None, versions=None, run
     return RunContext(cfg, run_dir, stream, scorer, eos_id=9, env_notes=EnvironmentNotes(cfg.rollout.max_model_len),
                       actors=SimpleNamespace(reference=None, learners=[]), placement=None, hosts=None, threads={}, lend={},
                       learner_params=None, learners=learners, pool=pool, versions=versions, weights=weights,
-                      comebacks=comebacks, restarts=None)
+                      comebacks=comebacks, restarts=None, reference=None)
 
 
 def trainer(rewards_per_prompt, *, want=3, dynamic=False, extra=16, ranks=1, skip=(), learners=None, mode="sync"):
@@ -150,9 +150,9 @@ def test_reference_actor_scores_the_kept_completions_while_collecting(monkeypatc
                 calls.append(len(completion_ids))
                 return {"logprobs": [[-0.5] * len(c) for c in completion_ids], "pid": 7}
 
-    monkeypatch.setattr(actor_restarts, "wait_for", lambda refs, *what: refs)
+    monkeypatch.setattr(reference, "wait_for", lambda refs, *what: refs)
     t = trainer([[1, 0], [1, 1], [0, 1], [0, 0]], dynamic=True)
-    t.collector.reference = FakeReference()
+    t.collector.reference = reference.ReferenceLogprobs(FakeReference(), timeout_s=5.0)
     b = t.collector.collect(step=0)
     assert [e.prompt for e in b.examples] == ["p0", "p2"]
     assert calls == [len(b.completion_ids)] == [2 * G]  # one call, after the flat groups were dropped

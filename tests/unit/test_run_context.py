@@ -32,7 +32,8 @@ def test_start_up_builds_the_context_once_and_every_part_holds_the_same_state(tm
     inputs = RunInputs(SimpleNamespace(eos_token_id=7), [], stream="the stream", scorer="the scorer", env_notes="notes")
     ctx = start_run(cfg, Path(tmp_path), inputs, stop=None, versions=versions, engines_lock=lock)
 
-    assert ctx.pool.handles is actors.rollouts and ctx.pool.pids == [10, 11] and ctx.reference == "the reference"
+    assert ctx.pool.handles is actors.rollouts and ctx.pool.pids == [10, 11]
+    assert ctx.reference.handle == "the reference" and ctx.reference.restarts is ctx.restarts  # its calls waited on so
     assert ctx.weights.pool is ctx.pool and ctx.comebacks.pool is ctx.pool and ctx.weights.learners is ctx.learners
     assert ctx.versions is versions and ctx.weights.versions is versions and ctx.weights.lock is lock
     assert ctx.restarts.pids == {"reference actor": 13} and (ctx.lend, ctx.learner_params, ctx.eos_id) == ({0: 2}, 1000, 7)

@@ -22,7 +22,7 @@ class PipelineSchedule(Schedule):
         self.cfg, self.stream = ctx.cfg, ctx.stream
         self.feeder: PipelineFeeder | None = PipelineFeeder(
             ctx.cfg, ctx.stream, ctx.scorer, ctx.pool, reference=ctx.reference, eos_id=ctx.eos_id,
-            versions=ctx.versions, restarts=ctx.restarts)
+            versions=ctx.versions)
         self.position_after_feeder: dict | None = None  # the feeder's position when it stopped, with its in-flight prompts
         self.regenerated = 0  # groups in flight at the checkpoint resumed from, generated again (the first row says)
 
