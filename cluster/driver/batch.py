@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cluster.data.dataset import Example
-from cluster.run.completions import sample_rows
+from cluster.run.completions import finite_or_none, sample_rows
 from learner.grpo import group_advantages
 
 if TYPE_CHECKING:
@@ -31,6 +31,9 @@ class ScoredGroup(NamedTuple):
     example: Example
     rollout: PromptRollout
     rewards: list[float]
+    # the rows of its completions kept for completions.jsonl (also in CollectStats.samples): their advantage is
+    # the one the batch trains them with, filled in by Batch.from_groups
+    samples: tuple[dict, ...] = ()
 
 
 def scorable(rewards: list[float]) -> list[float]:
@@ -283,7 +286,8 @@ class Batch:
     def from_groups(cls, groups: list[ScoredGroup], stream_state: dict, stats: CollectStats,
                     version_if_empty: int, advantage_estimator: str) -> Batch:
         """The batch of the groups kept for training, with the advantages the learner trains them
-        with: computed here, once, over exactly these groups."""
+        with: computed here, once, over exactly these groups; their logged samples (ScoredGroup.samples)
+        are given the same values."""
         # training_rows(): (prompt_ids, completion_ids, behavior_logp, loss_mask or None) per completion,
         # the same for single-turn (actors/rollout.py) and multi-turn (actors/multiturn/trajectories.py) rollouts
         rows = [row for g in groups for row in g.rollout.training_rows()]
@@ -293,10 +297,14 @@ class Batch:
         masked = any(r[3] is not None for r in rows)
         versions = [getattr(c, "versions", None) for g in groups for c in g.rollout.completions]
         group_size = len(groups[0].rewards) if groups else 0
+        advantages = batch_advantages(rewards, group_size, advantage_estimator)
+        for g, group in enumerate(groups):  # the logged samples read the advantages their batch trains them with
+            for row in group.samples:
+                row["advantage"] = finite_or_none(advantages[g * group_size + row["sample"]])
         return cls(
             examples=[g.example for g in groups],
             prompt_ids=[r[0] for r in rows], completion_ids=[r[1] for r in rows], behavior_logp=[r[2] for r in rows],
-            rewards=rewards, advantages=batch_advantages(rewards, group_size, advantage_estimator),
+            rewards=rewards, advantages=advantages,
             weight_version=min((g.rollout.weight_version for g in groups), default=version_if_empty),
             stream_state=stream_state, stats=stats,
             loss_mask=[r[3] if r[3] is not None else [1] * len(r[1]) for r in rows] if masked else None,
@@ -313,9 +321,9 @@ _RAGGED = {"prompt_ids": torch.int64, "completion_ids": torch.int64, "behavior_l
 
 def batch_advantages(rewards: list[float], group_size: int, advantage_estimator: str) -> list[float]:
     """The advantages the learner trains a batch with: one `group_advantages` call over the whole
-    batch's rewards. Not pieced together from the rounds' (score_groups, for the logged samples):
-    torch reduces a lone row by another path than several rows, so a one-group round's std can
-    differ from the batch's in the last bit."""
+    batch's rewards (Batch.from_groups; the logged samples read them there). Not pieced together from
+    the rounds' groups: torch reduces a lone row by another path than several rows, so a one-group
+    round's std can differ from the batch's in the last bit."""
     if not rewards:
         return []
     return group_advantages(torch.tensor(rewards, dtype=torch.float64), group_size, advantage_estimator).tolist()
@@ -389,13 +397,13 @@ def sample_seed(seed: int, step: int, round_: int, i: int) -> int:
 
 
 def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tokens: int,
-                 dynamic_sampling: bool, eos_id: int | None = None, samples: int = 0,
-                 advantage_estimator: str = "grpo") -> list[ScoredGroup]:
+                 dynamic_sampling: bool, eos_id: int | None = None, samples: int = 0) -> list[ScoredGroup]:
     """Rewards for every completion of `live` (example, rollout) pairs, G completions each, from
     `scorer` (actors/rewards/scorer.py RewardScorer); every group is counted in `stats` (with its completions'
     lengths; `eos_id` ends a multi-turn turn), and with dynamic sampling the groups without signal are
     not returned. Up to `samples` completions are kept in `stats.samples` (cluster/run/completions.py),
-    with the advantage `advantage_estimator` gives them in training."""
+    each also in its group's `samples`: the batch made of the group gives it its advantage (Batch.from_groups);
+    a group without signal, never trained on, has advantage 0 (group_advantages gives it exactly 0)."""
     if not live:
         return []
     # one call for the whole round: user reward code fans out over the scorer's processes
@@ -406,16 +414,21 @@ def score_groups(scorer, live: list, G: int, stats: CollectStats, *, max_new_tok
     stats.reward_errors += res.errors
     stats.add_functions(res.functions)
     stats.error_samples = stats.error_samples or res.error_samples
-    if samples > len(stats.samples):  # group advantages are per group: a round's equal the batch's
-        advantages = group_advantages(torch.tensor(res.rewards, dtype=torch.float64), G, advantage_estimator).tolist()
+    rows: list[dict] = []
+    if samples > len(stats.samples):
         by_name = {scorer.names[spec]: values for spec, values in res.per_function.items()}  # the metrics' names
-        stats.samples += sample_rows(live, res.rewards, by_name, advantages, G, samples - len(stats.samples), res.tests)
+        rows = sample_rows(live, res.rewards, by_name, None, G, samples - len(stats.samples), res.tests)
+        stats.samples += rows
     groups = []
     for g, (ex, ro) in enumerate(live):
         rewards = res.rewards[g * G:(g + 1) * G]
         failed = all(res.failed[g * G:(g + 1) * G])
         stats.add_group(rewards, model_tokens(ro), failed)
         stats.add_lengths(ro, eos_id)
-        if not (dynamic_sampling and not has_signal(rewards)):
-            groups.append(ScoredGroup(ex, ro, rewards))
+        logged = tuple(row for row in rows if row["prompt_index"] == g)
+        if dynamic_sampling and not has_signal(rewards):
+            for row in logged:
+                row["advantage"] = 0.0  # no learning signal: dropped, never trained on (group_advantages: exactly 0)
+        else:
+            groups.append(ScoredGroup(ex, ro, rewards, logged))
     return groups

@@ -95,8 +95,7 @@ class Collector:
             m = self.cfg.metrics
             groups = score_groups(self.scorer, live, G, stats, max_new_tokens=self.cfg.rollout.model_token_cap(),
                                   dynamic_sampling=t.dynamic_sampling, eos_id=self.eos_id,
-                                  samples=m.completions_per_step if m.log_completions else 0,
-                                  advantage_estimator=self.cfg.algo.advantage_estimator)
+                                  samples=m.completions_per_step if m.log_completions else 0)
         # A reward function that failed (even every call, even every sample's) does not stop collecting: the
         # trainer writes the step's metrics row first, then its health guard halts (Trainer._check_health).
         stats.gen_s += sw.t["gen_s"]

@@ -381,7 +381,7 @@ class PipelineFeeder:
                 groups = score_groups(self.scorer, [(ex, ro)], t.group_size, stats,
                                       max_new_tokens=self.cfg.rollout.model_token_cap(),
                                       dynamic_sampling=t.dynamic_sampling, eos_id=self.eos_id,
-                                      samples=self.samples_per_group, advantage_estimator=self.cfg.algo.advantage_estimator)
+                                      samples=self.samples_per_group)
                 stats.reward_s += time.perf_counter() - t0
                 if groups:
                     kept.append((groups[0], stats))

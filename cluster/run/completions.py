@@ -36,19 +36,21 @@ def finite_or_none(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[float]], advantages: list[float],
+def sample_rows(live: list, rewards: list[float], per_function: dict[str, list[float]], advantages: list[float] | None,
                 group_size: int, k: int, tests: list | None = None) -> list[dict]:
     """Rows for k completions of one scored round. `live`: (example, rollout) pairs, the rollout's
     completions G each; `rewards`, `advantages`, every `per_function[name]` and `tests` (a code reward's
     per-test outcomes, RewardResult.tests) run over all of them in order (completion j of group g at
-    g * G + j). A function's NaN (its call failed) is null."""
+    g * G + j). A function's NaN (its call failed) is null. `advantages` None: each row's "advantage" is None
+    until the batch that trains it fills it in (cluster/driver/batch.py Batch.from_groups)."""
     rows = []
     for g, j in pick(len(live), group_size, k):
         example, rollout = live[g]
         c, at = rollout.completions[j], g * group_size + j
         row = {"prompt_index": g, "sample": j, "prompt": example.prompt, "completion": c.text,
                "reward": finite_or_none(rewards[at]), "rewards": {name: finite_or_none(v[at]) for name, v in per_function.items()},
-               "advantage": finite_or_none(advantages[at]), "finish_reason": c.finish_reason}
+               "advantage": finite_or_none(advantages[at]) if advantages is not None else None,
+               "finish_reason": c.finish_reason}
         if hasattr(c, "messages"):  # a multi-turn trajectory (actors/multiturn/trajectories.py)
             row |= {"num_tokens": sum(c.loss_mask), "messages": c.messages, "turns": c.turns,
                     "env_reward": c.env_reward, "env_error": c.env_error}

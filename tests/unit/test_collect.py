@@ -407,6 +407,28 @@ def test_a_few_completions_per_step_are_kept_with_their_scores_and_advantages():
 
 
 @pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
+def test_the_logged_samples_carry_the_advantages_the_batch_trains_them_with(estimator):
+    """Issue 60 item 4, one home per quantity: the advantage a completions.jsonl row shows is the batch's, bit for
+    bit. Before, each round computed its own for the rows it logged, and a one-prompt refill round's lone group
+    gets another last bit than the same group in the batch (asserted below, so this data tells them apart)."""
+    t = trainer([[0.04, 0.965], [1, 1], [0.602, 0.147], [0.259, 0.234]], dynamic=True, want=3)
+    t.cfg.algo.advantage_estimator, t.cfg.metrics.completions_per_step = estimator, 8
+    b = t.collector.collect(step=0)
+    assert t.pool.calls == [3, 1] and [e.prompt for e in b.examples] == ["p0", "p2", "p3"]  # p1 flat, p3 a refill
+    rows = b.stats.samples
+    at = {e.prompt: g for g, e in enumerate(b.examples)}
+    assert {r["prompt"] for r in rows} == {"p0", "p1", "p2", "p3"}
+    for r in rows:
+        if r["prompt"] in at:
+            assert r["advantage"].hex() == b.advantages[at[r["prompt"]] * G + r["sample"]].hex()
+        else:
+            assert r["advantage"] == 0.0  # the flat group, dropped: no signal, never trained on
+    alone = group_advantages(torch.tensor([0.259, 0.234], dtype=torch.float64), G, estimator).tolist()
+    if estimator == "grpo":
+        assert alone != b.advantages[2 * G:3 * G]  # what the refill round alone would have logged
+
+
+@pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
 def test_the_learner_trains_with_the_advantages_the_batch_carries(estimator):
     """Computed once, when the batch is assembled, and bit for bit what the loop computed before it
     (one group_advantages call over the batch's rewards), with one-prompt refill rounds, whose own
