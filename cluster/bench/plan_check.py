@@ -28,13 +28,12 @@ from cluster.bench.run_probe import RunFailed, train_and_measure
 # model -> (its directory, what its step is on top of FIT_CONFIG (its fit uses exactly this), the configs
 # it is checked on: name -> overrides of that step; none of them is the fit's config)
 MODELS: dict[str, tuple[str, list[str], dict[str, list[str]]]] = {
-    "tiny": (".cache/tests/tiny-chat-qwen2-h128-l2", [], {
+    "tiny": (".cache/tests/tiny-chat-qwen2-h128-l2", ["trainer.steps=6"], {
         "async": ["trainer.mode=async"],
         "pipeline": ["trainer.mode=pipeline"],
         "sync-2eng": ["rollout.num_workers=2"],
         "sync-G4-64tok": ["trainer.prompts_per_step=16", "trainer.group_size=4", "rollout.max_new_tokens=64",
                           "rollout.min_new_tokens=64", "rollout.max_model_len=128"],
-        "async-2eng": ["trainer.mode=async", "rollout.num_workers=2"],
     }),
     "smollm2": (".cache/tests/smollm2-135m-instruct",
                 ["trainer.prompts_per_step=4", "trainer.group_size=4", "rollout.max_new_tokens=24",
