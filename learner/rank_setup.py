@@ -192,3 +192,10 @@ def skip_deepspeed_muon() -> None:
         stub = types.ModuleType(DEEPSPEED_MUON_MODULE, "raygrpo: DeepSpeed's Muon optimizer, not loaded (learner/rank_setup.py)")
         stub.MuonWithAuxAdam = NotLoadedMuon
         sys.modules[DEEPSPEED_MUON_MODULE] = stub
+
+
+def rank_barrier() -> None:
+    """Every rank of the learner's group waits here for the others (after a collective write to disk)."""
+    import deepspeed.comm as dist
+
+    dist.barrier()

@@ -11,15 +11,17 @@ import os
 
 import torch
 
+from actors.runtime.actor_base import ActorBase
 from actors.runtime.devices import on_gpu, resolve_dtype
-from actors.runtime.sockets import network_view
 from actors.runtime.start_up import starts_with_few_full_collections
-from actors.runtime.threads import node_cores, use_threads
+from actors.runtime.threads import use_threads
 from learner.config import ReferenceConfig
 from learner.sequences import completion_logprobs
 
 
-class ReferenceActor:
+class ReferenceActor(ActorBase):
+    """The frozen starting model's per-token log-probs (info, network, threads: actors/runtime/actor_base.py)."""
+
     @starts_with_few_full_collections  # its imports: actors/runtime/start_up.py
     def __init__(self, model_path: str, cfg: ReferenceConfig):
         problems = cfg.problems()
@@ -49,19 +51,5 @@ class ReferenceActor:
                                                 self.pad_id, share_prompts=self.cfg.prompt_sharing),
                 "pid": os.getpid()}
 
-    def set_threads(self, n: int) -> None:
-        """The torch threads this actor computes with from now on (the driver's thread budget)."""
-        self.threads = n
-        use_threads(n)
-
-    def network(self, towards: str) -> dict:
-        """This actor's host, advertised address and gloo interface (placement.json, the console)."""
-        return network_view(towards)
-
-    def info(self) -> dict:
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"pid": os.getpid(), "node_id": node_id, "device": str(self.device), "cores": node_cores(),
-                "torch_threads": torch.get_num_threads(),
-                "dtype": str(next(self.model.parameters()).dtype)}
+    def own_info(self) -> dict:
+        return {"device": str(self.device), "dtype": str(next(self.model.parameters()).dtype)}

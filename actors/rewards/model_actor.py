@@ -26,10 +26,10 @@ import time
 import torch
 
 from actors.config import RewardConfig
+from actors.runtime.actor_base import ActorBase
 from actors.runtime.devices import on_gpu, resolve_dtype
-from actors.runtime.sockets import network_view
 from actors.runtime.start_up import starts_with_few_full_collections
-from actors.runtime.threads import node_cores, use_threads
+from actors.runtime.threads import use_threads
 
 
 class RewardModelScorer:
@@ -85,8 +85,9 @@ class RewardModelScorer:
         return out, truncated
 
 
-class RewardModelActor:
-    """One reward model in a Ray actor of its own (the driver wraps it with ray.remote)."""
+class RewardModelActor(ActorBase):
+    """One reward model in a Ray actor of its own (the driver wraps it with ray.remote); info, network and
+    threads: actors/runtime/actor_base.py."""
 
     @starts_with_few_full_collections  # its imports: actors/runtime/start_up.py
     def __init__(self, path: str, cfg: RewardConfig):
@@ -102,19 +103,6 @@ class RewardModelActor:
         values, truncated = self.scorer.score(prompts, completions, messages)
         return {"values": values, "truncated": truncated, "seconds": time.perf_counter() - t0, "pid": os.getpid()}
 
-    def set_threads(self, n: int) -> None:
-        """The torch threads this actor computes with from now on (the driver's thread budget)."""
-        self.threads = n
-        use_threads(n)
-
-    def network(self, towards: str) -> dict:
-        """This actor's host, advertised address and gloo interface (placement.json, the console)."""
-        return network_view(towards)
-
-    def info(self) -> dict:
-        import ray
-
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"pid": os.getpid(), "node_id": node_id, "device": str(self.scorer.device), "cores": node_cores(),
-                "torch_threads": torch.get_num_threads(), "max_len": self.scorer.max_len,
+    def own_info(self) -> dict:
+        return {"device": str(self.scorer.device), "max_len": self.scorer.max_len,
                 "dtype": str(next(self.scorer.model.parameters()).dtype)}

@@ -61,15 +61,14 @@ import time
 from dataclasses import dataclass, field
 
 from actors.config import RewardConfig
-from actors.rewards.base import NAN, Batch, FunctionStats, KindRunner, RewardKind, Tally, is_error, safe_name
+from actors.rewards.base import NAN, Batch, FunctionStats, Tally, is_error
+from actors.rewards.entries import REWARD_STATS, RewardEntries
 from actors.rewards.functions import ANSWER_CHECKERS
 from actors.rewards.progress import ScoringProgress
-from actors.rewards.registry import KINDS, default_name, kind_for, resolve, spec_problems
+from actors.rewards.registry import KINDS, kind_for
 
 MAX_ERROR_SAMPLES = 5
-# Per reward function and step, metrics rewards/<name>/<stat>: TRL's mean and std (over the values it
-# gave), then errors, unscorable samples (nulls) and seconds; a kind may add its own (reward models: `truncated`).
-REWARD_STATS = ("mean", "std", "errors", "unscorable", "s")
+__all__ = ["REWARD_STATS", "RewardResult", "RewardScorer", "combine"]  # REWARD_STATS: the metrics' stats (entries.py)
 
 
 # --------------------------------------------------------------------------- #
@@ -114,121 +113,86 @@ def combine(values: dict[str, list], weights: dict[str, float], env_rewards: lis
 
 
 # --------------------------------------------------------------------------- #
+# What a function is given
+# --------------------------------------------------------------------------- #
+def sample_fields(cfg: RewardConfig, completions: list, examples: list[dict], max_new_tokens: int | None):
+    """What each sample is scored on: (texts, token ids or None, per-sample keyword fields, environment
+    rewards). The fields are the example's columns and what the scorer knows of the sample (module docstring)."""
+    texts, ids, fields, env_rewards = [], [], [], []
+    for completion, example in zip(completions, examples):
+        f = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
+        env_rewards.append(float(getattr(completion, "env_reward", 0.0)))
+        if hasattr(completion, "loss_mask"):  # a multi-turn trajectory
+            f.setdefault("_num_tokens", sum(completion.loss_mask))
+            f.setdefault("_finish_reason", completion.finish_reason)
+            f.setdefault("_messages", completion.messages)
+            f.setdefault("_turns", completion.turns)
+            ids.append(None)
+            completion = completion.text
+        elif hasattr(completion, "token_ids"):
+            f.setdefault("_num_tokens", len(completion.token_ids))
+            f.setdefault("_finish_reason", completion.finish_reason)
+            ids.append(completion.token_ids)
+            completion = completion.text
+        else:
+            ids.append(None)
+        if max_new_tokens is not None:
+            f.setdefault("_max_new_tokens", max_new_tokens)
+        f.setdefault("_overlong_buffer", cfg.overlong_buffer)
+        f.setdefault("_answer_key", cfg.answer_key)
+        texts.append(completion)
+        fields.append(f)
+    return texts, ids, fields, env_rewards
+
+
+# --------------------------------------------------------------------------- #
 # The scorer
 # --------------------------------------------------------------------------- #
 class RewardScorer:
-    """Scores completions with the weighted sum of `cfg.functions`."""
+    """Scores completions with the weighted sum of `cfg.functions`. The entries themselves (names, kinds,
+    runners, the actors they call) are a RewardEntries (entries.py), whose answers to the driver this
+    scorer passes on; scoring a batch (`score`, `judge`) is its own."""
 
     def __init__(self, cfg: RewardConfig):
         self.cfg = cfg
-        self.validate()
-        self.specs = [resolve(s) for s in cfg.functions]  # paths made absolute: they cross into other processes
-        self.weights = dict(zip(self.specs, list(cfg.weights) or [1.0] * len(self.specs)))
-        self.kinds: dict[str, RewardKind] = {s: kind_for(s) for s in self.specs}
-        self.runners: dict[str, KindRunner] = {}  # kind name -> its entries, started (in KINDS order)
-        try:
-            for name, kind in KINDS.items():
-                if any(k is kind for k in self.kinds.values()):
-                    self.runners[name] = kind.start([s for s in self.specs if self.kinds[s] is kind], cfg)
-        except BaseException:
-            self.close()
-            raise
-        loaded = {spec: n for r in self.runners.values() for spec, n in r.names.items()}
-        defaults = [default_name(s, loaded) for s in self.specs]
-        self.names = dict(zip(self.specs, [safe_name(n) for n in cfg.names] or defaults))
-        taken = [n for n in self.names.values() if list(self.names.values()).count(n) > 1]
-        if taken:
-            self.close()
-            raise ValueError(f"two reward functions share the metric name {taken[0]!r}; give each its own "
-                             f"with reward.names (one per reward.functions entry)")
+        self.entries = RewardEntries(cfg)  # checked (every problem at once), named, runners started
+        entries = self.entries
+        # The same objects as the entries' (read by the driver's metrics, the score command and the tests).
+        self.specs, self.weights, self.names, self.runners = entries.specs, entries.weights, entries.names, entries.runners
 
-    def validate(self) -> None:
-        """Fail at start, clearly, on a config that cannot score anything."""
-        problems = self.cfg.problems() + [p for s in self.cfg.functions for p in spec_problems(s)]
-        twice = sorted({s for s in self.cfg.functions if self.cfg.functions.count(s) > 1})
-        if twice:
-            problems.append(f"reward.functions lists {', '.join(twice)} more than once (give it a larger reward.weights entry)")
-        if problems:
-            raise ValueError("invalid RewardConfig: " + "; ".join(problems))
-
+    # ------------------------------------------------------------------ the entries' answers (entries.py)
     def actor_paths(self) -> dict[str, str]:
-        """Entry -> the model directory the driver starts an actor with (reward models), then `attach`es."""
-        return {s: path for s in self.specs if (path := self.kinds[s].actor_path(s)) is not None}
+        return self.entries.actor_paths()
 
     def attach(self, handles: dict, timeout_s: float) -> None:
-        """The actors the driver started for `actor_paths()` (entry -> Ray actor handle): the scorer calls
-        them itself, each call waited for at most `timeout_s` (trainer.actor_timeout_s)."""
-        for spec, handle in handles.items():
-            self.runners[self.kinds[spec].name].attach(spec, handle, timeout_s)
+        self.entries.attach(handles, timeout_s)
 
     def restarted_actors(self) -> list[str]:
-        """The entries whose actor Ray restarted since the last call (the driver gives each its threads again
-        and updates placement.json)."""
-        return [spec for runner in self.runners.values() for spec in runner.restarted_actors()]
+        return self.entries.restarted_actors()
 
     @property
     def restarts(self) -> int:
-        """Calls answered by a restarted actor (Ray restarted a dead reward model and ran the call again)."""
-        return sum(r.restarts for r in self.runners.values())
+        return self.entries.restarts()
 
     def data_problems(self, chat: bool) -> list[str]:
-        """What keeps these functions from scoring the run's data (chat: its prompts are messages)."""
-        return [p for s in self.specs for p in self.kinds[s].data_problems(s, chat)]
+        return self.entries.data_problems(chat)
 
     def metric_keys(self) -> list[str]:
-        """Every per-function metric a step reports (cluster/run/metrics.py logs exactly these beside STEP_KEYS)."""
-        return [f"rewards/{self.names[s]}/{stat}" for s in self.specs for stat in REWARD_STATS + self.kinds[s].stats]
+        return self.entries.metric_keys()
 
     def timeout_setting(self, name: str) -> str | None:
-        """The setting that bounds one call of the function called `name` ("reward.timeout_s=10"), if any."""
-        spec = next(s for s in self.specs if self.names[s] == name)
-        return self.kinds[spec].timeout_setting(spec, self.cfg)
-
-    # ------------------------------------------------------------------ samples
-    def _samples(self, completions: list, examples: list[dict], max_new_tokens: int | None):
-        """(texts, token ids or None, per-sample keyword fields, environment rewards)."""
-        texts, ids, fields, env_rewards = [], [], [], []
-        for completion, example in zip(completions, examples):
-            f = {k: v for k, v in example.items() if k not in ("prompt", "completion")}
-            env_rewards.append(float(getattr(completion, "env_reward", 0.0)))
-            if hasattr(completion, "loss_mask"):  # a multi-turn trajectory
-                f.setdefault("_num_tokens", sum(completion.loss_mask))
-                f.setdefault("_finish_reason", completion.finish_reason)
-                f.setdefault("_messages", completion.messages)
-                f.setdefault("_turns", completion.turns)
-                ids.append(None)
-                completion = completion.text
-            elif hasattr(completion, "token_ids"):
-                f.setdefault("_num_tokens", len(completion.token_ids))
-                f.setdefault("_finish_reason", completion.finish_reason)
-                ids.append(completion.token_ids)
-                completion = completion.text
-            else:
-                ids.append(None)
-            if max_new_tokens is not None:
-                f.setdefault("_max_new_tokens", max_new_tokens)
-            f.setdefault("_overlong_buffer", self.cfg.overlong_buffer)
-            f.setdefault("_answer_key", self.cfg.answer_key)
-            texts.append(completion)
-            fields.append(f)
-        return texts, ids, fields, env_rewards
+        return self.entries.timeout_setting(name)
 
     # ------------------------------------------------------------------ every function's values
-    def _runner(self, kind: RewardKind) -> KindRunner:
-        """The kind's runner; started empty for a function scored without being configured (judge's exact_match)."""
-        if kind.name not in self.runners:
-            self.runners[kind.name] = kind.start([], self.cfg)
-        return self.runners[kind.name]
-
     def _values(self, specs: list[str], batch: Batch) -> Tally:
         """The Tally: per spec and sample float | None | NaN, per spec its FunctionStats, the error messages."""
         tally = Tally(specs, len(batch), self.names)
-        kinds = {s: self.kinds.get(s) or kind_for(s) for s in specs}
+        kinds = {s: self.entries.kinds.get(s) or kind_for(s) for s in specs}
         notes = {s: note for s in specs if (note := kinds[s].timeout_setting(s, self.cfg)) is not None}
         with ScoringProgress({s: self.names.get(s, s) for s in specs}, notes) as progress:
             # Sent to every kind before any is waited for: the verifiers and reward models work while the
             # Python functions are scored (registry.KINDS: python is sent last).
-            waits = [self._runner(kind).send(mine, batch, tally, progress) for kind in KINDS.values()
+            waits = [self.entries.runner(kind).send(mine, batch, tally, progress) for kind in KINDS.values()
                      if (mine := [s for s in specs if kinds[s] is kind])]
             for wait in waits:
                 wait()
@@ -249,7 +213,7 @@ class RewardScorer:
         if not len(prompts) == len(completions) == len(examples):
             raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions, {len(examples)} examples")
         t0 = time.perf_counter()
-        texts, ids, fields, env_rewards = self._samples(completions, examples, max_new_tokens)
+        texts, ids, fields, env_rewards = sample_fields(self.cfg, completions, examples, max_new_tokens)
         tally = self._values(self.specs, Batch(prompts, texts, ids, fields))
         values, stats, errors = tally.values, tally.stats, tally.errors
         rewards, unscorable, failed = combine(values, self.weights, env_rewards, self.cfg.fallback, group_size or 1)
@@ -270,19 +234,19 @@ class RewardScorer:
         functions (gsm8k, math_verify, exact_match, or a kind that judges: code_tests, every test passed);
         without one, exact_match when the data has the answer column; else a positive total reward.
         (Held-out evaluation.)"""
-        checker = next((s for s in self.specs if s in ANSWER_CHECKERS or self.kinds[s].judges), None)
+        checker = next((s for s in self.specs if s in ANSWER_CHECKERS or self.entries.kinds[s].judges), None)
         if checker is None and examples and all(self.cfg.answer_key in e for e in examples):
             checker = "exact_match"
         if checker is None:
             return [r > 0 for r in self.score(prompts, completions, examples).rewards]  # NaN > 0 is False
-        texts, ids, fields, _ = self._samples(completions, examples, None)
+        texts, ids, fields, _ = sample_fields(self.cfg, completions, examples, None)
         values = self._values([checker], Batch(prompts, texts, ids, fields)).values
         return [v == 1.0 for v in values[checker]]
 
     def close(self) -> None:
-        for runner in getattr(self, "runners", {}).values():
-            runner.close()
-        self.runners = {}
+        entries = getattr(self, "entries", None)  # None: __init__ failed (and closed what it had started)
+        if entries is not None:
+            entries.close()
 
     def __enter__(self):
         return self

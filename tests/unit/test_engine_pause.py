@@ -79,7 +79,7 @@ def worker(fail: str = "", pipeline: bool = True) -> tuple[RolloutWorker, list, 
     w.llm = FakeLLM(events, fail)
     w._loop = FakeLoop(events) if pipeline else None
     w._hold = UpdateHold(w.llm)
-    w._updating, w._version, w._threads = False, 0, 0
+    w._updating, w._version, w.threads = False, 0, 0
     return w, events, w._loop
 
 
