@@ -87,6 +87,97 @@ def scheduling(pg, bundle: int, node_id: str, soft: bool):
     return NodeAffinitySchedulingStrategy(node_id=node_id, soft=soft)
 
 
+@dataclass
+class BundlePlan:
+    """The placement group's bundles (Ray resources each) and which bundle each actor gets, by actor kind.
+
+    separate: a bundle per learner rank, per engine, the reference, each reward model, in that order;
+    colocate: learner rank i and engine i share bundle i (their resources summed)."""
+
+    bundles: list = field(default_factory=list)
+    rollouts: list = field(default_factory=list)  # engine i -> its bundle
+    learners: list = field(default_factory=list)  # learner rank i -> its bundle
+    reference: int | None = None  # None: no reference actor
+    reward_models: list = field(default_factory=list)  # the i-th model:PATH entry -> its bundle
+
+    def add(self, bundle: dict) -> int:
+        self.bundles.append(bundle)
+        return len(self.bundles) - 1
+
+
+def plan_bundles(cfg, engines: int, *, with_reference: bool, num_reward_models: int) -> BundlePlan:
+    """The bundles of a placement group that holds `engines` engines (an elastic start tries fewer)."""
+    r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
+    colocate = cfg.ray.placement == "colocate"
+    plan = BundlePlan()
+    for i in range(lrn.num_ranks):
+        if colocate and i < engines:
+            plan.rollouts.append(plan.add(resources(lrn.num_cpus + r.num_cpus, lrn.num_gpus + r.num_gpus)))
+            plan.learners.append(plan.rollouts[-1])
+        else:
+            plan.learners.append(plan.add(resources(lrn.num_cpus, lrn.num_gpus)))
+    plan.rollouts += [plan.add(resources(r.num_cpus, r.num_gpus)) for _ in range(len(plan.rollouts), engines)]
+    if with_reference:
+        plan.reference = plan.add(resources(ref.num_cpus, ref.num_gpus))
+    plan.reward_models = [plan.add(resources(cfg.reward.model_num_cpus, cfg.reward.model_num_gpus))
+                          for _ in range(num_reward_models)]
+    return plan
+
+
+def place_bundles(cfg, *, with_reference: bool, num_reward_models: int):
+    """The placement group, ready, its plan and how many engines it holds.
+
+    An elastic start (separate placement, any schedule): with no room for every engine now, the run starts
+    with as many as fit, at least rollout.min_workers; the others join when a node with room does."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    r = cfg.rollout
+    colocate = cfg.ray.placement == "colocate"
+    fewest = r.min_live_workers() if not colocate else r.num_workers
+    for engines in range(r.num_workers, fewest - 1, -1):
+        plan = plan_bundles(cfg, engines, with_reference=with_reference, num_reward_models=num_reward_models)
+        pg = placement_group(plan.bundles, strategy=cfg.ray.strategy)
+        last = engines == fewest
+        try:
+            ray.get(pg.ready(), timeout=cfg.trainer.actor_timeout_s if last else ELASTIC_TRY_S)
+            return pg, plan, engines
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            if last:
+                raise RuntimeError(
+                    f"Ray could not place {len(plan.bundles)} bundles {plan.bundles} within "
+                    f"{cfg.trainer.actor_timeout_s:.0f}s: the cluster has {ray.cluster_resources()}; lower the "
+                    "num_cpus/num_gpus of rollout/learner/reference"
+                    + (", or rollout.min_workers to start with fewer engines" if not colocate else "")
+                ) from None
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def start_reference(cfg, scheduling_strategy):
+    """The reference actor. Scoring log-probs is a pure function of its inputs, so Ray restarts a dead one
+    and runs the call it lost again (max_task_retries)."""
+    import ray
+
+    ref = cfg.reference
+    return (ray.remote(ReferenceActor)
+            .options(num_cpus=ref.num_cpus, num_gpus=ref.num_gpus, max_restarts=ref.max_restarts,
+                     max_task_retries=ref.max_restarts, scheduling_strategy=scheduling_strategy)
+            .remote(cfg.model.path, ref))
+
+
+def start_reward_model(cfg, path: str, scheduling_strategy):
+    """A `model:PATH` reward's actor. Like the reference: scoring is a pure function of its inputs, so Ray
+    restarts a dead reward model and runs the call it lost again; the driver waits on it with a timeout."""
+    import ray
+
+    rw = cfg.reward
+    return (ray.remote(RewardModelActor)
+            .options(num_cpus=rw.model_num_cpus, num_gpus=rw.model_num_gpus, max_restarts=rw.model_max_restarts,
+                     max_task_retries=rw.model_max_restarts, scheduling_strategy=scheduling_strategy)
+            .remote(path, rw))
+
+
 def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | None = None) -> Actors:
     """One placement group holds a bundle per learner rank, per rollout engine, the reference and
     each reward model (`reward_models`: reward.functions entry -> its model directory, absolute;
@@ -96,53 +187,10 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
     `ray.strategy` (PACK | SPREAD) says how bundles land on nodes.
     """
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import remove_placement_group
 
-    r, lrn, ref = cfg.rollout, cfg.learner, cfg.reference
     reward_models = reward_models or {}
-
-    colocate = cfg.ray.placement == "colocate"
-
-    def plan(engines: int):
-        bundles, rollout_bundle, learner_bundle = [], [], []
-        for i in range(lrn.num_ranks):
-            if colocate and i < engines:
-                bundles.append(resources(lrn.num_cpus + r.num_cpus, lrn.num_gpus + r.num_gpus))
-                rollout_bundle.append(len(bundles) - 1)
-            else:
-                bundles.append(resources(lrn.num_cpus, lrn.num_gpus))
-            learner_bundle.append(len(bundles) - 1)
-        for _ in range(len(rollout_bundle), engines):
-            bundles.append(resources(r.num_cpus, r.num_gpus))
-            rollout_bundle.append(len(bundles) - 1)
-        if with_reference:
-            bundles.append(resources(ref.num_cpus, ref.num_gpus))
-        reference_bundle = len(bundles) - 1
-        rm_bundle = []
-        for _ in reward_models:
-            bundles.append(resources(cfg.reward.model_num_cpus, cfg.reward.model_num_gpus))
-            rm_bundle.append(len(bundles) - 1)
-        return bundles, rollout_bundle, learner_bundle, reference_bundle, rm_bundle
-
-    # An elastic start (separate placement, any schedule): with no room for every engine now, the run starts
-    # with as many as fit, at least rollout.min_workers; the others join when a node with room does.
-    fewest = r.min_live_workers() if not colocate else r.num_workers
-    for engines in range(r.num_workers, fewest - 1, -1):
-        bundles, rollout_bundle, learner_bundle, reference_bundle, rm_bundle = plan(engines)
-        pg = placement_group(bundles, strategy=cfg.ray.strategy)
-        last = engines == fewest
-        try:
-            ray.get(pg.ready(), timeout=cfg.trainer.actor_timeout_s if last else ELASTIC_TRY_S)
-            break
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(pg)
-            if last:
-                raise RuntimeError(
-                    f"Ray could not place {len(bundles)} bundles {bundles} within {cfg.trainer.actor_timeout_s:.0f}s: "
-                    f"the cluster has {ray.cluster_resources()}; lower the num_cpus/num_gpus of rollout/learner/"
-                    "reference" + (", or rollout.min_workers to start with fewer engines" if not colocate else "")
-                ) from None
-
+    pg, plan, engines = place_bundles(cfg, with_reference=with_reference, num_reward_models=len(reward_models))
     if cfg.ray.address:  # a joined cluster: every node that got a bundle must share the storage (before any load)
         try:
             check_shared_storage(ray, bundle_nodes(pg), [cfg.model.path, *reward_models.values()], cfg.trainer.run_dir,
@@ -153,10 +201,10 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
 
     # Where learner rank 0 listens for the other ranks and (as the weight sender) for the engines:
     # loopback when the cluster is our own embedded one, else the IP Ray knows rank 0's node by.
-    master, master_host = (bundle_node(pg, learner_bundle[0])[:2] if cfg.ray.address
+    master, master_host = (bundle_node(pg, plan.learners[0])[:2] if cfg.ray.address
                            else ("127.0.0.1", socket.gethostname()))
     nodes = bundle_nodes(pg)
-    if not colocate:  # the nodes are chosen: each actor asks for its own resources there (module docstring)
+    if cfg.ray.placement != "colocate":  # the nodes are chosen: each actor asks for its own resources there (module docstring)
         remove_placement_group(pg)
         pg = None
 
@@ -164,29 +212,17 @@ def create_actors(cfg, *, with_reference: bool, reward_models: dict[str, str] | 
         return scheduling(pg, i, nodes[i], soft=restart_elsewhere)
 
     out = Actors(placement_group=pg, learner_port_key=learner_port_key(), master_address=master, master_hostname=master_host,
-                 learner_nodes=[nodes[b] for b in learner_bundle], waiting_rollouts=list(range(engines, r.num_workers)))
-    out.rollouts = [start_engine(cfg, i, at(rollout_bundle[i])) for i in range(engines)]
-    out.learner_bundles = learner_bundle
+                 learner_nodes=[nodes[b] for b in plan.learners],
+                 waiting_rollouts=list(range(engines, cfg.rollout.num_workers)))
+    out.rollouts = [start_engine(cfg, i, at(plan.rollouts[i])) for i in range(engines)]
+    out.learner_bundles = plan.learners
     # Hard: rank 0's node is the address every peer was told (learner ranks are never restarted by Ray).
-    out.learners = start_learners(cfg, [at(b, restart_elsewhere=False) for b in learner_bundle], master,
+    out.learners = start_learners(cfg, [at(b, restart_elsewhere=False) for b in plan.learners], master,
                                   out.learner_port_key, master_host)
     if with_reference:
-        out.reference = (
-            ray.remote(ReferenceActor)
-            .options(num_cpus=ref.num_cpus, num_gpus=ref.num_gpus, max_restarts=ref.max_restarts,
-                     max_task_retries=ref.max_restarts, scheduling_strategy=at(reference_bundle))
-            .remote(cfg.model.path, ref)
-        )
-    for (spec, path), bundle in zip(reward_models.items(), rm_bundle):
-        # Like the reference: scoring is a pure function of its inputs, so Ray restarts a dead reward model
-        # and runs the call it lost again (max_task_retries); the driver waits on it with a timeout.
-        rw = cfg.reward
-        out.reward_models[spec] = (
-            ray.remote(RewardModelActor)
-            .options(num_cpus=rw.model_num_cpus, num_gpus=rw.model_num_gpus, max_restarts=rw.model_max_restarts,
-                     max_task_retries=rw.model_max_restarts, scheduling_strategy=at(bundle))
-            .remote(path, rw)
-        )
+        out.reference = start_reference(cfg, at(plan.reference))
+    for (spec, path), bundle in zip(reward_models.items(), plan.reward_models):
+        out.reward_models[spec] = start_reward_model(cfg, path, at(bundle))
         out.reward_model_paths[spec] = path
     out.rollouts += [None] * len(out.waiting_rollouts)  # started by start_waiting_rollouts once the others hold their room
     return out
