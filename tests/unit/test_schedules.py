@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -148,3 +149,19 @@ def test_the_pipeline_says_its_regenerated_groups_once_and_checkpoints_the_feede
     assert asked[1:] == [t.cfg.trainer.actor_timeout_s] * 2
     assert s.checkpoint_parts().position() == {"in_flight": [3]} and s.checkpoint_parts().pending is None
     assert s.failure_position(trained_now=True)() == {"in_flight": [3]}
+
+
+def test_a_stopped_collection_under_way_is_waited_for_only_when_the_engines_are_kept():
+    """stop() starts no new collection and returns at once (the run's end, after a failure); settle() waits for the
+    one under way (a learner restart keeps the engines: they must be idle before the new ranks connect)."""
+    t = trainer([[1, 0]] * 8, want=2, mode="async")
+    release, started = threading.Event(), threading.Event()
+    collect = t.collector.collect
+    t.collector.collect = lambda step, lend_to=None: (started.set(), release.wait(10), collect(step, lend_to))[2]
+    pending = t.schedule._collect(0)
+    assert started.wait(10)
+    t.schedule.stop()
+    assert not pending.done()  # stop did not wait for it
+    threading.Timer(0.2, release.set).start()
+    t.schedule.settle()
+    assert pending.done() and len(pending.result().examples) == 2
