@@ -49,6 +49,8 @@ setup(
         "math-verify[antlr4_13_2]==0.9.0",
         "peft==0.21.2",
         "pyyaml",
+        # the config's type check (cluster/config.py; tested on 2.14); DeepSpeed requires pydantic 2 too
+        "pydantic>=2,<3",
         # the run-dir lock (cluster/run/rundir.py): SoftFileLease, its heartbeat and its owner record;
         # torch, ray and huggingface-hub pull filelock in too, with lower bounds (3.x) below the 4.3 it was tested on
         "filelock>=4.3,<5",
