@@ -9,7 +9,7 @@ the run's (median step after the first; the learner's peak), with the load avera
 
     python -m cluster.bench.plan_check [--models tiny smollm2] [--out runs/plan_check]
 
-About 25-35 minutes on 2 cores (SmolLM2-135M's calibration and runs are most of it).
+About 30-60 minutes on 2 cores, by their load (SmolLM2-135M's calibration and runs are most of it).
 """
 from __future__ import annotations
 
@@ -40,8 +40,6 @@ MODELS: dict[str, tuple[str, list[str], dict[str, list[str]]]] = {
                  "rollout.min_new_tokens=24", "learner.micro_batch_size=8"], {
         "async": ["trainer.mode=async"],
         "pipeline-2eng": ["trainer.mode=pipeline", "rollout.num_workers=2"],
-        "sync-G8-16tok": ["trainer.prompts_per_step=2", "trainer.group_size=8", "rollout.max_new_tokens=16",
-                          "rollout.min_new_tokens=16"],
     }),
 }
 
@@ -83,6 +81,7 @@ def check_model(name: str, out: Path) -> list[dict]:
                               if measured["learner_peak_bytes"] else None),
                "predicted_phases": pred["phases"], "measured": measured}
         rows.append(row)
+        (out / name / "rows.json").write_text(json.dumps(rows, indent=1, default=str) + "\n")  # kept as it goes
         print(f"plan_check: {name}/{cname}: step predicted {row['predicted_step_s']:.2f} s, measured "
               f"{row['measured_step_s']:.2f} s ({row['step_ratio']:.2f}); peak {row['peak_ratio'] or 0:.2f}; "
               f"load {measured['load_before']:.1f}-{measured['load_after']:.1f}", flush=True)
