@@ -12,8 +12,8 @@ tiny model) and the machine at hand, in this process (no Ray; an in-process vLLM
 - reward cost: the config's built-in reward functions on sample completions;
 - each side's speed-up from its threads to every core (one point each), for the core sharing of a run's
   schedules (cluster/plan/cores.py);
-- the run fit: a short `raygrpo train` of the model (sync, one engine, one rank; FIT_CONFIG under the
-  given overrides) against what the points alone predict for it (cluster/plan/fit.py): the actor path's
+- the run fit: a short `raygrpo train` of the model (sync, one engine, one rank, at the points' threads;
+  FIT_CONFIG under the given overrides) against what the points alone predict for it (cluster/plan/fit.py): the actor path's
   generation, DeepSpeed's training, the update, the driver's per-step overhead, the learner's memory.
 """
 from __future__ import annotations
@@ -226,7 +226,11 @@ def measure_reward(names: list[str], n: int = 2000) -> float:
 
 def fit_on_a_run(prof: CalibrationProfile, overrides: list[str], run_dir: Path) -> dict:
     """profile.run: a short sync run of the model (FIT_CONFIG + overrides), fitted (cluster/plan/fit.py)."""
-    fit_overrides = [*overrides, f"model.path={prof.model}"]
+    # at the points' own threads: the fit's factors are then the run's path alone (the actors, DeepSpeed, the
+    # driver), and other thread counts come from the measured speed-ups (at load 26-33 here a sync run at
+    # two threads a phase ran 5-7x slower than an async one at one thread a side)
+    fit_overrides = [*overrides, f"model.path={prof.model}", f"rollout.threads={prof.threads}",
+                     f"learner.threads={prof.threads}", f"reference.threads={prof.threads}"]
     progress(f"calibrate: the run fit: raygrpo train {' '.join(fit_overrides)} in {run_dir}")
     measured = train_and_measure(FIT_CONFIG, fit_overrides, run_dir)
     cfg = load_config(str(run_dir.parent / f"{run_dir.name}.yaml"), fit_overrides, validate_paths=False)

@@ -36,8 +36,8 @@ MODELS: dict[str, tuple[str, list[str], dict[str, list[str]]]] = {
                           "rollout.min_new_tokens=64", "rollout.max_model_len=128"],
     }),
     "smollm2": (".cache/tests/smollm2-135m-instruct",
-                ["trainer.prompts_per_step=4", "trainer.group_size=4", "rollout.max_new_tokens=24",
-                 "rollout.min_new_tokens=24", "learner.micro_batch_size=8"], {
+                ["trainer.steps=3", "trainer.prompts_per_step=2", "trainer.group_size=4", "rollout.max_new_tokens=16",
+                 "rollout.min_new_tokens=16", "learner.micro_batch_size=8"], {
         "async": ["trainer.mode=async"],
         "pipeline-2eng": ["trainer.mode=pipeline", "rollout.num_workers=2"],
     }),

@@ -17,13 +17,15 @@ from __future__ import annotations
 from cluster.launch.thread_budget import thread_budget
 
 
-def local_threads(engines: int, ranks: int, reference_actor: bool, mode: str, cores: int) -> dict[str, int]:
-    """Threads per role ("rollout", "learner", "reference") on one node of `cores`, as a run's budget gives them."""
+def local_threads(engines: int, ranks: int, reference_actor: bool, mode: str, cores: int,
+                  pinned: tuple[int, int, int] = (0, 0, 0)) -> dict[str, int]:
+    """Threads per role ("rollout", "learner", "reference") on one node of `cores`, as a run's budget gives them;
+    `pinned`: rollout.threads, learner.threads, reference.threads (> 0 wins over the budget, as in a run)."""
     placement = [{"role": f"rollout-{i}", "node_id": "local", "cores": cores} for i in range(engines)]
     placement += [{"role": f"learner-{i}", "node_id": "local", "cores": cores} for i in range(ranks)]
     if reference_actor:
         placement.append({"role": "reference", "node_id": "local", "cores": cores})
-    budget = thread_budget(mode, placement)
+    budget = thread_budget(mode, placement, dict(zip(("rollout", "learner", "reference"), pinned)))
     return {"rollout": budget["rollout-0"], "learner": budget["learner-0"],
             "reference": budget.get("reference", budget["learner-0"])}
 

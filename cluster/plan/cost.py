@@ -56,6 +56,8 @@ class Workload:
     dtype_bytes: int
     gpu_memory_utilization: float
     eager: bool
+    # rollout.threads, learner.threads, reference.threads (> 0 pins a role's threads; 0: the thread budget)
+    threads: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def sequences(self) -> int:
@@ -180,12 +182,13 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
     train = training_s(speeds, shape, wl, c, cross_node=learner_nodes > 1)
     train_all = None
     if local:  # the cores are shared: each phase at the threads the run's budget gives it (cores.py)
-        th = local_threads(c.engines, c.ranks, c.reference == "actor", c.mode, total_devices)
+        th = local_threads(c.engines, c.ranks, c.reference == "actor", c.mode, total_devices, wl.threads)
         gen_f = speeds.thread_factor("generation", th["rollout"])
         body, tail = body * gen_f, tail * gen_f
         ref *= speeds.thread_factor("learner", th["reference" if c.reference == "actor" else "learner"])
         if c.mode == "async":
-            all_cores = local_threads(c.engines, c.ranks, c.reference == "actor", "sync", total_devices)["learner"]
+            all_cores = local_threads(c.engines, c.ranks, c.reference == "actor", "sync", total_devices,
+                                      wl.threads)["learner"]
             train_all = train * speeds.thread_factor("learner", all_cores)
         train *= speeds.thread_factor("learner", th["learner"])
     if c.colocate:  # our colocate sends the weights through host memory (gloo): NCCL refuses one device twice

@@ -124,6 +124,8 @@ class MeasuredSpeeds:
         if not c or c <= self.calibrated_threads or s <= 0:
             return self.calibrated_threads / max(threads, 1)  # unmeasured: linear in the cores (an assumption)
         t0 = self.calibrated_threads
+        if s < 1:  # more threads were slower (OpenMP's threads waiting on each other on busy cores): as measured
+            return 1 + (1 / s - 1) * min(max(threads - t0, 0), c - t0) / (c - t0)
         # s = A(t0) / A(c); solve for f, then A(t) / A(t0)
         f = (1 - s) / ((1 - s) - (1 / t0 - s / c)) if (1 - s) - (1 / t0 - s / c) else 1.0
         f = min(max(f, 0.0), 1.0)

@@ -35,6 +35,8 @@ def test_the_threads_a_run_gives_each_side():
     assert local_threads(2, 1, False, "sync", 2)["rollout"] == 1
     assert local_threads(1, 1, False, "async", 2) == {"rollout": 1, "learner": 1, "reference": 1}
     assert local_threads(1, 1, True, "pipeline", 4)["learner"] == 2
+    # rollout.threads / learner.threads pin a role, as in a run (the calibration's fit run pins both to 1)
+    assert local_threads(1, 1, False, "sync", 2, (1, 1, 0)) == {"rollout": 1, "learner": 1, "reference": 1}
 
 
 def test_overlapping_sides_contend_for_the_cores():
@@ -52,6 +54,10 @@ def test_thread_factor_follows_amdahl_from_the_measured_speedup():
     s = MeasuredSpeeds(_profile(), shape)
     assert s.thread_factor("learner", 2) == pytest.approx(1 / 1.8) and s.thread_factor("learner", 1) == 1.0
     assert s.thread_factor("learner", 4) < 1 / 1.8  # beyond the measured cores, the same parallel share
+    # more threads measured slower (busy cores): the time grows as measured, to 1 / s at every core
+    slower = MeasuredSpeeds(_profile(thread_speedup={"generation": 0.5, "learner": 0.25, "threads": 2}), shape)
+    assert slower.thread_factor("generation", 2) == pytest.approx(2.0) and slower.thread_factor("learner", 2) == 4.0
+    assert slower.thread_factor("learner", 1) == 1.0
     unmeasured = MeasuredSpeeds(_profile(thread_speedup={}), shape)
     assert unmeasured.thread_factor("generation", 2) == pytest.approx(0.5)  # linear: an assumption, said in source
 
