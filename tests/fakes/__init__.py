@@ -12,12 +12,14 @@ function of this package, never a method the real actor lacks.
 - engine.py: FakeEngine (actors/rollout.py RolloutWorker).
 - learner.py: FakeLearnerRank (learner/worker.py LearnerWorker), driven through the real LearnerGroup.
 - reference.py: FakeReference (learner/reference.py ReferenceActor).
+- hosts.py: FakeHosts (cluster/launch/hosts.py HostWatch), the nodes Ray marked dead named by the test.
 - scorer.py: FakeScorer (actors/rewards/scorer.py RewardScorer), its rewards combined by the real `combine`.
 """
 from tests.fakes.engine import FakeEngine
+from tests.fakes.hosts import FakeHosts
 from tests.fakes.learner import FakeLearnerRank
 from tests.fakes.ray_like import FakeRef, handle, use_fake_ray
 from tests.fakes.reference import FakeReference
 from tests.fakes.scorer import FakeScorer
 
-__all__ = ["FakeEngine", "FakeLearnerRank", "FakeRef", "FakeReference", "FakeScorer", "handle", "use_fake_ray"]
+__all__ = ["FakeEngine", "FakeHosts", "FakeLearnerRank", "FakeRef", "FakeReference", "FakeScorer", "handle", "use_fake_ray"]

@@ -15,12 +15,18 @@ class FakeEngine(FakeActor):
         self.weight_version = 0  # what it holds: the base weights until an update lands
         self.wrong_weights = False  # its fingerprint will not match what the learner sent (SyncMismatch)
         self.served: list[list[int]] = []  # the seeds of each generate call it answered
+        # a driver that asks one engine more often than this loops (e.g. reviving for ever an engine it never
+        # re-synced): the test fails at once with this, not at its timeout
+        self.max_calls = 50
         self.loop_running, self.in_flight = False, []  # trainer.mode=pipeline's engine loop, its groups
 
     def generate(self, prompts: list[list[int]] | list[str], group_size: int, seeds: list[int] | None = None,
                  greedy: bool = False, max_new_tokens: int | None = None) -> list[PromptRollout]:
         """`group_size` completions per prompt (token i of completion j: 10 + j), at the version it holds."""
         self.served.append(list(seeds or []))
+        if len(self.served) > self.max_calls:
+            raise AssertionError(f"rollout worker {self.index} was asked to generate {len(self.served)} times "
+                                 f"(FakeEngine.max_calls={self.max_calls}): the driver loops")
         return [PromptRollout(p, list(p) if isinstance(p, list) else [1],
                               [Completion([10 + j] * self.completion_len, [-0.5] * self.completion_len, f"c{j}", "stop")
                                for j in range(group_size)], weight_version=self.weight_version)

@@ -16,9 +16,10 @@ import pytest
 
 from actors.rewards.scorer import RewardScorer
 from actors.rollout import RolloutWorker
+from cluster.launch.hosts import HostWatch
 from learner.reference import ReferenceActor
 from learner.worker import LearnerWorker
-from tests.fakes import FakeEngine, FakeLearnerRank, FakeReference, FakeScorer
+from tests.fakes import FakeEngine, FakeHosts, FakeLearnerRank, FakeReference, FakeScorer
 from tests.fakes.ray_like import FakeActor, handle
 
 DRIVER = Path(__file__).resolve().parents[2] / "cluster" / "driver"
@@ -108,6 +109,11 @@ def test_the_fake_scorer_is_the_real_scorers_interface():
     assert sorted(asked - set(dir(FakeScorer({"f": lambda text, fields: 1.0})))) == []
 
 
+def test_the_fake_host_watch_is_the_real_ones_interface():
+    assert drift(FakeHosts, HostWatch) == []
+    assert "where" in assigned_attributes(HostWatch)  # the pool and the comebacks read it
+
+
 def scorer_uses(source: str) -> set[str]:
     """What the source reads of the scorer: `scorer.NAME` or `self.scorer.NAME` (called or handed on)."""
     return {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
@@ -116,8 +122,10 @@ def scorer_uses(source: str) -> set[str]:
 
 def assigned_attributes(cls) -> set[str]:
     """The attributes a class's methods set on `self` (its instance's data: RewardScorer.names)."""
-    targets = [t for node in ast.walk(ast.parse(inspect.getsource(cls))) if isinstance(node, ast.Assign)
-               for target in node.targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+    nodes = list(ast.walk(ast.parse(inspect.getsource(cls))))
+    assigned = [t for node in nodes if isinstance(node, ast.Assign) for t in node.targets]
+    assigned += [node.target for node in nodes if isinstance(node, ast.AnnAssign)]  # self.where: dict = {}
+    targets = [t for target in assigned for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
     return {t.attr for t in targets if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) == "self"}
 
 
