@@ -37,10 +37,10 @@ CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().paren
 # rewrites, at the end of a tier (the e2e section at the end of the e2e tier, after every worker has collected).
 COST_FILE = Path(__file__).resolve().parent.parent / ".cache" / "tests" / "suite-costs.json"
 SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_partition.py", "test_train.py",
-                 "test_recipes_end_to_end.py", "test_external_cluster.py", "test_reliability_round3_runs.py",
+                 "test_recipes_end_to_end.py", "test_external_cluster.py", "test_interrupted_export_and_full_disk.py",
                  "test_slurm.py", "test_safety.py", "test_lora_end_to_end.py", "test_multinode.py",
                  "test_progress_and_throughput.py", "test_reward_faults.py", "test_rollout.py",
-                 "test_environment_failures.py", "test_reliability_runs.py", "test_pipeline_train.py")
+                 "test_environment_failures.py", "test_rerun_export_resume.py", "test_pipeline_train.py")
 
 
 def slowest_first(cost_file: Path = COST_FILE) -> tuple[str, ...]:

@@ -40,9 +40,10 @@ class Console:
         return line
 
 
-def run(args: list, cwd: Path, timeout: float = 900, wrap: list[str] = ()) -> Console:
-    """`raygrpo ARGS` in `cwd` (wrapped in `wrap`, e.g. an `unshare` that mounts a full disk first)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+def run(args: list, cwd: Path, timeout: float = 900, wrap: list[str] = (), env: dict | None = None) -> Console:
+    """`raygrpo ARGS` in `cwd` (wrapped in `wrap`, e.g. an `unshare` that mounts a full disk first), in `env`
+    (default: this process's environment)."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("PYTEST")}
     t0 = time.monotonic()
     proc = subprocess.Popen([*wrap, RAYGRPO, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)

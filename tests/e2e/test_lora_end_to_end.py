@@ -94,7 +94,7 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
 
     The stopped run is a copy of the full run's dir cut back to its step-1 checkpoint (the full run
     checkpoints every step and keeps all three): what a run that stopped after step 1 leaves, for the
-    price of no run. A copied run dir resumes (tests/e2e/test_reliability_runs.py)."""
+    price of no run. A copied run dir resumes (tests/e2e/test_rerun_export_resume.py)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -7,56 +7,31 @@ The same run also shows W&B for real (issue 37): metrics.wandb=true and no W&B A
 that never ran `wandb login`. The run logs offline by itself (saying so and how to upload it), and its
 files read back hold the run name, the config, every step's metrics and the completions table.
 
-One 4-step `raygrpo train` (an evaluation before, at step 2 and after) in a project directory outside
-the checkout, with a built-in and a user's Python reward function. Real Ray, vLLM, DeepSpeed, wandb; the
-offline tiny model. (One run serves both: each claim reads a different output of it.)
+The session's finished run (tests/e2e/finished_run.py: 4 steps, an evaluation before, at step 2 and after, a
+built-in and a user's Python reward function, W&B on without a key) serves every claim: each reads a
+different output of it, and no stack starts here. Real Ray, vLLM, DeepSpeed, wandb; the offline tiny model.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from finished_run import STEPS, WANDB
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb_files import read_offline_run
 
 from cluster.run.metrics import read_metrics
 
 BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parents[2]
-
-BREVITY = '''
-def brevity(completions, **kwargs):
-    return [1.0 / (1 + len(c)) for c in completions]
-'''
 
 
-def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(tmp_path, tiny_model_dir):
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    (proj / "my_rewards.py").write_text(BREVITY)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # no key, no mode: a new user's
-    env["HOME"] = str(tmp_path / "home")  # and no ~/.netrc from an earlier `wandb login`
-    # ... but the caches a machine that ran raygrpo before has (a user's ~/.cache): without them the learner
-    # compiles DeepSpeed's op (about a minute of CPU) and vLLM inspects the model in a subprocess again
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / ".cache").symlink_to(Path.home() / ".cache", target_is_directory=True)
-    out = subprocess.run(
-        [str(BIN / "raygrpo"), "train", str(ROOT / "examples" / "cpu_demo.yaml"), f"model.path={tiny_model_dir}",
-         "trainer.run_dir=runs/progress", "trainer.steps=4", "trainer.prompts_per_step=2", "trainer.group_size=2",
-         "trainer.eval_every=2", "trainer.eval_pass_k=2", "data.num_eval=4", "data.task_digits=1",
-         "trainer.dynamic_sampling=false", "checkpoint.every=0", "rollout.max_new_tokens=4",
-         "rollout.gpu_memory_utilization=0.03", "learner.micro_batch_size=4", "metrics.completions_per_step=2",
-         "metrics.peak_tflops=1.0", "reward.functions=[exact_match, 'my_rewards.py:brevity']", "trainer.halt_after=0",
-         "metrics.wandb=true", "metrics.wandb_project=raygrpo-e2e", "metrics.wandb_run_name=offline-try-1",
-         "metrics.wandb_tags=[e2e]", "algo.beta=0"],  # no reference actor: nothing here is about the KL
-        cwd=proj, env=env, capture_output=True, text=True, timeout=900)
-    console = out.stdout + out.stderr
-    assert out.returncode == 0, console[-5000:]
-    run_dir = proj / "runs" / "progress"
+def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(finished_run):
+    proj, run_dir, out = finished_run
+    console = out.text
+    assert STEPS == 4  # the claims below are about a 4-step run evaluated every 2 steps
 
     # 2. evaluations named as such, with their cost
     assert "evaluating at step 0: 4 held-out prompts, greedy + pass@2 (2 samples each)\n" in console
@@ -67,8 +42,8 @@ def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(tmp
     assert [e["step"] for e in evals] == [0, 2, 4] and all(e["eval_s"] > 0 and "pass@2" in e for e in evals)
 
     # 1 and 3. the progress line: generation tokens/s on every step, an ETA from the third on
-    lines = {int(m[1]): m[0] for m in re.finditer(r"^step (\d)/4 .*$", out.stdout, flags=re.M)}
-    assert sorted(lines) == [1, 2, 3, 4], out.stdout
+    lines = {int(m[1]): m[0] for m in re.finditer(r"^step (\d)/4 .*$", console, flags=re.M)}
+    assert sorted(lines) == [1, 2, 3, 4], console
     assert all(re.search(r"  gen \d+ tok/s", line) for line in lines.values()), lines
     assert ["eta " in lines[s] for s in (1, 2, 3, 4)] == [False, False, True, True], lines
 
@@ -82,7 +57,7 @@ def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(tmp
         assert not [k for k in r if k.startswith("rewards/") and k.count("/") != 2]
     logged = [json.loads(x) for x in (run_dir / "completions.jsonl").read_text().splitlines()]
     assert logged and all(set(c["rewards"]) == {"exact_match", "brevity"} for c in logged)
-    shown = subprocess.run([str(BIN / "raygrpo"), "show", "runs/progress", "-n", "1"], cwd=proj,
+    shown = subprocess.run([str(BIN / "raygrpo"), "show", str(run_dir.relative_to(proj)), "-n", "1"], cwd=proj,
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"\(exact_match [\d.]+, brevity [\d.]+\)", shown.stdout) and "my_rewards.py" not in shown.stdout
@@ -94,9 +69,9 @@ def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(tmp
     named = re.search(r"`wandb sync (\S+)/wandb/offline-run-\*`", console)
     assert named and (proj / named[1]).resolve() == run_dir.resolve(), console[-3000:]
     run = read_offline_run(run_dir)
-    assert run["name"] == "offline-try-1" and run["project"] == "raygrpo-e2e"
+    assert run["name"] == WANDB["wandb_run_name"] == "offline-try-1" and run["project"] == "raygrpo-e2e"
     assert run["config"]["trainer"]["steps"] == 4 and run["config"]["metrics"]["wandb_run_name"] == "offline-try-1"
-    assert run["config"]["model"]["path"] == str(tiny_model_dir)
+    assert Path(run["config"]["model"]["path"]).resolve() == (proj / "model").resolve()  # made absolute
     wandb_logged = {}  # step -> every key logged at it (one wandb.log call per kind)
     for row in run["history"]:
         wandb_logged.setdefault(row["_step"], {}).update(row)

@@ -14,7 +14,7 @@ import shutil
 import pytest
 import yaml
 from console import full_disk_wrapper, run
-from finished_run import STEPS, copy_run
+from finished_run import STEPS, copy_run, new_users_env
 
 from learner.hf_dir import hf_dir_problem
 
@@ -51,7 +51,7 @@ def test_a_driver_killed_during_the_final_export_is_finished_by_the_rerun(finish
         (hf / "model.safetensors").write_bytes(weights[: len(weights) // 3])
     else:
         (hf / "model.safetensors").unlink()
-    out = run(["train", "run.yaml", f"trainer.run_dir={run_dir.relative_to(home)}"], home)
+    out = run(["train", "run.yaml", f"trainer.run_dir={run_dir.relative_to(home)}"], home, env=new_users_env(home))
     out.report(f"rerun after an export killed ({torn})")
     assert out.returncode == 0, out.text[-3000:]
     assert "(the run stopped during its final export?): exporting it again from" in out.text, out.text[-3000:]

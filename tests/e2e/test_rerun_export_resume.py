@@ -5,8 +5,8 @@ One real run (Ray, vLLM, DeepSpeed) for the session (tests/e2e/finished_run.py),
 it: the console script, from the user's directory, with a config there whose paths are relative to it
 (they cross into the actors, so they must be made absolute first). Its model declares no EOS (case 7), so
 the same run shows the warning. The tests that change a run, or rerun one, work on copies of it: under
-`make test` the tests of test_reliability_round3_runs.py read and copy the same run from the other pytest
-worker at the same time.
+`make test` the tests of test_interrupted_export_and_full_disk.py and test_progress_and_throughput.py read
+and copy the same run from the other pytest worker at the same time.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from console import full_disk_wrapper, run
-from finished_run import STEPS, copy_run
+from finished_run import STEPS, copy_run, new_users_env
 
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 from learner import checkpoint
@@ -49,7 +49,7 @@ def test_a_finished_run_rerun_says_so_and_redoes_nothing(finished):
     run_dir = copy_run(home, finished_dir, "rerun")
     before = {f: f.stat().st_mtime_ns for f in run_dir.rglob("*") if f.is_file() and f.name != "config.yaml"}
     metrics = (run_dir / "metrics.jsonl").read_bytes()
-    out = run(["train", "run.yaml", f"trainer.run_dir={run_dir.relative_to(home)}"], home)
+    out = run(["train", "run.yaml", f"trainer.run_dir={run_dir.relative_to(home)}"], home, env=new_users_env(home))
     out.report("rerun of a finished run")
     assert out.returncode == 0, out.text[-3000:]
     assert f"run dir {run_dir} already finished its {STEPS} steps" in out.text and "nothing to do" in out.text
@@ -66,7 +66,7 @@ def test_export_never_deletes_a_run_and_overwrite_moves_the_old_target_aside(fin
     home = tmp_path / "user"
     run_dir = home / "runs" / "first"
     shutil.copytree(finished_dir, run_dir)
-    first = run_dir / "checkpoints" / checkpoint.step_dir_name(1)
+    first = run_dir / "checkpoints" / checkpoint.step_dir_name(STEPS - 1)  # the older of the two kept (checkpoint.keep)
     listing = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     for target in (run_dir, home, first, run_dir / "checkpoints"):  # a run dir, one holding it, the checkpoint
         out = run(["export", first, target, "--overwrite"], home)
@@ -117,18 +117,21 @@ def test_a_checkpoint_of_another_model_is_refused_before_any_actor(finished, tmp
 def test_a_copied_run_dir_with_a_torn_and_a_lost_row_resumes_and_restores_both(finished):
     """Case 10: a copied or moved run dir could not be resumed (its own path was part of the config check).
     Case 3: a torn last row of metrics.jsonl was moved aside for good when its step had a checkpoint.
-    The copy loses row 1 and has row 2 cut short; resumed with one more step, its raw metrics.jsonl
-    holds steps 1, 2, 3 once each, rows 1 and 2 as they were written."""
+    The copy loses its first row and has its second cut short (every later row lost); resumed with one more
+    step, its raw metrics.jsonl holds every row it had, as it was written, then the new step's, once each."""
     home, run_dir, _ = finished
     copy = home / "runs" / "copied"
     shutil.copytree(run_dir, copy)
     original = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
     (copy / "metrics.jsonl").write_text(original[1][:50])
-    out = run(["train", "run.yaml", f"trainer.run_dir={copy.relative_to(home)}", f"trainer.steps={STEPS + 1}"], home)
+    out = run(["train", "run.yaml", f"trainer.run_dir={copy.relative_to(home)}", f"trainer.steps={STEPS + 1}"], home,
+              env=new_users_env(home))
     out.report("resume of a copied run dir")
     assert out.returncode == 0, out.text[-3000:]
     assert f"resumed from {copy / 'checkpoints' / checkpoint.step_dir_name(STEPS)} at step {STEPS}" in out.text
-    assert "restored 2 row(s)" in out.text
+    assert f"restored {len(original)} row(s)" in out.text, out.text[-3000:]
     raw = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
-    assert [json.loads(r)["step"] for r in raw] == [1, 2, 3] and raw[:2] == original
+    assert raw[:len(original)] == original
+    trained = [json.loads(r)["step"] for r in raw if json.loads(r).get("kind", "train") == "train"]
+    assert trained == list(range(1, STEPS + 2))
     assert (copy / "metrics.jsonl.superseded").read_text() == original[1][:50] + "\n"
