@@ -3,8 +3,8 @@ and six broken ones (a 500, an answer that is not JSON, NaN, strings, booleans, 
 plus a URL where nothing listens; the verifiers are local HTTP servers on 127.0.0.1 started here.
 A user's Python function that raises on every call is one more broken function of the same run (it
 runs in the reward worker processes, the verifiers in the driver): its error is said, and the halt
-names it with its message. (A run whose only function fails every call stops at step 1: the
-hostile-function runs of tests/e2e/test_reward_faults.py.)
+names it with its message. (A run whose only function fails every call stops at step 1: the hanging
+function's run of tests/e2e/test_reward_faults.py.)
 
 Each broken function fails alone: the steps go on with the two that work (their weights renormalised),
 each step's metrics row carries every function's error count, and after `trainer.halt_after` steps in a
@@ -125,6 +125,7 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
         assert why in halt[0], (n, halt[0])
     assert "for 2 consecutive steps" in halt[0] and "step-00000002 was saved" in halt[0]
     assert (home / "runs" / "verifiers" / "config.yaml").exists()  # what was written stays
+    assert not (home / "runs" / "verifiers" / "raygrpo.lock").exists()  # a halted run releases its lock
     assert servers.requests["/e500"] == 2 * 2 * 2  # 2 steps x 2 requests x (1 try + 1 retry: http_max_retries)
     assert servers.requests["/ok"] == 2 * 2
 

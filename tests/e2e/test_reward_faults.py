@@ -1,9 +1,16 @@
-"""Hostile and hanging reward code in real runs, through the CLI, as the adversary found them (issue 30):
-a function that kills its parent, one that kills its parent now and then, one that hangs on every call.
+"""Hanging reward code in a real run, through the CLI, as the adversary found it (issue 30): a function that
+hangs on every call.
 
-The one that kills its parent now and then is tested in tests/e2e/test_reward_verifier.py, in the
-verifier's run (one CLI run, with its Ray cluster, engine and learner, serves both): the verifier runs
-in the driver, the function in the worker processes it kills."""
+The other hostile functions of issue 30 are shown in runs that start anyway (each CLI run starts its own Ray
+cluster, engine and learner):
+  - one that kills its parent now and then: tests/e2e/test_reward_verifier.py, in the verifier's run (the
+    verifier runs in the driver, the function in the worker processes it kills): the driver survives, and
+    "reward process died (exit code -9)" is said;
+  - one that kills its parent on every call: the same kill, on every call, is a failed call like any other
+    (tests/unit/test_reward_isolation.py); a step that no function scored halts the run at once after its
+    metrics row (tests/unit/test_reward_fails_alone.py, the driver's loop over fakes), and a halted run exits 3
+    with its lock released (tests/e2e/test_reward_fails_alone_end_to_end.py).
+"""
 from __future__ import annotations
 
 import re
@@ -28,29 +35,6 @@ def write_run(tmp_path: Path, tiny_model_dir, reward_code: str, *extra: str, pro
         metrics: {{tensorboard: false}}
     """) + "".join(f"{line}\n" for line in extra))
     return cfg
-
-
-def test_a_reward_that_kills_its_parent_cannot_take_the_driver_down(tiny_model_dir, tmp_path):
-    """The case as found: os.kill(os.getppid(), SIGKILL) on every call ended the run with exit 137, no
-    message, a stale lock. Now each call's worker dies alone: every call is an error, so no function
-    scored any sample and the run halts after step 1's metrics row with the reason (exit 3, issue 36), the
-    lock released."""
-    cfg = write_run(tmp_path, tiny_model_dir, """
-        import os, signal, time
-
-        def reward(prompt, completion, **kw):
-            os.kill(os.getppid(), signal.SIGKILL)
-            time.sleep(1)  # dies here (its keeper is gone); without it a call may still send its 1.0 first
-            return 1.0
-    """, "reward: {functions: [my_reward.py:reward], num_procs: 2}")
-    out = run_cli("train", cfg, cwd=tmp_path)
-    assert out.returncode == 3, (out.returncode, out.stderr[-2000:])
-    assert "raygrpo: run halted: no reward function scored any sample at step 1 (each got reward.fallback): " \
-           "the reward function reward failed every call (16 error(s)), first: reward process died" in out.stderr
-    assert "reward process died (exit code -9)" in out.stderr
-    [row] = read_metrics(tmp_path / "run")  # the step's row, written before the halt
-    assert row["step"] == 1 and row["rewards/reward/errors"] == 16 and row["update_skipped"] is True
-    assert not (tmp_path / "run" / "raygrpo.lock").exists() and (tmp_path / "run" / "config.yaml").exists()
 
 
 def test_a_reward_that_hangs_on_every_call_stops_the_run_naming_it_and_its_timeout(tiny_model_dir, tmp_path):
