@@ -2,8 +2,8 @@
 starts one (its own process on 127.0.0.1): what it receives, its nulls, its 500s, a hung request,
 and a verifier that refuses raygrpo's credentials.
 
-The verifier's run also carries a user reward function that kills its parent now and then (issue 30,
-the case of tests/e2e/test_reward_faults.py) and `format`: one run, started once for both claims
+The verifier's run also carries a user reward function that kills its parent now and then (issue 30;
+tests/e2e/test_reward_faults.py says where its other hostile functions are tested) and `format`: one run, started once for both claims
 (each CLI run starts its own Ray cluster, engine and learner). The verifier runs in the driver, on
 threads (actors/rewards/http.py); the Python function runs in the isolated worker processes
 (actors/rewards/pool.py) whose keeper it kills, so neither can touch the other. Each test reads its
@@ -73,7 +73,7 @@ def start(args: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 # Kills its parent (its worker's keeper) on every call for prompts "a+b=" with a = 1 or 3 (a fifth of
-# them, every call of their group); scores the others like exact_match (test_reward_faults.py's case).
+# them, every call of their group); scores the others like exact_match (issue 30's case).
 KILLER = textwrap.dedent("""
     import os, signal, time
 
@@ -149,7 +149,7 @@ def test_a_verifier_gets_the_columns_its_nulls_are_left_out_its_500s_retried_its
 
 
 def test_a_reward_that_kills_its_parent_now_and_then_costs_only_those_calls(mixed_run):
-    """(issue 30; the other hostile functions are in tests/e2e/test_reward_faults.py) Each call that kills
+    """(issue 30; tests/e2e/test_reward_faults.py says where the other hostile functions are tested) Each call that kills
     its worker's keeper is an error for that call alone: the run ends, format never fails."""
     tmp_path, out, _ = mixed_run
     assert out.returncode == 0, out.stderr[-3000:]
