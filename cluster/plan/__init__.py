@@ -6,7 +6,9 @@ memory.py    bytes per device: the learner's states by ZeRO stage and offload, i
              weights and KV cache
 profile.py   the speeds a prediction uses: measured (`raygrpo bench --calibrate`) or derived from a spec
 cost.py      seconds per phase of one step, and the waits of each schedule
-search.py    the candidates (engines x TP, learner ranks, ZeRO stage, micro-batch, schedule), weighed
+cores.py     on `local`: the threads each side gets and how overlapping sides share the cores
+fit.py       the calibration's run fit: a real run's phases over what the profile's points predict for it
+search.py    the candidates (engines x TP, learner ranks, ZeRO stage, micro-batch, schedule, colocated), weighed
 command.py   the command: print, --json, --write
 published.py published GRPO runs set against the prediction (docs/plan.md's table)
 """
