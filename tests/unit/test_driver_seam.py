@@ -149,19 +149,37 @@ def test_an_engine_restarted_between_calls_answers_stale_and_is_resynced_before_
 def test_an_engine_dead_past_rollout_max_restarts_leaves_the_fleet_until_rollout_min_workers(
         tmp_path, monkeypatch, capsys):
     """Issue 59 item 3 at the seam: engine 2 dies for good after step 1 (Ray's DEAD: its restart budget spent).
-    The run goes on with 2 of 3 engines (rollout.min_workers=2), its prompts served by the others and the
-    updates sent to those two only; when engine 1 dies too, the run fails naming rollout.min_workers."""
-    r = run(tmp_path, monkeypatch, engines=3, min_workers=2, steps=4,
-            faults={1: lambda run: die(run.engines[2]), 2: lambda run: None, 3: lambda run: die(run.engines[1])})
+    Step 2's generation finds it: it leaves the fleet, its prompt is served by the others, and the transfer group
+    is rebuilt without it before the update (which does not fail first). The run goes on with 2 of 3 engines
+    (rollout.min_workers=2); when engine 1 dies too, the run fails naming rollout.min_workers."""
+    r = run(tmp_path, monkeypatch, engines=3, min_workers=2, steps=4, prompts=3,
+            faults={1: lambda run: die(run.engines[2]), 3: lambda run: die(run.engines[1])})
     with pytest.raises(ActorFailed, match=r"fewer than rollout.min_workers=2 engine\(s\) would generate"):
         train(r)
     rows = read_metrics(tmp_path)
     assert [row["rollout/live_engines"] for row in rows] == [3, 2, 2] and len(r.rank.batches) == 3
     assert all(row["staleness"] == 0 and row["sync_verified"] is True for row in rows)
-    assert "rollout worker 2 left the fleet (died for good" in capsys.readouterr().out
-    assert [h.actor.index for h in r.rank.engines] == [0, 1]  # the transfer group rebuilt without it
+    said = capsys.readouterr().out
+    assert "rollout worker 2 left the fleet (died for good" in said
+    assert "to the rollout engines failed" not in said  # rebuilt before the next update, not after it failed
+    assert [h.actor.index for h in r.rank.engines] == [0, 1]  # the transfer group without it
     assert [e.weight_version for e in r.engines] == [3, 3, 1]
-    assert len(r.engines[0].served[-1]) + len(r.engines[1].served[-1]) == 2  # every prompt of step 3 served
+    assert [len(b.prompt_ids) for b in r.rank.batches] == [3 * G] * 3  # every step trained all 3 prompts' groups
+
+
+def test_an_engine_dead_with_no_share_of_the_step_is_found_by_the_update_which_goes_again_without_it(
+        tmp_path, monkeypatch, capsys):
+    """2 prompts over 3 engines: engine 2 generates nothing at step 2, so its death (for good) is found by the
+    weight update. The engines are checked, it leaves the fleet, and the update goes again to the other two,
+    verified: the step is not lost and the learner is not restarted."""
+    r = run(tmp_path, monkeypatch, engines=3, min_workers=2, steps=3, prompts=2,
+            faults={1: lambda run: die(run.engines[2])})
+    rows = train(r)
+    assert [row["rollout/live_engines"] for row in rows] == [3, 2, 2] and len(r.rank.batches) == 3
+    assert all(row["sync_verified"] is True for row in rows) and [e.weight_version for e in r.engines] == [3, 3, 1]
+    said = capsys.readouterr().out
+    assert "sending weights version 2 to the rollout engines failed" in said and "it goes again (2/4)" in said
+    assert "rollout worker 2 left the fleet (died for good" in said
 
 
 def test_a_reward_function_failing_alone_is_left_out_then_the_guard_saves_a_checkpoint_before_it_halts(
