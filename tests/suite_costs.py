@@ -243,6 +243,10 @@ class SuiteCostsPlugin:
             self.costs.add(report)
 
     def pytest_sessionfinish(self, session):
+        # Every test's teardown report has taken its starts by now. Removed here, not only at unconfigure: an
+        # xdist worker's unconfigure comes after it told the controller it finished, and a busy machine's
+        # controller may end it first (execnet's 10 s exit timeout), which left the ledger behind.
+        self.ledger.unlink(missing_ok=True)
         if self.is_worker:
             return
         workers = getattr(self.config.option, "numprocesses", None)  # pytest-xdist's -n, resolved to a number
