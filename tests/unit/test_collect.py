@@ -233,7 +233,7 @@ def test_collect_stats_metrics():
 @pytest.mark.parametrize("learner_metrics", [
     {"loss": 0.1, "pg_loss": 0.1, "kl": 0.0, "clip_frac": 0.0, "entropy": 1.0, "grad_norm": 1.0, "lr": 1e-6,
      "ratio_mean": 1.0, "tis_weight_mean": 1.0, "logprob_diff_mean": 1e-5, "logprob_diff_max": 1e-4, "tokens": 9,
-     "seconds": 0.1, "sync": {"bytes": 10}, "train_threads_max": 1},
+     "seconds": 0.1, "sync": {"bytes": 10}, "train_threads_max": 1, "learner_peak_bytes": 1e8},
     {"skipped": True},  # nothing to train on
 ])
 def test_step_metrics_are_exactly_the_declared_keys(learner_metrics):
