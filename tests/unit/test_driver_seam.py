@@ -19,6 +19,7 @@ from cluster.driver.comebacks import Comebacks
 from cluster.driver.context import RunContext
 from cluster.driver.engine_weights import EngineWeights, WeightVersions
 from cluster.driver.placement_record import PlacementRecord
+from cluster.driver.reference import ReferenceLogprobs
 from cluster.driver.rollout_pool import RolloutPool
 from cluster.driver.schedules import SCHEDULES
 from cluster.driver.trainer import Trainer
@@ -26,7 +27,7 @@ from cluster.driver.worker_groups import LearnerGroup
 from cluster.launch.waits import ActorFailed
 from cluster.run.health import HealthMonitor, TrainingHalted
 from cluster.run.metrics import MetricsLogger, read_metrics
-from tests.fakes import FakeEngine, FakeHosts, FakeLearnerRank, FakeScorer, handle, use_fake_ray
+from tests.fakes import FakeEngine, FakeHosts, FakeLearnerRank, FakeReference, FakeScorer, handle, use_fake_ray
 from tests.fakes.ray_like import come_back, die
 from tests.unit.test_collect import FakeStream
 
@@ -39,10 +40,11 @@ def reward_of_completion(text: str, fields: dict) -> float:
 
 
 def run(tmp_path, monkeypatch, *, engines=2, min_workers=1, steps=2, halt_after=3, functions=None,
-        prompts=2, faults=None) -> SimpleNamespace:
+        prompts=2, faults=None, reference=None) -> SimpleNamespace:
     """A run of `steps` sync steps over fakes: `engines` FakeEngines in the real RolloutPool, one FakeLearnerRank
     behind the real LearnerGroup, the real EngineWeights and Comebacks between them; every prompt's completions
-    score 1 and 0 (a learning signal in each group). `faults`: {step: fn(run)}, run once step's update is done."""
+    score 1 and 0 (a learning signal in each group). `faults`: {step: fn(run)}, run once step's update is done;
+    `reference`: a FakeReference as the reference actor (its log-probs fetched while collecting)."""
     import ray
 
     use_fake_ray(monkeypatch)
@@ -72,7 +74,8 @@ def run(tmp_path, monkeypatch, *, engines=2, min_workers=1, steps=2, halt_after=
     ctx = RunContext(cfg, tmp_path, stream, scorer, eos_id=9, env_notes=EnvironmentNotes(cfg.rollout.max_model_len),
                      actors=SimpleNamespace(reference=None, learners=[handle(rank)]), placement=placement, hosts=hosts,
                      threads=threads, lend={}, learner_params=None, learners=learners, pool=pool, versions=versions,
-                     weights=weights, comebacks=comebacks, restarts=None, reference=None)
+                     weights=weights, comebacks=comebacks, restarts=None,
+                     reference=ReferenceLogprobs(handle(reference), 10.0) if reference is not None else None)
     trainer = Trainer.__new__(Trainer)  # what _setup and start_run would build, built above over the fakes
     trainer.cfg, trainer.run_dir, trainer.step, trainer.ctx, trainer.versions = cfg, tmp_path, 0, ctx, versions
     trainer.stream, trainer.scorer, trainer.heldout, trainer.pad_id = stream, scorer, None, 0
@@ -219,3 +222,14 @@ def test_a_step_that_sent_no_update_has_no_sync_verified(tmp_path, monkeypatch):
         train(r)
     [row] = read_metrics(tmp_path)
     assert row["update_skipped"] is True and row["sync_verified"] is None and r.rank.batches == []
+
+
+def test_the_reference_actors_log_probs_reach_the_learner_with_the_batch_and_its_death_is_named(tmp_path, monkeypatch):
+    """The reference actor's log-probs, one per completion token, are fetched while collecting and trained with;
+    a reference actor that died fails the step naming it (cluster/driver/reference.py, without its RestartWatch)."""
+    ref = FakeReference(logprob=-0.25)
+    r = run(tmp_path, monkeypatch, steps=2, reference=ref, faults={1: lambda run: die(ref)})
+    with pytest.raises(ActorFailed, match="reference actor .*computing reference log-probs"):
+        train(r)
+    [batch] = r.rank.batches
+    assert batch.ref_logp == [[-0.25, -0.25]] * (2 * G) and ref.asked == [2 * G]
