@@ -1,18 +1,14 @@
-"""FakeHosts: cluster/launch/hosts.py HostWatch without Ray's node table: the nodes named in `dead` are lost."""
+"""FakeHosts: cluster/launch/hosts.py HostWatch without Ray's node table: the nodes named in `dead` are lost.
+Where each actor is (`place`, `forget`) is HostWatch's own bookkeeping; only what reads Ray's table is faked."""
 from __future__ import annotations
 
+from cluster.launch.hosts import HostWatch
 
-class FakeHosts:
+
+class FakeHosts(HostWatch):
     def __init__(self):
-        self.where: dict[str, str] = {}  # actor name -> node id
+        super().__init__()
         self.dead: set[str] = set()  # node ids Ray marked dead
-
-    def place(self, actor: str, node_id: str | None) -> None:
-        if node_id:
-            self.where[actor] = node_id
-
-    def forget(self, actor: str) -> None:
-        self.where.pop(actor, None)
 
     def host_lost(self, actor: str) -> bool:
         return self.where.get(actor) in self.dead
