@@ -29,7 +29,12 @@ def start_ranks(ray, model_dir, cfg: LearnerConfig, algo: AlgoConfig, *, total_s
     key = learner_port_key()
     ranks = [actor.remote(str(model_dir), cfg, algo, rank=r, world_size=cfg.num_ranks, master_addr="127.0.0.1",
                           master_port=0, port_key=key, total_steps=total_steps, seed=seed) for r in range(cfg.num_ranks)]
-    ray.get([w.info.remote() for w in ranks])
+    # Bounded: one run of the whole suite (session 19) waited here over 15 minutes on a rank that had finished
+    # its constructor, and pytest-timeout's alarm never reached the blocked ray.get; a named failure instead.
+    ready, _ = ray.wait([w.info.remote() for w in ranks], num_returns=len(ranks), timeout=300)
+    if len(ready) < len(ranks):
+        raise TimeoutError(f"{len(ranks) - len(ready)} of {len(ranks)} learner ranks did not answer info() in 300 s")
+    ray.get(ready)  # a constructor's error, raised here
     return ranks
 
 
