@@ -196,24 +196,44 @@ def verify(converted, reference, tokenizer) -> Verification:
     return Verification(max_logit_diff=diff, greedy_text=greedy_answer(converted, tokenizer))
 
 
-def load_gguf(gguf_path: Path):
-    """(model, tokenizer) as transformers dequantizes them from the GGUF file."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_gguf_model(gguf_path: Path):
+    """The model as transformers dequantizes it from the GGUF file (~14 s on 2 cores, most of it reading the
+    file's metadata in Python, twice: once for the config, once for the weights)."""
+    from transformers import AutoModelForCausalLM
 
     require_gguf_package()
-    src, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
-    return AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32).eval(), tokenizer
+    return AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32).eval()
+
+
+def load_gguf(gguf_path: Path):
+    """(model, tokenizer) as transformers dequantizes them from the GGUF file."""
+    from transformers import AutoTokenizer
+
+    model = load_gguf_model(gguf_path)
+    return model, AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
 
 
 def check_against_gguf(model_dir: Path, gguf_path: Path, gguf_model=None) -> Verification:
-    """Load the HF directory as any user would and verify it against the GGUF-loaded model."""
+    """Load the HF directory as any user would and verify it against the GGUF-loaded model. The GGUF's own
+    tokenizer is not loaded (4 s rebuilding its BPE from the file's metadata): the prompt is the directory's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if gguf_model is None:
-        gguf_model, _ = load_gguf(gguf_path)
+        gguf_model = load_gguf_model(gguf_path)
     converted = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     return verify(converted, gguf_model, AutoTokenizer.from_pretrained(model_dir))
+
+
+# The checks that this process's conversions made, by finished directory: the same files loaded from disk as
+# a user would and compared with the same GGUF-loaded model, just before the directory was renamed into place.
+CHECKED_AT_CONVERSION: dict[Path, Verification] = {}
+
+
+def verification(model_dir: Path, gguf_path: Path) -> Verification:
+    """`model_dir` checked against the GGUF: the check its conversion made if that ran in this process (a fresh
+    clone's first test converts; loading the GGUF again would repeat it, ~20 s), else one made now."""
+    done = CHECKED_AT_CONVERSION.get(Path(model_dir).resolve())
+    return done if done is not None else check_against_gguf(Path(model_dir), gguf_path)
 
 
 def convert(gguf_path: Path, out: Path) -> Verification:
@@ -241,6 +261,7 @@ def convert(gguf_path: Path, out: Path) -> Verification:
         make_readable(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it 0700
         os.replace(tmp, out)
+        CHECKED_AT_CONVERSION[out.resolve()] = result
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -122,3 +122,16 @@ def test_a_missing_gguf_package_says_how_to_install(monkeypatch):
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SmolLM2Unavailable, match=r"\.\[realmodel\]"):
         smollm2.require_gguf_package()
+
+
+def test_a_conversion_made_here_is_not_checked_twice_and_any_other_directory_is(tmp_path, monkeypatch):
+    """The e2e conversion test reads the check its fixture's conversion made in the same process (a fresh
+    clone: the GGUF loaded again would only repeat it); a directory converted elsewhere is checked now."""
+    made = []
+    monkeypatch.setattr(smollm2, "check_against_gguf", lambda d, g: made.append((d, g)) or Verification(1.0, "x"))
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    at_conversion = Verification(0.0, "The capital of France is Paris.")
+    monkeypatch.setitem(smollm2.CHECKED_AT_CONVERSION, here.resolve(), at_conversion)
+    assert smollm2.verification(here, tmp_path / "m.gguf") is at_conversion and made == []
+    assert smollm2.verification(elsewhere, tmp_path / "m.gguf") == Verification(1.0, "x")
+    assert made == [(elsewhere, tmp_path / "m.gguf")]
