@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from engine_pool import EnginePool
 from filelock import FileLock
 from finished_run import finish_a_run, once_for_the_session
 
@@ -71,6 +72,16 @@ def ray_cluster():
     record_start(RAY_CLUSTER, how="the e2e session's cluster")  # the suite's cost file (tests/suite_costs.py)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_pool(ray_cluster):
+    """Warm RolloutWorker engines shared by the engine-level files (tests/e2e/engine_pool.py): each lease is checked
+    clean (base weights at version 0, the pool's config) and put back so; one pool per pytest process (per xdist
+    worker under `make test`), its engines started when first leased."""
+    pool = EnginePool(ray_cluster)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(scope="session")
