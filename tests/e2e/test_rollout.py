@@ -1,18 +1,17 @@
 """RolloutWorker in Ray with a real vLLM engine on the tiny model.
 
-Two engines for the whole module (starting one costs seconds): `skip` handles over-long
-prompts by skipping them, `strict` by raising. `strict` also has a stop string that never occurs
-(NEVER), which turns vLLM's own detokenizing on without changing a sampled token: the two engines
-then also serve the fast-text-path check on the tiny model (test_text_without_stop_strings_is_vllms_own),
-and the tests that compare their samples (across engines, a shared batch) still see the same tokens.
+Two warm engines leased from the session's pool (tests/e2e/engine_pool.py) for the whole module: `skip` handles
+over-long prompts by skipping them, `strict` by raising. `strict` also has a stop string that never occurs
+(NEVER), which turns vLLM's own detokenizing on without changing a sampled token: the two engines then also
+serve the fast-text-path check on the tiny model (test_text_without_stop_strings_is_vllms_own), and the tests
+that compare their samples (across engines, a shared batch) still see the same tokens. Those are call-time
+settings (engine_pool.CALL_TIME_FIELDS), set on the pooled engines and put back by the pool at the module's end.
 """
 from __future__ import annotations
 
 import pytest
 
 from actors.completions import split_evenly
-from actors.config import RolloutConfig
-from actors.rollout import RolloutWorker
 from cluster.models.tinymodel import build_tokenizer
 
 EOS = 1  # cluster/models/tinymodel.py
@@ -22,19 +21,13 @@ NEVER = "\x07never\x07"  # a stop string the samples here never hold (BEL is no 
 
 
 @pytest.fixture(scope="module")
-def workers(ray_cluster, tiny_model_dir):
+def workers(engine_pool, tiny_model_dir):
     import ray
 
-    def start(index, long_prompt, stop):
-        cfg = RolloutConfig(max_model_len=128, max_new_tokens=MAX_NEW, cpu_kv_cache_mb=64, long_prompt=long_prompt,
-                            stop=stop)
-        return ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), cfg, worker_index=index)
-
-    skip, strict = start(0, "skip", []), start(1, "error", [NEVER])
-    ray.get([skip.info.remote(), strict.info.remote()])  # both engines up
-    yield ray, skip, strict
-    for w in (skip, strict):
-        ray.kill(w)
+    with engine_pool.lease(tiny_model_dir, 2) as (skip, strict):
+        engine_pool.configure(skip, max_new_tokens=MAX_NEW, long_prompt="skip")
+        engine_pool.configure(strict, max_new_tokens=MAX_NEW, long_prompt="error", stop=[NEVER])
+        yield ray, skip, strict
 
 
 def test_split_evenly():
@@ -110,9 +103,9 @@ def test_greedy_and_max_new_tokens(workers):
 
 def test_long_prompt_skipped_and_reported(workers):
     ray, skip, _ = workers
-    long = "1+" * 60 + "1="  # 122 tokens > 128 - 16
+    long = "1+" * 248 + "1="  # 498 tokens > 512 - 16 (the pool's max_model_len: engine_pool.POOL_CONFIG)
     rollouts = ray.get(skip.generate.remote(["1+1=", long, "2+2="], 2, seeds=[1, 2, 3]))
-    assert rollouts[1].skipped == "prompt is 122 tokens, limit 112 (max_model_len 128 - max_new_tokens 16)"
+    assert rollouts[1].skipped == "prompt is 498 tokens, limit 496 (max_model_len 512 - max_new_tokens 16)"
     assert rollouts[1].completions == []
     assert rollouts[0].skipped is None and len(rollouts[0].completions) == 2
     assert len(rollouts[2].completions) == 2
@@ -123,8 +116,8 @@ def test_long_prompt_skipped_and_reported(workers):
 
 def test_long_prompt_error_mode(workers):
     ray, _, strict = workers
-    long = "1+" * 60 + "1="
-    with pytest.raises(ValueError, match=r"prompt 1: prompt is 122 tokens, limit 112"):
+    long = "1+" * 248 + "1="
+    with pytest.raises(ValueError, match=r"prompt 1: prompt is 498 tokens, limit 496"):
         ray.get(strict.generate.remote(["1+1=", long], 2))
     # The engine survived and still serves.
     (r,) = ray.get(strict.generate.remote(["1+1="], 2, seeds=[0]))
@@ -142,7 +135,7 @@ def test_two_workers_share_a_batch(workers):
     assert [r.prompt for r in merged] == prompts
     assert all(len(r.completions) == 2 for r in merged)
     infos = ray.get([skip.info.remote(), strict.info.remote()])
-    assert [i["worker_index"] for i in infos] == [0, 1]
+    assert infos[0]["worker_index"] != infos[1]["worker_index"]
     assert infos[0]["pid"] != infos[1]["pid"]
     assert all(i["node_id"] and i["weight_version"] == 0 for i in infos)
 
@@ -157,16 +150,15 @@ def test_seeded_batch_larger_than_one_engine_step(workers):
     assert all(len(r.completions) == 4 and not r.skipped for r in rollouts)
 
 
-def test_min_new_tokens_keeps_sampling_past_eos(workers, tiny_model_dir):
+def test_min_new_tokens_keeps_sampling_past_eos(workers, engine_pool):
     """rollout.min_new_tokens: no sampled completion ends before it (vLLM min_tokens masks EOS);
     greedy calls are not affected. Same prompts and seeds as a worker without it, which does stop
-    early (the random tiny model emits EOS now and then: 19 of 40 samples within 64 tokens)."""
-    ray, skip, _ = workers
+    early (the random tiny model emits EOS now and then: 19 of 40 samples within 64 tokens). The worker
+    with it is the module's second engine, set so for this test only (a call-time setting)."""
+    ray, skip, strict = workers
 
     n = 64
-    cfg = RolloutConfig(max_model_len=128, max_new_tokens=n, min_new_tokens=n, cpu_kv_cache_mb=64)
-    w = ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), cfg, worker_index=2)
-    try:
+    with engine_pool.configured(strict, max_new_tokens=n, min_new_tokens=n) as w:
         seeds = list(range(len(PROMPTS)))
         free, held = ray.get([x.generate.remote(PROMPTS, 8, seeds=seeds, max_new_tokens=n) for x in (skip, w)])
         assert any(c.finish_reason == "stop" and len(c.token_ids) < n for r in free for c in r.completions)
@@ -175,15 +167,16 @@ def test_min_new_tokens_keeps_sampling_past_eos(workers, tiny_model_dir):
                 assert len(c.token_ids) == n and c.finish_reason == "length" and EOS not in c.token_ids
         greedy = ray.get([x.generate.remote(PROMPTS, 1, greedy=True, max_new_tokens=n) for x in (skip, w)])  # unchanged
         assert [r.completions[0].token_ids for r in greedy[0]] == [r.completions[0].token_ids for r in greedy[1]]
-    finally:
-        ray.kill(w)
 
 
-def _text_paths_agree(ray, fast, vllm_text, char_level: bool) -> None:
-    """`fast` (no stop strings) and `vllm_text` (a stop string that never occurs) sample the same
-    tokens for the same seeds; their texts must agree as test_text_without_stop_strings_is_vllms_own says."""
-    prompts = ["1+2=", "hello", "10+20=", "what is 7*8?"]
-    a, b = ray.get([w.generate.remote(prompts, 6, seeds=[11, 12, 13, 14], max_new_tokens=48) for w in (fast, vllm_text)])
+def _sample_texts(worker):
+    """The samples `_text_paths_agree` compares, as a Ray reference."""
+    return worker.generate.remote(["1+2=", "hello", "10+20=", "what is 7*8?"], 6, seeds=[11, 12, 13, 14], max_new_tokens=48)
+
+
+def _text_paths_agree(a: list, b: list, char_level: bool) -> None:
+    """`a` sampled with no stop strings and `b` with a stop string that never occurs, for the same seeds
+    (_sample_texts): the same tokens; their texts must agree as test_text_without_stop_strings_is_vllms_own says."""
     pairs = [(x, y) for ra, rb in zip(a, b) for x, y in zip(ra.completions, rb.completions)]
     assert all(x.token_ids == y.token_ids and x.logprobs == y.logprobs for x, y in pairs)
     for x, y in pairs:
@@ -203,20 +196,17 @@ def test_text_without_stop_strings_is_vllms_own(workers):
     `strict` engine) turns vLLM's detokenizing back on, for the same seeds and so the same tokens.
     The tiny model is char-level: the texts are always the same."""
     ray, skip, strict = workers
-    _text_paths_agree(ray, skip, strict, char_level=True)
+    _text_paths_agree(*ray.get([_sample_texts(skip), _sample_texts(strict)]), char_level=True)
 
 
-def test_text_without_stop_strings_is_vllms_own_chat_model(ray_cluster, tiny_chat_model_dir):
+def test_text_without_stop_strings_is_vllms_own_chat_model(engine_pool, tiny_chat_model_dir):
     """As above on the chat model, byte-level BPE at random weights: split UTF-8 sequences and special
-    tokens. It needs engines of its own (another model)."""
+    tokens. One pooled engine on the chat model samples both ways, one after the other (the same seeds give
+    the same tokens on one engine: test_seeds_reproduce)."""
     import ray
 
-    make = lambda stop, i: ray.remote(num_cpus=0.5)(RolloutWorker).remote(  # noqa: E731
-        str(tiny_chat_model_dir), RolloutConfig(max_model_len=128, max_new_tokens=48, cpu_kv_cache_mb=64, stop=stop),
-        worker_index=i)
-    fast, vllm_text = make([], 3), make([NEVER], 4)
-    try:
-        _text_paths_agree(ray, fast, vllm_text, char_level=False)
-    finally:
-        for w in (fast, vllm_text):
-            ray.kill(w)
+    with engine_pool.lease(tiny_chat_model_dir) as (engine,):
+        fast = ray.get(_sample_texts(engine))
+        with engine_pool.configured(engine, stop=[NEVER]):
+            vllm_text = ray.get(_sample_texts(engine))
+    _text_paths_agree(fast, vllm_text, char_level=False)

@@ -1,17 +1,15 @@
-"""What cluster/models/tinymodel.py writes loads and generates in transformers and in stock vLLM.
+"""What cluster/models/tinymodel.py and tinychat.py write loads and generates in transformers and in vLLM.
 
-(DeepSpeed loading is covered by the learner's tests, which initialise it anyway.)
+vLLM's side is a warm RolloutWorker of the session's pool (tests/e2e/engine_pool.py): vllm.LLM with our engine
+arguments, not vLLM with its defaults, whose start the pool's engines already pay. (DeepSpeed loading is covered
+by the learner's tests, which initialise it anyway.)
 """
 from __future__ import annotations
 
-import gc
-import os
-import weakref
+import sys
 
-import pytest
 import torch
 
-from actors.runtime.start_ledger import ENGINE, record_start
 from cluster.models.tinychat import ENDOFTEXT, IM_END
 from cluster.models.tinymodel import EOS, PAD, num_parameters
 
@@ -33,54 +31,21 @@ def test_transformers_loads_and_generates(tiny_model_dir):
     assert out.shape[1] > ids.shape[1]
 
 
-def test_vllm_loads_and_generates(stock_vllm):
-    texts = stock_vllm["tiny"]
+def test_vllm_loads_and_generates(engine_pool, tiny_model_dir):
+    """A warm engine of the session's pool (tests/e2e/engine_pool.py) on the tiny model: vLLM loaded the directory
+    (the pool checked the engine holds its weights) and samples text from text prompts."""
+    import ray
+
+    with engine_pool.lease(tiny_model_dir) as (engine,):
+        assert ray.get(engine.info.remote())["model_path"] == str(tiny_model_dir)
+        rollouts = ray.get(engine.generate.remote(["12+34=", "7*8="], 1, seeds=[0, 1], max_new_tokens=8))
+    texts = [r.completions[0].text for r in rollouts]
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
     assert any(texts)  # random weights, but 8 sampled characters are not all EOS
 
 
 CHAT = [{"role": "system", "content": "Solve the problem."},
         {"role": "user", "content": "Tom has 3 apples and gets 4 more. How many apples does Tom have now?"}]
-
-
-@pytest.fixture(scope="module")
-def stock_vllm(ray_cluster, tiny_model_dir, tiny_chat_model_dir):
-    """Both models in stock vllm.LLM, one after the other in ONE Ray task (one `import vllm`, the
-    larger part of an engine's start here): the tiny model generates from two text prompts; the
-    chat model's tokenizer renders and encodes CHAT and the engine generates from those ids. The
-    first LLM is deleted, and must be collected, before the second is built."""
-    import ray
-
-    def _vllm_both(tiny_dir: str, chat_dir: str, conversation: list) -> dict:
-        """Runs inside a Ray task (nested: pickled by value): stock vllm.LLM, in-process engine, no RolloutWorker."""
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from vllm import LLM, SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        record_start(ENGINE, how="vllm.LLM in a test")  # the suite's cost file (tests/suite_costs.py)
-        llm = LLM(model=tiny_dir, dtype="float32", max_model_len=64, kv_cache_memory_bytes=16 << 20,
-                  enforce_eager=True, seed=0)
-        outs = llm.generate(["12+34=", "7*8="], SamplingParams(max_tokens=8, temperature=1.0, seed=0), use_tqdm=False)
-        tiny = [o.outputs[0].text for o in outs]
-        first = weakref.ref(llm)
-        del llm, outs
-        gc.collect()
-        if first() is not None:  # the chat check must not run beside the tiny model's engine
-            raise RuntimeError("the first vllm.LLM was not collected after `del`")
-
-        record_start(ENGINE, how="vllm.LLM in a test")
-        llm = LLM(model=chat_dir, dtype="float32", max_model_len=128, kv_cache_memory_bytes=16 << 20,
-                  enforce_eager=True, seed=0)
-        tok = llm.get_tokenizer()
-        text = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
-        ids = tok.encode(text, add_special_tokens=False)
-        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=8, seed=0), use_tqdm=False)
-        return {"tiny": tiny, "chat": (ids, tok.eos_token_id, list(out[0].outputs[0].token_ids))}
-
-    # max_calls=1: the worker process exits afterwards instead of serving later tasks with an engine's
-    # leftovers (env vars, torch thread settings).
-    task = ray.remote(num_cpus=0.5, max_calls=1)(_vllm_both)
-    return ray.get(task.remote(str(tiny_model_dir), str(tiny_chat_model_dir), CHAT))
 
 
 def test_chat_model_loads_in_transformers(tiny_chat_model_dir):
@@ -98,13 +63,24 @@ def test_chat_model_loads_in_transformers(tiny_chat_model_dir):
     assert out.shape[1] > ids["input_ids"].shape[1]
 
 
-def test_chat_model_loads_in_vllm(stock_vllm, tiny_chat_model_dir):
-    """vLLM's tokenizer renders and encodes the conversation exactly as transformers does, and
-    the engine generates from those token ids."""
+def test_chat_model_loads_in_vllm(engine_pool, tiny_chat_model_dir):
+    """vLLM's tokenizer (the engine's own) renders and encodes the conversation exactly as transformers does,
+    and the engine generates from those token ids. A warm engine of the session's pool on the chat model."""
+    import ray
     from transformers import AutoTokenizer
 
-    ids, eos, generated = stock_vllm["chat"]
+    with engine_pool.lease(tiny_chat_model_dir) as (engine,):
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actor cannot import this test module
+        ids, eos = ray.get(engine.__ray_call__.remote(_render_in_the_engine, CHAT))
+        (rollout,) = ray.get(engine.generate.remote([ids], 1, seeds=[0], max_new_tokens=8))
     tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
     assert ids == tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=True)["input_ids"]
     assert eos == tokenizer.eos_token_id
-    assert 1 <= len(generated) <= 8
+    assert rollout.prompt_ids == ids and 1 <= len(rollout.completions[0].token_ids) <= 8
+
+
+def _render_in_the_engine(worker, conversation: list) -> tuple[list[int], int]:
+    """Inside the rollout actor (Ray's __ray_call__; pickled by value): vLLM's tokenizer renders and encodes."""
+    tok = worker.llm.get_tokenizer()
+    text = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    return tok.encode(text, add_special_tokens=False), tok.eos_token_id
