@@ -36,18 +36,20 @@ def max_diff(a, b):
 
 
 @pytest.fixture(scope="module")
-def setup(ray_cluster, tiny_model_dir):
+def setup(ray_cluster, engine_pool, tiny_model_dir):
+    """The learner's ranks and a warm engine leased from the session's pool (tests/e2e/engine_pool.py), which
+    puts the engine's weights back at the module's end."""
     ray = ray_cluster
-    rcfg = RolloutConfig(max_model_len=128, max_new_tokens=16, bucket_mb=1, cpu_kv_cache_mb=64)
-    rollout = ray.remote(num_cpus=0.5)(RolloutWorker).remote(str(tiny_model_dir), rcfg)
     # A large LR so one step moves the log-probs far beyond the tolerance.
     cfg = LearnerConfig(num_ranks=2, zero_stage=3, lr=2e-2, micro_batch_size=2)
     ranks = start_ranks(ray, tiny_model_dir, cfg, AlgoConfig())
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 40)]
-    yield ray, ranks, rollout, seqs
-    stop(ray, ranks)
-    ray.kill(rollout)
+    with engine_pool.lease(tiny_model_dir) as (rollout,):
+        try:
+            yield ray, ranks, rollout, seqs
+        finally:
+            stop(ray, ranks)  # before the pool takes the engine back: no group of the learner's sends to it then
 
 
 def _init_info(world_size=2):
@@ -74,29 +76,34 @@ def test_zero3_broadcast_after_a_step_matches_hf(setup, tiny_model_dir):
 
 
 def test_rollout_restart_then_reinit_and_sync(setup, tiny_model_dir, tmp_path):
-    """The rollout worker dies: the next sync fails fast on rank 0 without leaving rank 1 stuck in
-    a ZeRO-3 gather. A replacement engine, started from the learner's export_hf directory (so that
-    export must load in vLLM with the trained weights), is re-attached with init_weight_sync."""
+    """An engine of the learner's group dies: the next sync fails fast on rank 0 without leaving rank 1 stuck
+    in a ZeRO-3 gather. The engine that dies is one started from the learner's export_hf directory (so that
+    export must load in vLLM with the trained weights), attached with init_weight_sync and synced once before
+    it is killed: the module's own (a fault, and another model directory), not a pooled one. Then the module's
+    engine is re-attached in its place with init_weight_sync, and a further step reaches it."""
     ray, ranks, rollout, seqs = setup
     out = tmp_path / "export"
     on_all(ray, ranks, "export_hf", str(out))
     exported = on_all(ray, ranks, "full_state_dict")
 
-    ray.kill(rollout)
-    refs = [w.sync_weights.remote(2) for w in ranks]
-    with pytest.raises(ray.exceptions.RayTaskError):  # the sender's error, not a timeout (a hang)
-        ray.get(refs[0], timeout=120)
-    ray.get(refs[1], timeout=120)  # released by the sender's drain, not hung
-
-    new = ray.remote(num_cpus=0.5)(RolloutWorker).remote(
+    doomed = ray.remote(num_cpus=0.5)(RolloutWorker).remote(
         str(out), RolloutConfig(max_model_len=128, max_new_tokens=16, cpu_kv_cache_mb=64))
     try:
-        assert max_diff(ray.get(new.prompt_logprobs.remote(seqs)), hf_logprobs(tiny_model_dir, exported, seqs)) <= TOL
-        ray.get([w.init_weight_sync.remote([new], _init_info()) for w in ranks])
-        on_all(ray, ranks, "train_step", make_batch(n=8, seed=8))
-        assert on_all(ray, ranks, "sync_weights", 3)["weight_version"] == 3
-        assert ray.get(new.get_weight_version.remote()) == "3"
-        sd = on_all(ray, ranks, "full_state_dict")
-        assert max_diff(ray.get(new.prompt_logprobs.remote(seqs)), hf_logprobs(tiny_model_dir, sd, seqs)) <= TOL
+        assert max_diff(ray.get(doomed.prompt_logprobs.remote(seqs)), hf_logprobs(tiny_model_dir, exported, seqs)) <= TOL
+        ray.get([w.init_weight_sync.remote([doomed], _init_info()) for w in ranks])
+        assert on_all(ray, ranks, "sync_weights", 2)["weight_version"] == 2
+        assert ray.get(doomed.get_weight_version.remote()) == "2"
+        ray.kill(doomed)
+        refs = [w.sync_weights.remote(3) for w in ranks]
+        with pytest.raises(ray.exceptions.RayTaskError):  # the sender's error, not a timeout (a hang)
+            ray.get(refs[0], timeout=120)
+        ray.get(refs[1], timeout=120)  # released by the sender's drain, not hung
     finally:
-        ray.kill(new)
+        ray.kill(doomed)
+
+    ray.get([w.init_weight_sync.remote([rollout], _init_info()) for w in ranks])
+    on_all(ray, ranks, "train_step", make_batch(n=8, seed=8))
+    assert on_all(ray, ranks, "sync_weights", 4)["weight_version"] == 4
+    assert ray.get(rollout.get_weight_version.remote()) == "4"
+    sd = on_all(ray, ranks, "full_state_dict")
+    assert max_diff(ray.get(rollout.prompt_logprobs.remote(seqs)), hf_logprobs(tiny_model_dir, sd, seqs)) <= TOL

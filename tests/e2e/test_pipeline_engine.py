@@ -1,11 +1,14 @@
 """trainer.mode=pipeline, the engine's side (real Ray, real vLLM): an update lands mid-request.
 
-Three engines run continuously (actors/pipeline.py): one per `rollout.kv_after_update` choice, and a
-third (recompute) whose vLLM engine core runs in its own process (`rollout.engine_core=process`,
-VLLM_ENABLE_V1_MULTIPROCESSING=1: the layout every GPU engine has), where the core steps on its own and
-only a scheduler pause stops it (actors/update_hold.py). The test process stands in for the learner (as
-in test_weight_sync.py): it holds the HF model, noises it and sends it through the gloo transport with
-the learner's one-trip client while long requests run. Checked in one run, for every engine:
+Three engines run continuously (actors/pipeline.py): one per `rollout.kv_after_update` choice (two warm engines
+leased from the session's pool, tests/e2e/engine_pool.py: kv_after_update and the 300-token sampling are read
+when the loop starts, so they are set on the leased engines; the pool puts back their weights and settings and
+stops their loops at the module's end), and a third (recompute) whose vLLM engine core runs in its own process
+(`rollout.engine_core=process`, VLLM_ENABLE_V1_MULTIPROCESSING=1: the layout every GPU engine has), where the
+core steps on its own and only a scheduler pause stops it (actors/update_hold.py). That one is the module's own:
+the core's process is chosen when the engine starts, and the test patches the core's worker (trace_steps).
+The test process stands in for the learner (as in test_weight_sync.py): it holds the HF model, noises it and
+sends it through the gloo transport with the learner's one-trip client while long requests run. Checked in one run, for every engine:
   - the update lands while requests are running: a completion's tokens carry version 0, then 1;
   - recompute: every token's vLLM log-prob equals the HF model's of the weights that sampled it
     (version 0 tokens: the old weights, version 1 tokens: the new ones) to 1e-5: so each token's
@@ -19,7 +22,6 @@ the learner's one-trip client while long requests run. Checked in one run, for e
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -27,7 +29,6 @@ import time
 import pytest
 import torch
 
-from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
 from actors.transport.client import OneTripRayClient
 from cluster.launch.ray_cluster import worker_runtime_env
@@ -90,22 +91,26 @@ def read_trace(worker) -> list:
 
 
 @pytest.fixture(scope="module")
-def setup(ray_cluster, tiny_model_dir):
+def setup(engine_pool, tiny_model_dir):
     import ray
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # trace_steps travels to the engine by value
-    cfg = RolloutConfig(max_model_len=512, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, cpu_kv_cache_mb=64)
-    cfgs = [cfg, dataclasses.replace(cfg, kv_after_update="keep"), dataclasses.replace(cfg, engine_core="process")]
+    sampling = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS}
+    cfg = engine_pool.config(**sampling, engine_core="process")
     # vLLM sends a Python function to a core in another process only with pickle allowed (trace_steps)
     own_core_env = worker_runtime_env({"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})
-    workers = [ray.remote(num_cpus=c.num_cpus, **({"runtime_env": own_core_env} if i == OWN_CORE else {}))(RolloutWorker)
-               .remote(str(tiny_model_dir), c, worker_index=i) for i, c in enumerate(cfgs)]
+    own_core = ray.remote(num_cpus=cfg.num_cpus, runtime_env=own_core_env)(RolloutWorker).remote(
+        str(tiny_model_dir), cfg, worker_index=OWN_CORE)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    yield ray, workers, model, tok, cfg
-    for w in workers:
-        ray.kill(w)
+    try:
+        with engine_pool.lease(tiny_model_dir, 2) as (recompute, keep):
+            engine_pool.configure(recompute, **sampling, kv_after_update="recompute")
+            engine_pool.configure(keep, **sampling, kv_after_update="keep")
+            yield ray, [recompute, keep, own_core], model, tok, cfg
+    finally:
+        ray.kill(own_core)
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,12 @@ transformers' log-probs for the same noised weights on both engines, and differ 
 before the sync.
 
 The two engines compute their linear layers the two ways vLLM-CPU can: engine 0 from the weights
-themselves (the default for a model this small), engine 1 from oneDNN-packed copies that each
-update rebuilds (`rollout.cpu_pack_above_elements=0`). The first update of each engine goes
-through vLLM's `load_weights`, the later ones are direct copies (actors/transport/direct_load.py).
+themselves (the default for a model this small; a warm engine leased from the session's pool,
+tests/e2e/engine_pool.py, which puts its weights back at the module's end), engine 1 from oneDNN-packed
+copies that each update rebuilds (`rollout.cpu_pack_above_elements=0`: read when the engine loads the
+model, so this module starts that engine itself). An engine's first update goes through vLLM's
+`load_weights`, the later ones are direct copies (actors/transport/direct_load.py): engine 1 here is
+always fresh; a pooled engine may have had updates before (the pool's own resend).
 """
 from __future__ import annotations
 
@@ -19,29 +22,30 @@ import pytest
 import torch
 from hf_logprobs import hf_logprobs, max_diff
 
-from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
 from actors.transport.client import OneTripRayClient
 
 TOL = 1e-4  # float32 on both sides
+PACKED_INDEX = 100  # a label (info(), logs) apart from the pool's engines' 0, 1, ...
 
 
 @pytest.fixture(scope="module")
-def setup(ray_cluster, tiny_model_dir):
+def setup(engine_pool, tiny_model_dir):
     import ray
     from transformers import AutoModelForCausalLM
 
-    # bucket_mb=1 with a ~1.2 MB model: the weights travel in two buckets.
-    cfg = RolloutConfig(max_model_len=256, max_new_tokens=16, bucket_mb=1, cpu_kv_cache_mb=64)
-    packed = dataclasses.replace(cfg, cpu_pack_above_elements=0)
-    workers = [ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_model_dir), c, worker_index=i)
-               for i, c in enumerate((cfg, packed))]
+    # bucket_mb=1 with a ~1.2 MB model: the weights travel in two buckets (the sender's setting).
+    cfg = engine_pool.config(bucket_mb=1)
+    packed = ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(
+        str(tiny_model_dir), dataclasses.replace(cfg, cpu_pack_above_elements=0), worker_index=PACKED_INDEX)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 33, 48)]
-    yield ray, workers, model, seqs, cfg
-    for w in workers:
-        ray.kill(w)
+    try:
+        with engine_pool.lease(tiny_model_dir) as (plain,):
+            yield ray, [plain, packed], model, seqs, cfg
+    finally:
+        ray.kill(packed)
 
 
 def noise_(model, seed: int, scale: float = 0.05):
