@@ -3,9 +3,9 @@ Llama with tied input/output embeddings, grouped-query attention (9 query / 3 KV
 token vocabulary and a ChatML template with its own default system prompt (tests/conftest.py
 `smollm2_dir`; skipped, with the reason, where it cannot be fetched).
 
-Kept few and short (the suite must stay under 30 minutes): the conversion checked against the GGUF,
-`raygrpo data`, and two 2-step `raygrpo train` runs (full weights; LoRA), 2 prompts x G=2, 16 new
-tokens each. Real Ray, vLLM, DeepSpeed.
+Kept few and short (issue 58: no test over 120 s on the slower machine): the conversion checked against
+the GGUF, `raygrpo data`, and three 2-step `raygrpo train` runs (full weights on ZeRO-2, full weights on
+ZeRO-3 with the calculator, LoRA), 2 prompts x G=2, 8-12 new tokens each. Real Ray, vLLM, DeepSpeed.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.models.smollm2 import check_against_gguf, fetch_gguf
+from cluster.models.smollm2 import fetch_gguf, verification
 from cluster.models.tinymodel import num_parameters
 from cluster.models.wordproblems import conversational_rows, write_jsonl
 from cluster.run.metrics import read_metrics
@@ -53,8 +53,10 @@ def raygrpo(*args, cwd: Path, timeout: int = 1500) -> subprocess.CompletedProces
 
 def test_the_converted_model_is_the_gguf_model(smollm2_dir):
     """Loaded from its directory as any user would, the model's logits equal the GGUF-loaded model's
-    to 1e-5 and its greedy answer to a fixed chat prompt is English; every file is world-readable."""
-    result = check_against_gguf(smollm2_dir, fetch_gguf(CACHE / "smollm2-gguf"))
+    to 1e-5 and its greedy answer to a fixed chat prompt is English; every file is world-readable. (Where
+    the fixture converted the model in this process, its conversion's check of these files is read, not
+    made again: cluster/models/smollm2.py `verification`.)"""
+    result = verification(smollm2_dir, fetch_gguf(CACHE / "smollm2-gguf"))
     assert result.problems() == [], result
     assert "Paris" in result.greedy_text, result.greedy_text  # "What is the capital of France?"
     for f in smollm2_dir.iterdir():
@@ -79,6 +81,15 @@ def test_data_preview_shows_the_chat_template_and_stop_ids(smollm2_dir, tmp_path
     assert text.rstrip().count("train: 4 rows, 0 filtered") == 1, text
 
 
+# Rows whose conversation shows the calculator once (a 135M model writes calc() by itself only
+# after an example), then asks a product.
+CALC_SYSTEM = "You have a calculator: write calc(EXPRESSION) and the tool answers."
+CALC_ROWS = [{"prompt": [{"role": "system", "content": CALC_SYSTEM}, {"role": "user", "content": "What is 12 * 5?"},
+                         {"role": "assistant", "content": "calc(12 * 5)"}, {"role": "tool", "content": "60"},
+                         {"role": "assistant", "content": "#### 60"}, {"role": "user", "content": f"What is {a} * {b}?"}],
+              "answer": str(a * b)} for a, b in ((17, 23), (14, 31), (26, 19), (38, 12))]
+
+
 def train_rows(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if r.get("kind") == "train"]
 
@@ -87,24 +98,29 @@ def train_rows(run_dir: Path) -> list[dict]:
 def zero2_run(smollm2_dir, tmp_path_factory):
     """One `raygrpo train` run that several tests read: all 134.5M weights on 2 learner ranks under
     ZeRO-2 (so the learner shares each prompt's forward pass among its completions), a KL term with
-    the reference on the learner, 2 steps of 2 prompts x G=2, 8 new tokens."""
+    the reference on the learner, and multi-turn rollouts with the built-in calculator: 2 steps of 2
+    prompts x G=2, up to 2 turns of 12 tokens. The calculator's long prompts (86 tokens: the example
+    conversation) are trained here, where each is computed once for its group, rather than under
+    ZeRO-3, which computes every sequence whole (issue 58: that run took 114 s with them, at load 5-7)."""
     proj = project(tmp_path_factory.mktemp("zero2"), smollm2_dir, "learner: {lr: 5.0e-5, num_ranks: 2, zero_stage: 2}",
                    "algo: {beta: 0.05}", "reference: {placement: learner}",
-                   rollout="max_new_tokens: 8, max_model_len: 160")
+                   rollout="env: calculator, max_turns: 2, max_new_tokens: 12, max_model_len: 256", rows=CALC_ROWS)
     out = raygrpo("train", "run.yaml", cwd=proj)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return proj / "runs" / "smollm2", out.stdout + out.stderr
 
 
 @pytest.mark.timeout(1800)
-def test_full_fine_tuning_on_two_zero2_ranks_keeps_the_engine_equal_to_the_learner(smollm2_dir, zero2_run):
+def test_full_fine_tuning_on_two_zero2_ranks_with_the_calculator_keeps_the_engine_equal_to_the_learner(
+        smollm2_dir, zero2_run):
     """What the weight sync sends for a tied model: the shared embedding once, under
     `model.embed_tokens.weight` (no `lm_head.weight`), 538,060,032 bytes = 134,515,008 float32
     parameters; vLLM's Llama ties its LM head to that embedding, so both move with it (shown
     directly in test_smollm2_logprobs.py). Here: the sync verified at every step; at step 1 the
     reference (a frozen copy on each rank) equals the policy (KL 0 to float rounding); after step
     1's update the policy has moved from it, yet the learner's log-probs (prompt sharing on) of the
-    tokens the engine sampled at step 2 equal the engine's own to 1e-4."""
+    tokens the engine sampled at step 2 equal the engine's own to 1e-4, on multi-turn trajectories
+    whose calculator calls were answered (environment tokens out of the loss)."""
     run_dir, console = zero2_run
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
@@ -114,6 +130,9 @@ def test_full_fine_tuning_on_two_zero2_ranks_keeps_the_engine_equal_to_the_learn
     assert all(r["logprob_diff_max"] < 1e-4 for r in rows), [(r["logprob_diff_mean"], r["logprob_diff_max"]) for r in rows]
     assert "the completions of a prompt share its forward pass" in console, console[-3000:]
     assert "prompt sharing is off" not in console
+    assert all(r["env_errors"] == 0 and r["env_overflows"] == 0 for r in rows), rows
+    assert max(r["tool_calls_mean"] for r in rows) > 0 and max(r["turns_mean"] for r in rows) > 1, rows
+    assert all(r["env_tokens_mean"] > 0 for r in rows if r["tool_calls_mean"] > 0), rows
 
 
 # `vllm.LLM` on the export, as a user serves it: prompt log-probs of a chat transcript, and a greedy chat answer.
@@ -173,45 +192,33 @@ def test_the_export_loads_in_transformers_and_vllm_with_the_chat_template(smollm
     assert served["chat_ids"] == greedy, (tokenizer.decode(served["chat_ids"]), tokenizer.decode(greedy))
 
 
-# Rows whose conversation shows the calculator once (a 135M model writes calc() by itself only
-# after an example), then asks a product.
-CALC_SYSTEM = "You have a calculator: write calc(EXPRESSION) and the tool answers."
-CALC_ROWS = [{"prompt": [{"role": "system", "content": CALC_SYSTEM}, {"role": "user", "content": "What is 12 * 5?"},
-                         {"role": "assistant", "content": "calc(12 * 5)"}, {"role": "tool", "content": "60"},
-                         {"role": "assistant", "content": "#### 60"}, {"role": "user", "content": f"What is {a} * {b}?"}],
-              "answer": str(a * b)} for a, b in ((17, 23), (14, 31), (26, 19), (38, 12))]
-
-
 @pytest.fixture(scope="module")
-def zero3_calculator_run(smollm2_dir, tmp_path_factory):
+def zero3_run(smollm2_dir, tmp_path_factory):
     """One `raygrpo train` run on 2 ZeRO-3 learner ranks, with a KL term whose reference runs as its
-    own actor (sharing each prompt's forward pass among its completions), and multi-turn rollouts
-    with the built-in calculator: 2 steps of 2 prompts x G=2, up to 2 turns of 12 tokens."""
+    own actor (sharing each prompt's forward pass among its completions): 2 steps of 2 prompts x G=2,
+    8 new tokens."""
     proj = project(tmp_path_factory.mktemp("zero3"), smollm2_dir, "learner: {lr: 5.0e-5, num_ranks: 2, zero_stage: 3}",
                    "algo: {beta: 0.05}", "reference: {placement: actor}",
-                   rollout="env: calculator, max_turns: 2, max_new_tokens: 12, max_model_len: 256", rows=CALC_ROWS)
+                   rollout="max_new_tokens: 8, max_model_len: 160")
     out = raygrpo("train", "run.yaml", cwd=proj)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return proj / "runs" / "smollm2", out.stdout + out.stderr
 
 
 @pytest.mark.timeout(1800)
-def test_zero3_with_the_reference_actor_and_the_calculator(smollm2_dir, zero3_calculator_run):
+def test_zero3_with_the_reference_actor(smollm2_dir, zero3_run):
     """Under ZeRO-3 on 2 ranks (each holding half of every parameter, gathered a layer group at a
     time to send) the whole tied model is sent and verified at every step; the reference actor's
     log-probs (prompt sharing) equal the policy's at step 1 (KL 0 to float rounding), the policy
-    moves by step 2, and the learner agrees with the engine on the sampled tokens of multi-turn
-    trajectories whose calculator calls were answered (environment tokens out of the loss)."""
-    run_dir, console = zero3_calculator_run
+    moves by step 2, and the learner agrees with the engine on the sampled tokens at both steps.
+    (Multi-turn with the calculator: the ZeRO-2 run above.)"""
+    run_dir, console = zero3_run
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["sync_verified"] and r["sync_bytes"] == 4 * num_parameters(smollm2_dir) for r in rows), rows
     assert all(r["ref_s"] > 0 for r in rows), rows  # the reference actor scored each batch
     assert rows[0]["kl"] < 1e-6 and rows[0]["grad_norm"] > 0 and rows[1]["kl"] > 1e-3, rows
     assert all(r["logprob_diff_max"] < 1e-4 for r in rows), [(r["logprob_diff_mean"], r["logprob_diff_max"]) for r in rows]
-    assert all(r["env_errors"] == 0 and r["env_overflows"] == 0 for r in rows), rows
-    assert max(r["tool_calls_mean"] for r in rows) > 0 and max(r["turns_mean"] for r in rows) > 1, rows
-    assert all(r["env_tokens_mean"] > 0 for r in rows if r["tool_calls_mean"] > 0), rows
 
 
 @pytest.mark.timeout(1800)
@@ -223,7 +230,10 @@ def test_lora_through_the_cli_syncs_the_adapter_and_exports_with_the_chat_templa
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    proj = project(tmp_path, smollm2_dir, "learner: {lr: 2.0e-3, lora_rank: 8}", "algo: {beta: 0.05}")
+    # 8 new tokens, not 16: vLLM-CPU runs LoRA eagerly at ~1-2.5 s a decode step here, so each token of the
+    # two steps' generation costs seconds (issue 58: 162 s for this test at 16 at load 5-7)
+    proj = project(tmp_path, smollm2_dir, "learner: {lr: 2.0e-3, lora_rank: 8}", "algo: {beta: 0.05}",
+                   rollout="max_new_tokens: 8, max_model_len: 160")
     out = raygrpo("train", "run.yaml", cwd=proj)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run_dir = proj / "runs" / "smollm2"
