@@ -179,7 +179,9 @@ def test_the_sbatch_file_trains_on_the_ray_cluster_it_starts(slurm_cluster, tiny
         "trainer.steps=2", "trainer.prompts_per_step=2", "trainer.group_size=2", "trainer.eval_every=0",
         "trainer.eval_pass_k=1", "data.num_eval=2", "data.task_digits=1", "trainer.dynamic_sampling=false",
         "checkpoint.every=0", "rollout.max_new_tokens=4", "rollout.gpu_memory_utilization=0.03",
-        "learner.micro_batch_size=4", "metrics.tensorboard=false", "ray.strategy=SPREAD"])
+        "learner.micro_batch_size=4", "metrics.tensorboard=false", "ray.strategy=SPREAD",
+        "algo.beta=0"])  # no reference actor: what is tested is the cluster the job starts (test_train.py has one)
+    print(out[-6000:])  # the job's phases and their times (pytest -rP)
     assert state == "COMPLETED", f"{state or 'no state'} after {took:.0f} s\n{out[-5000:]}"
     assert "raygrpo: 1 of 1 Ray node(s) up" in out and "raygrpo: 2 of 2 Ray node(s) up" in out
     placement = json.loads((run_dir / "placement.json").read_text())
