@@ -104,14 +104,7 @@ class Host:
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGTERM every process of this host, then SIGKILL what is left after `grace_s`."""
-        self.kill_all(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.pids() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for _ in range(20):  # processes forked while we killed: until none is left
-            if not self.kill_all(signal.SIGKILL):
-                break
-            time.sleep(0.2)
+        stop_together([self], grace_s)
 
     def link_down(self) -> None:
         """Pull this host's cable: its switch port goes down (no packet in or out; its processes live on)."""
@@ -119,6 +112,31 @@ class Host:
 
     def link_up(self) -> None:
         _ip("-n", self.switch, "link", "set", self.switch_port, "up")
+
+    def quick_tcp_resend(self, max_ms: int = 1000) -> bool:
+        """TCP on this host resends an unanswered segment at least every `max_ms` (net.ipv4.tcp_rto_max_ms, per
+        network namespace, Linux 6.15+; 120 s by default), so that after a partition heals a connection goes on
+        within `max_ms`, not at its next backed-off resend (the gap doubles at each resend: one sent 25 s into
+        a partition waits until ~51 s). tcp_retries2 goes to its maximum, 255, so that a connection to a silent
+        peer is still kept ~4 minutes (the kernel's note: a lower tcp_rto_max_ms alone shortens that timeout).
+        Set before the host's processes start (a socket reads it when made). False where the kernel has no such
+        setting: the test is then only slower."""
+        out = subprocess.run(["ip", "netns", "exec", self.netns, "sysctl", "-q", "-w", f"net.ipv4.tcp_rto_max_ms={max_ms}",
+                              "net.ipv4.tcp_retries2=255"], capture_output=True, text=True)
+        return out.returncode == 0
+
+
+def stop_together(hosts: list[Host], grace_s: float) -> None:
+    """SIGTERM every process of every host in `hosts`, then SIGKILL what is left after `grace_s`."""
+    for h in hosts:
+        h.kill_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(h.pids() for h in hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for _ in range(20):  # processes forked while we killed: until none is left
+        if not [pid for h in hosts for pid in h.kill_all(signal.SIGKILL)]:
+            break
+        time.sleep(0.2)
 
 
 class Hosts:
@@ -164,11 +182,12 @@ class Hosts:
         return self.hosts
 
     def destroy(self) -> None:
-        """Stop every process of every host (by pid), then delete the namespaces."""
-        for h in self.hosts:
-            if h.netns in self._made:
-                with contextlib.suppress(Exception):
-                    h.stop_all(grace_s=3.0)
+        """Stop every process of every host (by pid), then delete the namespaces. The hosts get their SIGTERM
+        together and share one grace period: one after the other, each Ray node's slow exit was waited out
+        in turn (3 s a host)."""
+        made = [h for h in self.hosts if h.netns in self._made]
+        with contextlib.suppress(Exception):
+            stop_together(made, grace_s=3.0)
         for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self._made.clear()
@@ -215,10 +234,19 @@ def ray_start(host: Host, args: list[str], temp_dir: str, log, env: dict, attemp
     raise RuntimeError(f"ray start on {host.hostname} failed {attempts} times; see {getattr(log, 'name', 'the log')}")
 
 
-def ray_head(host: Host, temp_dir: str, log, num_cpus: int = 3) -> None:
+# Ray's GCS marks a node dead after health_check_failure_threshold (5) failed health checks,
+# health_check_period_ms apart: 3 s by default, so a host killed outright was said 13.5-17 s after the kill
+# (test_lost_host, 2026-11-29). A test that loses hosts on purpose, to test what raygrpo does once Ray says so,
+# may start its head checking every second: a killed raylet refuses at once, so its 5 failed checks take ~5 s, while a
+# check of a live but busy node still waits health_check_timeout_ms (10 s, unchanged) before it counts as failed.
+QUICK_NODE_DEATH_ENV = {"RAY_health_check_period_ms": "1000"}
+
+
+def ray_head(host: Host, temp_dir: str, log, num_cpus: int = 3, ray_env: dict[str, str] | None = None) -> None:
+    """`ray_env`: Ray settings for the head's processes (its GCS), e.g. QUICK_NODE_DEATH_ENV."""
     ray_start(host, ["--head", f"--port={GCS_PORT}", f"--dashboard-host={host.address}",
                      f"--dashboard-port={DASHBOARD_PORT}", "--include-dashboard=true", f"--num-cpus={num_cpus}"],
-              temp_dir, log, USER_ENV)
+              temp_dir, log, {**USER_ENV, **(ray_env or {})})
     record_start(RAY_CLUSTER, how=f"ray start --head on {host.hostname}")  # the suite's cost file
 
 
