@@ -98,7 +98,9 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     assert "stopped by SIGTERM after step" in out and "Traceback" not in out, out[-3000:]
     stopped_at = raw_train_steps(run_dir)[-1]
     assert stopped_at < NEVER_REACHED, "the run ended before SIGTERM arrived: nothing was tested"
-    end = stopped_at + 2  # the rerun finishes two more steps (a new trainer.steps is not a config change)
+    # the rerun finishes one more step (a new trainer.steps is not a config change): a step logged twice after the
+    # resume, or one skipped, shows in the raw rows below either way
+    end = stopped_at + 1
     assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(stopped_at))
     assert not (run_dir / "raygrpo.lock").exists()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
