@@ -4,6 +4,7 @@ Ray fit the pods); the SLURM script and compose file start nodes in token mode w
 raised, as the embedded cluster does. tests/e2e/test_slurm.py runs the SLURM script for real."""
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
 import sys
@@ -113,6 +114,9 @@ def test_every_ray_node_raygrpo_starts_gets_the_node_start_environment(monkeypat
             assert compose["x-node"]["environment"][key] == value, (name, key)
 
     seen = {}
+    # the real ray._private first: start_ray's loopback_only imports it, which a stand-in `ray` cannot give
+    # (this passed only when an earlier test of the same process had imported Ray)
+    importlib.import_module("ray._private.ray_constants")
     fake = types.SimpleNamespace(is_initialized=lambda: False,
                                  init=lambda **kw: seen.update(env=dict(__import__("os").environ)))
     monkeypatch.setitem(sys.modules, "ray", fake)
