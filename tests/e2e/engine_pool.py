@@ -80,23 +80,29 @@ class BaseWeights:
 
     def resend(self, handles: list) -> None:
         """The weights again, at version 0, through the project's gloo transport (one full update)."""
-        from vllm.distributed.weight_transfer import ModuleSource, RayVLLMWeightSyncClient
+        sender = send_weights(handles, self.model, version=0, bucket_bytes=POOL_CONFIG.bucket_mb << 20,
+                              timeout_s=CHECK_TIMEOUT_S)
+        sender.shutdown()
 
-        from actors.transport.gloo_trainer import (
-            GlooTrainerInitInfo,
-            GlooTrainerWeightTransferEngine,
-            default_master_address,
-        )
 
-        init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0,
-                                   world_size=1 + len(handles), bucket_bytes=POOL_CONFIG.bucket_mb << 20,
-                                   timeout_s=CHECK_TIMEOUT_S, rank=0)
-        sender = GlooTrainerWeightTransferEngine.trainer_init(init, client=RayVLLMWeightSyncClient(handles),
-                                                              source=ModuleSource(self.model))
-        try:
-            sender.send_weights(weight_version=0)
-        finally:
-            sender.shutdown()
+def send_weights(handles: list, model, version: int, bucket_bytes: int, timeout_s: float = 120.0,
+                 shared_memory: bool = True):
+    """`model`'s weights to the RolloutWorker `handles` as the learner sends them (our gloo transport, vLLM's
+    Ray client), stamped `version`; the sender, for a test to read or to shut down."""
+    from vllm.distributed.weight_transfer import ModuleSource, RayVLLMWeightSyncClient
+
+    from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
+
+    init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0, world_size=1 + len(handles),
+                               bucket_bytes=bucket_bytes, timeout_s=timeout_s, rank=0, shared_memory=shared_memory)
+    sender = GlooTrainerWeightTransferEngine.trainer_init(init, client=RayVLLMWeightSyncClient(handles),
+                                                          source=ModuleSource(model))
+    try:
+        sender.send_weights(weight_version=version)
+    except BaseException:
+        sender.shutdown()
+        raise
+    return sender
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ import dataclasses
 
 import pytest
 import torch
+from engine_pool import send_weights
 from hf_logprobs import hf_logprobs, max_diff
 
 from actors.rollout import RolloutWorker
@@ -56,18 +57,9 @@ def noise_(model, seed: int, scale: float = 0.05):
 
 
 def sync(ray, workers, model, cfg, version: int, shared_memory: bool = True):
-    from vllm.distributed.weight_transfer import ModuleSource, RayVLLMWeightSyncClient
-
-    from actors.transport.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine, default_master_address
-
-    init = GlooTrainerInitInfo(master_address=default_master_address(), master_port=0,
-                               world_size=1 + len(workers), bucket_bytes=cfg.bucket_mb << 20, timeout_s=120, rank=0,
-                               shared_memory=shared_memory)
-    engine = GlooTrainerWeightTransferEngine.trainer_init(
-        init, client=RayVLLMWeightSyncClient(workers), source=ModuleSource(model))
+    engine = send_weights(workers, model, version, cfg.bucket_mb << 20, shared_memory=shared_memory)
     # On one machine the engines map the sender's segment whenever it is offered.
     assert engine.transport() == ("shared_memory" if shared_memory else "gloo")
-    engine.send_weights(weight_version=version)
     return engine
 
 
