@@ -46,10 +46,20 @@ from learner.weight_sync import DeepSpeedWeightSource  # noqa: TID253 - the lear
 
 TIMEOUT_S = 4.0  # every wait of the transfer (the driver passes trainer.actor_timeout_s)
 BUCKET_BYTES = 300  # several packed buckets of the small model below
-# The children inherit the stand-in and vLLM's modules; spawned, each would import vLLM again (~12 s). The
-# receiver imports mtp_validation (and with it much of vLLM) at its first update: imported above, before
-# the fork, as a vLLM worker has it (an engine that imported it inside its bounded receive timed out).
-FORK = multiprocessing.get_context("fork")
+# The children come from a forkserver: a clean process that imported this module once (vLLM, the stand-in),
+# so each child starts at once; spawned, each would import vLLM again (~12 s). Forked straight from the
+# pytest worker, they inherited the Ray client's threads and signal handlers of the tests run before them in
+# that process, and once in CI all three died of SIGSEGV at start. The receiver imports mtp_validation (and
+# with it much of vLLM) at its first update: imported above, before the fork, as a vLLM worker has it (an
+# engine that imported it inside its bounded receive timed out).
+FORK = multiprocessing.get_context("forkserver")
+FORK.set_forkserver_preload([__name__])
+
+
+def as_forked() -> None:
+    """What a child needs that the server did not import: the stand-in in place, `nccl` registered."""
+    install()
+    backend("nccl").register()
 
 
 class SmallModel(torch.nn.Module):
@@ -81,6 +91,7 @@ class SmallModel(torch.nn.Module):
 
 def engine_process(conn) -> None:
     """One engine with one vLLM worker: the receiver vLLM's factory names for `nccl`, driven by commands."""
+    as_forked()
     torch.set_num_threads(1)
     model = SmallModel(seed=0)
     vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_index=0, world_size=1, rank=0),
@@ -199,6 +210,7 @@ class ProcessClient:
 
 def learner_rank_process(conn, init_info: dict) -> None:
     """Learner rank 1: vLLM's trainer engine on a non-sender rank only iterates its source."""
+    as_forked()
     source = DeepSpeedWeightSource(SmallModel(seed=1), zero3=False, is_sender=False)
     trainer = WeightTransferTrainerFactory.trainer_init(backend("nccl").trainer_init_info(init_info, 1),
                                                         client=None, source=source)
