@@ -89,14 +89,16 @@ def test_an_environment_that_fails_every_trajectory_is_said_and_halts_the_run_na
 def test_hanging_environment_calls_time_out_together_and_the_console_never_goes_quiet(home):
     """Case 6: an env step that hangs (env_timeout_s=3) gave no output for over 230 s, not even the step-0
     evaluation: its timed-out calls ran one after another. Case 5: a 100k-character tool message ended its
-    trajectory quietly. Here half the rows hang and half flood, in the step-0 evaluation and in training."""
-    cfg = user_dir(home, SLOW_ENV, "Tool", rollout__env_timeout_s=3.0, trainer__steps=1,
+    trajectory quietly. Here half the rows hang and half flood, in the step-0 evaluation and in training.
+    env_timeout_s=1: the run waits out the hang in each of its batches (the evaluations' greedy and sampled
+    ones, training's), so the timeout is most of its time after the start; a flood answers in milliseconds."""
+    cfg = user_dir(home, SLOW_ENV, "Tool", rollout__env_timeout_s=1.0, trainer__steps=1,
                    data__eval="problems.jsonl", data__num_eval=4, trainer__eval_pass_k=2)
     out = run(["train", cfg], home)
     report = out.report("hanging environment calls")
     assert out.returncode == 0, out.text[-3000:]
     assert "eval @ step 0" in out.text
-    assert "trajectories failed at the evaluation at step 0" in out.text and "step: step timed out after 3s" in out.text
+    assert "trajectories failed at the evaluation at step 0" in out.text and "step: step timed out after 1s" in out.text
     assert out.text.count("did not fit in rollout.max_model_len=192") == 1, out.text[-3000:]  # said once
     [row] = read_metrics(home / "runs" / "env")
     assert row["env_errors"] + row["env_overflows"] == 4, row  # every trajectory ended by its hang or its flood
