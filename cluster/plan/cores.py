@@ -11,6 +11,13 @@ A phase measured at the calibration's t0 threads takes, at t threads, A(t) / A(t
     async      step = E                  if L <= E       L: learner side at its share
                step = E + (1 - E / L) L_all  otherwise   L_all: the learner at every core (the rest of its
                                                          work once collection ends and its cores are lent)
+
+While both sides compute, each is slower than alone by more than its thread count says (the caches and the
+memory bus are shared, and a core's time is split when the busy threads outnumber the cores): the
+calibration measures a learner rank's step beside one generating engine, and the engine's calls beside the
+rank, both at t threads (profile.py contention). More busy threads than that pair's take a fair share on top:
+
+    side's time x= measured x max(1, busy threads / cores) / max(1, 2t / cores)
 """
 from __future__ import annotations
 
@@ -35,3 +42,9 @@ def overlapped(mode: str, engine_side: float, learner_side: float, learner_all_c
     if mode == "pipeline" or learner_side <= engine_side or learner_side <= 0:
         return max(engine_side, learner_side)
     return engine_side + (1 - engine_side / learner_side) * learner_all_cores
+
+
+def contention_factor(measured: float, busy_threads: int, cores: int, measured_threads: int) -> float:
+    """A side's time beside the other over its time alone (module docstring): `measured` at one engine and one
+    rank of `measured_threads` each, and the fair share of `busy_threads` on `cores` beyond that pair's."""
+    return measured * max(1.0, busy_threads / cores) / max(1.0, 2 * measured_threads / cores)

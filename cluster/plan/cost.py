@@ -6,15 +6,17 @@ the longest M (the tail: rollout.max_new_tokens unless told otherwise). Lengths 
 U b / (b + 1) (U = min(2m, M)).
 
     generation   one engine serves n = BG/E sequences, c at a time (its KV cache, vLLM's max_num_seqs):
-                 n m / r(c) + (M - m) / r(1) + prefill     r(c): decode tokens/s at c sequences
-                 (the second term is the tail: the longest completion finishing alone)
+                 n m / r(c) + a(c) + (M - m) / r(1) + prefill     r(c): decode tokens/s at c sequences
+                 (a(c): a call's fixed seconds, measured on `local`; the third term is the tail: the longest
+                 completion finishing alone)
     reference    forward of BG (p + m) tokens (algo.beta > 0), on the learner ranks or its own device
     reward       BG completions x the measured (or assumed) cost of one
     training     mu x padded tokens x (6 or 8) P / (R F e), plus ZeRO's traffic per micro-batch:
                  stage 0-1 an all-reduce of the grads per step, 2 a reduce-scatter per micro-batch,
                  3 also the weights gathered 2 (3 with checkpointing) times per micro-batch
     weight sync  w P bytes over the link from learner rank 0 to the engines, plus the update's overhead
-                 (colocated: through host memory, gloo: NCCL refuses two ranks on one device)
+                 (colocated: through host memory, gloo: NCCL refuses two ranks on one device); on `local`
+                 plus each engine's measured share of the update (its load of the weights), E times
     overhead     the driver's per-step cost outside the phases (Ray calls, batching, logging): measured on
                  `local` by the calibration's run fit, 0 on a spec
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from cluster.plan.cores import local_threads, overlapped
+from cluster.plan.cores import contention_factor, local_threads, overlapped
 from cluster.plan.memory import EngineMemory, LearnerLayout, LearnerMemory, engine_memory, learner_memory
 from cluster.plan.shapes import ModelShape
 
@@ -138,7 +140,8 @@ def generation_s(speeds, wl: Workload, c: Candidate, concurrent: int) -> tuple[f
     n = math.ceil(wl.sequences / c.engines)
     conc = max(1, min(concurrent, n))
     ctx = int(wl.prompt_tokens + wl.mean_new_tokens / 2)
-    body = n * wl.mean_new_tokens / speeds.decode_tokens_per_s(conc, ctx, c.tp) + speeds.prefill_s(n * wl.prompt_tokens) / c.tp
+    body = (n * wl.mean_new_tokens / speeds.decode_tokens_per_s(conc, ctx, c.tp) + speeds.call_s(conc)
+            + speeds.prefill_s(n * wl.prompt_tokens) / c.tp)
     tail = max(wl.max_new_tokens - wl.mean_new_tokens, 0) / speeds.decode_tokens_per_s(1, wl.max_model_len, c.tp)
     return body, tail
 
@@ -191,10 +194,17 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
                                       wl.threads)["learner"]
             train_all = train * speeds.thread_factor("learner", all_cores)
         train *= speeds.thread_factor("learner", th["learner"])
+        if c.mode != "sync" and not c.colocate:  # both sides compute at once on the same cores (cores.py)
+            busy = c.engines * th["rollout"] + c.ranks * th["learner"] + (th["reference"] if c.reference == "actor" else 0)
+            measured_at = speeds.contention_threads
+            train *= contention_factor(speeds.contention("learner"), busy, total_devices, measured_at)
+            gen_c = contention_factor(speeds.contention("generation"), busy, total_devices, measured_at)
+            body, tail = body * gen_c, tail * gen_c
     if c.colocate:  # our colocate sends the weights through host memory (gloo): NCCL refuses one device twice
         sync = speeds.host_transfer_s(shape.params() * wl.dtype_bytes)
     else:
-        sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.devices() > devices_per_node)
+        sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.devices() > devices_per_node,
+                                 engines=c.engines)
     reward = speeds.reward_s(wl.sequences)
     phases, step, busy = schedule(c, body, tail, reward, ref, train, sync, speeds.step_overhead_s(), train_all)
     return Prediction(c, step, phases, mem, eng, max(0.0, 1 - busy / step) if step > 0 else 0.0, problems, [speeds.source])

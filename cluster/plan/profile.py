@@ -25,7 +25,7 @@ from pathlib import Path
 from cluster.plan.hardware import ClusterSpec
 from cluster.plan.shapes import ModelShape
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: the run fit's per-token generation factor, per-engine update, contention
 
 
 class ProfileError(ValueError):
@@ -50,6 +50,9 @@ class CalibrationProfile:
     threads: int = 0  # torch threads of the generation and learner points (0: an old profile, half the cores)
     # {"generation": s, "learner": s, "threads": C}: each side's speed-up from `threads` to C threads (Amdahl)
     thread_speedup: dict = field(default_factory=dict)
+    # {"learner": s, "generation": s, "threads": t}: a learner rank's step time while one engine generates
+    # beside it (both at t threads, two processes), over its time alone; and the engine's, the same way
+    contention: dict = field(default_factory=dict)
     # What a short `raygrpo train` of this model measured and what the points alone predicted for it
     # (cluster/plan/fit.py RunFit): the actor path's factors, the per-step overhead, the learner's memory offset
     run: dict = field(default_factory=dict)
@@ -90,12 +93,37 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
     return pts[-1][1]
 
 
+def call_and_token_costs(points: list[dict]) -> dict[int, tuple[float, float]]:
+    """{batch: (fixed seconds of a generate call, decode tokens/s)} from the generation points: where a batch
+    was measured at two lengths or more, the least-squares line of its call's seconds on its length (the
+    intercept: prefill, scheduling, the call's own path; the slope: one decode step of the batch); a batch
+    measured at one length has no fixed part, its rate is the point's."""
+    by_batch: dict[int, list[tuple[float, float]]] = {}
+    for g in points:
+        if g.get("seconds") and g.get("new_tokens"):
+            by_batch.setdefault(g["batch"], []).append((float(g["new_tokens"]), float(g["seconds"])))
+    out = {}
+    for g in points:
+        pts = by_batch.get(g["batch"], [])
+        if len({n for n, _ in pts}) < 2:
+            out.setdefault(g["batch"], (0.0, g["tokens_per_s"]))
+            continue
+        mx, my = sum(n for n, _ in pts) / len(pts), sum(t for _, t in pts) / len(pts)
+        slope = sum((n - mx) * (t - my) for n, t in pts) / sum((n - mx) ** 2 for n, _ in pts)
+        fixed = my - slope * mx
+        if fixed < 0 or slope <= 0:  # within the noise of no fixed part: the line through the origin
+            fixed, slope = 0.0, sum(n * t for n, t in pts) / sum(n * n for n, _ in pts)
+        out[g["batch"]] = (fixed, g["batch"] / slope)
+    return out
+
+
 class MeasuredSpeeds:
     """Speeds from a calibration profile. Its points were measured in one process at `threads` threads; a
     phase at t threads takes A(t) / A(threads) of that time, A(t) = (1 - f) + f / t with f each side's
-    parallel share from the measured speed-up (Amdahl). The run fit (profile.run) multiplies generation
-    and training by what a real run measured over what the points predicted for it (the Ray actor path,
-    DeepSpeed, the driver) and adds the run's per-step overhead. A plan for another model scales by
+    parallel share from the measured speed-up (Amdahl). A generate call costs a fixed part plus its decode
+    steps (call_and_token_costs). The run fit (profile.run) multiplies the decode steps and training by
+    what a real run measured over what the points predicted for it (the Ray actor path, DeepSpeed, the
+    driver), adds each engine's share of the update and the run's per-step overhead. A plan for another model scales by
     parameter count (an assumption that overstated a 4x larger model 1.7x: docs/plan.md); its source says
     so and names the calibration to run instead."""
 
@@ -106,8 +134,9 @@ class MeasuredSpeeds:
         self.use_run = use_run  # False: the points alone and the analytic memory (what the run fit compares)
         self.source = f"measured: {path or 'calibration profile'} ({profile.machine}, {profile.model})"
         if self.run:
-            self.source += (f", fitted on a run ({self.run.get('overrides_text', '')}): generation x"
+            self.source += (f", fitted on a run ({self.run.get('overrides_text', '')}): decode x"
                             f"{self.run['generation_factor']:.2f}, training x{self.run['training_factor']:.2f}, "
+                            f"{self.run.get('update_s_per_engine', 0.0):.3f} s of update per engine, "
                             f"{self.run['overhead_s']:.2f} s a step of overhead")
         if abs(self.scale - 1) > 0.01:
             self.source += (f", scaled x{self.scale:.2f} by parameters (not measured: calibrate with "
@@ -133,11 +162,19 @@ class MeasuredSpeeds:
         return amdahl(threads) / amdahl(t0)
 
     def decode_tokens_per_s(self, batch: int, ctx: int, tp: int = 1) -> float:
-        pts = [(g["batch"], g["tokens_per_s"]) for g in self.p.generation]
+        """The decode rate at `batch` sequences (call_and_token_costs' slope), over the run fit's per-token
+        factor: a real run's decode step beside the points' (the actor path's share that grows with length)."""
+        pts = [(b, rate) for b, (_, rate) in call_and_token_costs(self.p.generation).items()]
         return _interpolate(pts, batch) / self.scale / self.run.get("generation_factor", 1.0)
 
+    def call_s(self, batch: int) -> float:
+        """The fixed seconds of one generate call at `batch` sequences (call_and_token_costs' intercept):
+        paid once a call whatever its length, so it does not grow with the completions as the rate does."""
+        pts = [(b, max(fixed, 1e-9)) for b, (fixed, _) in call_and_token_costs(self.p.generation).items()]
+        return _interpolate(pts, batch) * self.scale if pts else 0.0
+
     def prefill_s(self, tokens: float) -> float:
-        return 0.0  # in the measured generation rate (each measured call prefilled its prompts)
+        return 0.0  # in the measured call's fixed part and rate (each measured call prefilled its prompts)
 
     def train_s(self, tokens: float, micro_batch: int, checkpointing: bool, micro_tokens: float = 0.0) -> float:
         pts = [(x["micro_batch"], x["tokens_per_s"]) for x in self.p.learner]
@@ -149,10 +186,24 @@ class MeasuredSpeeds:
         # forward ~ 1/3 of forward + backward
         return tokens * self.scale / (3 * _interpolate(pts, max(pts)[0])) * self.run.get("training_factor", 1.0)
 
-    def transfer_s(self, nbytes: float, cross_node: bool = False) -> float:
-        # a run's update is not a raw broadcast (the engines' load_weights and re-pack, the fingerprint
-        # check): the fit's measured update over this
-        return (nbytes / self.p.sync_bytes_per_s + self.p.sync_overhead_s) * self.run.get("sync_factor", 1.0)
+    def transfer_s(self, nbytes: float, cross_node: bool = False, engines: int = 1) -> float:
+        """The raw broadcast, plus each engine's share of a run's update (its load_weights and re-pack, the
+        fingerprint check: the fit's measured update less the broadcast, at one engine): on shared cores
+        the engines' loads do not overlap, so an update to E engines pays it E times."""
+        raw = nbytes / self.p.sync_bytes_per_s + self.p.sync_overhead_s
+        per_engine = self.run.get("update_s_per_engine", 0.0) * self.scale
+        # negative: the fit run's update beat the calibration's broadcast (fit.py): that difference, once
+        return raw + (engines * per_engine if per_engine > 0 else per_engine)
+
+    def contention(self, side: str) -> float:
+        """`side`'s ("learner", "generation") time while the other side computes beside it on this machine's
+        cores, over its time alone, as measured for one engine and one rank at `contention["threads"]` each;
+        1 unmeasured."""
+        return self.p.contention.get(side, 0.0) or 1.0
+
+    @property
+    def contention_threads(self) -> int:
+        return self.p.contention.get("threads", 0) or self.calibrated_threads
 
     def collective_s(self, nbytes: float, ranks: int, cross_node: bool = False) -> float:
         return 0.0 if ranks <= 1 else nbytes * 2 * (ranks - 1) / ranks / self.p.sync_bytes_per_s
@@ -223,8 +274,15 @@ class SpecSpeeds:
     def forward_s(self, tokens: float) -> float:
         return 2 * self.shape.params() * tokens / self.flops
 
-    def transfer_s(self, nbytes: float, cross_node: bool = False) -> float:
+    def call_s(self, batch: int) -> float:
+        return 0.0  # a spec's generation is its decode steps and prefill_s; a call's software floor is unmeasured
+
+    def transfer_s(self, nbytes: float, cross_node: bool = False, engines: int = 1) -> float:
+        # one broadcast reaches every engine (NCCL): the engines' count does not add to it on devices of their own
         return nbytes / (self.inter if cross_node else self.intra) + self.UPDATE_OVERHEAD_S
+
+    def contention(self, side: str) -> float:
+        return 1.0  # each side on devices of its own
 
     def host_transfer_s(self, nbytes: float) -> float:
         return nbytes / self.HOST_GLOO_BYTES_PER_S + self.UPDATE_OVERHEAD_S

@@ -6,10 +6,11 @@ import time
 import pytest
 
 from cluster.bench import command
-from cluster.bench.calibrate import PeakRss, measure_learner, measure_reward, measure_sync
+from cluster.bench.calibrate import PeakRss, measure_learner, measure_reward, measure_sync, speedup_of_runs
 from cluster.cli import build_parser
 from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
-from cluster.plan.profile import CalibrationProfile, ProfileError
+from cluster.plan.profile import CalibrationProfile, MeasuredSpeeds, ProfileError
+from cluster.plan.shapes import PUBLISHED
 
 
 def test_peak_rss_sees_an_allocation_inside_the_block():
@@ -60,3 +61,17 @@ def test_bench_calibrate_runs_the_calibration_instead_of_the_parts(monkeypatch):
     args = build_parser().parse_args(["bench", "--calibrate", "/tmp/x.json"])
     assert command.run_bench(args) == 0 and seen == ["/tmp/x.json"]
     assert build_parser().parse_args(["bench", "--calibrate"]).calibrate == "runs/calibrate/profile.json"
+
+
+def test_a_runs_thread_speedup_is_its_phases_at_one_thread_over_at_the_budgets():
+    """The fit run pinned to the points' thread and again at the thread budget's: the speed-up a run's phases
+    get replaces the plain points' (kept beside it), and a plan's thread factor follows it."""
+    points = {"generation": 1.0, "learner": 1.77, "threads": 2}
+    sp = speedup_of_runs({"gen_s": 0.18, "train_s": 0.15}, {"gen_s": 0.18, "train_s": 0.125}, 2, points)
+    assert sp["learner"] == pytest.approx(1.2) and sp["generation"] == pytest.approx(1.0)
+    assert sp["threads"] == 2 and sp["points"] == points and sp["measured_on"] == "runs"
+    shape = PUBLISHED["SmolLM2-135M-Instruct"]
+    prof = CalibrationProfile(machine="m", cores=2, model="x", model_params=shape.params(), dtype_bytes=4,
+                              generation=[{"batch": 1, "tokens_per_s": 1.0}], sync_bytes_per_s=1.0, threads=1,
+                              learner=[{"micro_batch": 1, "tokens_per_s": 1.0, "peak_bytes": 1}], thread_speedup=sp)
+    assert MeasuredSpeeds(prof, shape).thread_factor("learner", 2) == pytest.approx(1 / 1.2)
