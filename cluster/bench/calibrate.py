@@ -12,6 +12,7 @@ tiny model) and the machine at hand, in this process (no Ray; an in-process vLLM
 - reward cost: the config's built-in reward functions on sample completions;
 - each side's speed-up from its threads to every core (one point each), for the core sharing of a run's
   schedules (cluster/plan/cores.py);
+- the pipeline's engine loop against plain calls of the same work (calibrate_pipeline.py);
 - the contention: a learner step while an engine (a process of its own) generates beside it, and the
   engine's call beside the learner, each over its time alone (async and pipeline compute both at once);
 - the run fit: a short `raygrpo train` of the model (sync, one engine, one rank, at the points' threads;
@@ -39,6 +40,7 @@ from actors.rewards.functions import REWARDS
 from actors.rollout import RolloutWorker
 from actors.runtime.sockets import free_port
 from actors.runtime.threads import use_threads
+from cluster.bench.calibrate_pipeline import measure_pipeline_loop
 from cluster.bench.report import machine_info, model_spec, progress, rss_bytes
 from cluster.bench.rollout import renice_to
 from cluster.bench.run_probe import train_and_measure
@@ -119,15 +121,21 @@ def _engine(model: str, threads: int) -> RolloutWorker:
     return worker
 
 
-def measure_generation(model: str, threads: int) -> list[dict]:
+def measure_generation(model: str, threads: int) -> tuple[list[dict], list[dict]]:
+    """The generation points, and the pipeline's engine loop against plain calls (calibrate_pipeline.py) at
+    the speed-up point's batch, at both lengths."""
     worker = _engine(model, threads)
     points = []
     for length in GEN_LENGTHS:
         for batch in GEN_BATCHES:
             points.append(_generation_point(worker, batch, length))
             progress(f"calibrate: generation batch {batch} x {length} tokens: {points[-1]['tokens_per_s']:.0f} tok/s")
+    batch = speedup_point(points, lambda p: p["batch"] * p["new_tokens"])["batch"]
+    loop = measure_pipeline_loop(worker, _generation_point, batch, GEN_LENGTHS, GEN_GROUP)
+    progress("calibrate: pipeline engine loop over a plain call: " + ", ".join(
+        f"{p['batch']} x {p['new_tokens']} tokens x{p['loop_busy_s'] / p['plain_s']:.2f}" for p in loop))
     del worker  # the engine and its KV cache go before the learner loads
-    return points
+    return points, loop
 
 
 def speedup_point(points: list[dict], size, cap_s: float = SPEEDUP_POINT_MAX_S) -> dict:
@@ -366,7 +374,7 @@ def measure_points(model: str, reward_functions: list) -> CalibrationProfile:
     cores = len(os.sched_getaffinity(0))
     threads = max(1, cores // 2)  # the thread budget gives an engine and a learner rank half the cores each
     progress(f"calibrate: {model} ({shape.params() / 1e6:.2f}M parameters), {threads} thread(s) per side, {cores} cores")
-    gen = measure_generation(model, threads)
+    gen, loop = measure_generation(model, threads)
     gp = speedup_point(gen, lambda p: p["batch"] * p["new_tokens"])
     gen_speedup = generation_speedup(model, threads, cores, gp["batch"], gp["new_tokens"]) if cores > threads else 1.0
     learner, learner_speedup = measure_learner(model, threads, cores)
@@ -384,7 +392,7 @@ def measure_points(model: str, reward_functions: list) -> CalibrationProfile:
                               sync_bytes_per_s=sync["bytes_per_s"], sync_overhead_s=sync["overhead_s"],
                               reward_s_per_completion=measure_reward(list(reward_functions or [])), threads=threads,
                               thread_speedup={"generation": gen_speedup, "learner": learner_speedup, "threads": cores},
-                              contention=contention)
+                              contention=contention, pipeline_loop=loop)
     return prof
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from cluster.config import ConfigError, RunConfig, apply_overrides, load_config
+from cluster.driver.pipeline_bounds import in_flight_bound
 from cluster.plan.cost import MODES, Candidate, Prediction, Workload
 from cluster.plan.hardware import GB, ClusterSpec, ClusterSpecError, parse_cluster
 from cluster.plan.profile import CalibrationProfile, MeasuredSpeeds, ProfileError, SpecSpeeds
@@ -50,7 +51,8 @@ def workload_of(cfg: RunConfig, local: bool, mean_new_tokens: float | None, prom
                     mean_new_tokens=float(min(mean_new_tokens, r.max_new_tokens)), max_new_tokens=r.max_new_tokens,
                     max_model_len=r.max_model_len, mu=cfg.learner.mu, beta=cfg.algo.beta, max_staleness=t.max_staleness,
                     dtype_bytes=4 if dtype == "float32" else 2, gpu_memory_utilization=r.gpu_memory_utilization,
-                    eager=bool(r.enforce_eager), threads=(r.threads, cfg.learner.threads, cfg.reference.threads))
+                    eager=bool(r.enforce_eager), threads=(r.threads, cfg.learner.threads, cfg.reference.threads),
+                    in_flight_groups=in_flight_bound(t))
 
 
 def as_given_candidate(cfg: RunConfig) -> Candidate:

@@ -23,9 +23,18 @@ U b / (b + 1) (U = min(2m, M)).
     sync      step = generation + reward + reference + training + weight sync + overhead  (every step: + overhead)
     async     step = max(generation + reward [+ reference actor], training [+ reference on learner])
                      + weight sync                  (colocated: nothing overlaps, the sum)
-    pipeline  step = max(generation without its tail + re-prefill after each update, training) + weight sync
-              (the engines refill freed slots at once, so the tail costs nothing; staleness >= 1 lets the
-              engines run ahead; the idle share of an engine is 1 - its busy time / step)
+    pipeline  step = max(generation without its tail x the engine loop's factor + the feeder's wait,
+                         training) + weight sync
+              (the engines refill freed slots at once, so the tail costs nothing; the idle share of an engine
+              is 1 - its busy time / step). The engine loop (actors/pipeline.py) steps the engine from a
+              thread, each sample its own request, while the feeder polls it: its busy time over a plain
+              generate call of the same work is measured on `local` (profile.py pipeline_loop_factor).
+              The feeder's wait (feeder_wait_s): with under two steps' groups in flight
+              (trainer.pipeline_groups_in_flight, 0: max_staleness x prompts_per_step), an engine that
+              finished its share has nothing to do until the learner takes the batch and the feeder's next
+              top-up refills it, half a poll period on average (cluster/driver/pipeline_bounds.py POLL_S),
+              and its last group waits for the feeder's next poll, half a period again: one POLL_S a step.
+              With two steps' groups or more it works on the next batch meanwhile: no wait.
     colocated step = the sum, as sync: learner rank i and engine i time-slice one device (both resident:
               the learner's peak and the engine's gpu_memory_utilization x memory must fit together)
     On `local` the overlapping sides share the cores: cluster/plan/cores.py.
@@ -35,6 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+from cluster.driver.pipeline_bounds import POLL_S
 from cluster.plan.cores import contention_factor, local_threads, overlapped
 from cluster.plan.memory import EngineMemory, LearnerLayout, LearnerMemory, engine_memory, learner_memory
 from cluster.plan.shapes import ModelShape
@@ -60,6 +70,9 @@ class Workload:
     eager: bool
     # rollout.threads, learner.threads, reference.threads (> 0 pins a role's threads; 0: the thread budget)
     threads: tuple[int, int, int] = (0, 0, 0)
+    # trainer.mode=pipeline: the groups in flight over all engines (cluster/driver/pipeline_bounds.py
+    # in_flight_bound; 0: max_staleness x prompts_per_step, as the feeder resolves 0 by default)
+    in_flight_groups: int = 0
 
     @property
     def sequences(self) -> int:
@@ -146,6 +159,14 @@ def generation_s(speeds, wl: Workload, c: Candidate, concurrent: int) -> tuple[f
     return body, tail
 
 
+def feeder_wait_s(wl: Workload) -> float:
+    """Seconds a step of trainer.mode=pipeline waits on the feeder (module docstring): one poll period when
+    the groups in flight are under two steps' (the engine idles between its last group and the next top-up),
+    else 0 (it generates the next batch meanwhile)."""
+    in_flight = wl.in_flight_groups or wl.max_staleness * wl.prompts
+    return POLL_S if in_flight < 2 * wl.prompts else 0.0
+
+
 def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes: float, devices_per_node: int,
             total_devices: int, local: bool = False, headroom: float = 1.0) -> Prediction:
     """The prediction for one candidate: phases, step time, memory, and what does not fit."""
@@ -179,6 +200,8 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
             problems.append(f"needs {c.devices()} devices, the cluster has {total_devices}")
     concurrent = eng.concurrent if eng else seqs
     body, tail = generation_s(speeds, wl, c, concurrent)
+    if c.mode == "pipeline" and not c.colocate:  # the engine loop's own cost over a generate call (module docstring)
+        body *= speeds.pipeline_loop_factor(wl.mean_new_tokens)
     ref = speeds.forward_s(wl.sequences * (wl.prompt_tokens + wl.mean_new_tokens)) if c.reference != "none" else 0.0
     if c.reference == "learner":
         ref /= c.ranks
@@ -206,7 +229,8 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
         sync = speeds.transfer_s(shape.params() * wl.dtype_bytes, cross_node=not local and c.devices() > devices_per_node,
                                  engines=c.engines)
     reward = speeds.reward_s(wl.sequences)
-    phases, step, busy = schedule(c, body, tail, reward, ref, train, sync, speeds.step_overhead_s(), train_all)
+    phases, step, busy = schedule(c, body, tail, reward, ref, train, sync, speeds.step_overhead_s(), train_all,
+                                  feeder_wait_s(wl))
     return Prediction(c, step, phases, mem, eng, max(0.0, 1 - busy / step) if step > 0 else 0.0, problems, [speeds.source])
 
 
@@ -223,21 +247,24 @@ def _measured_memory(mem: LearnerMemory, speeds, c: Candidate) -> LearnerMemory:
 
 
 def schedule(c: Candidate, body: float, tail: float, reward: float, ref: float, train: float, sync: float,
-             overhead: float = 0.0, train_all: float | None = None) -> tuple[dict[str, float], float, float]:
+             overhead: float = 0.0, train_all: float | None = None,
+             feeder_wait: float = 0.0) -> tuple[dict[str, float], float, float]:
     """(phases, step seconds, engine busy seconds) of one step under c.mode (module docstring). `overhead`:
-    the driver's measured per-step cost; `train_all`: on `local` in async, training at every core (cores.py)."""
+    the driver's measured per-step cost; `train_all`: on `local` in async, training at every core (cores.py);
+    `feeder_wait`: in pipeline, the engine side's wait on the feeder each step (feeder_wait_s)."""
     ref_actor = ref if c.reference == "actor" else 0.0
     ref_learner = ref if c.reference == "learner" else 0.0
     gen = body + tail
     phases = {"generation": gen, "generation_tail": tail, "reward": reward, "reference": ref, "training": train,
-              "weight_sync": sync, "wait_engines": 0.0, "wait_learner": 0.0, "overhead": overhead}
+              "weight_sync": sync, "wait_engines": 0.0, "wait_learner": 0.0, "wait_feeder": 0.0, "overhead": overhead}
     if c.mode == "sync" or c.colocate:  # colocated: engine and learner time-slice one device, nothing overlaps
         return phases, gen + reward + ref + train + sync + overhead, gen
-    engine_side = (gen if c.mode == "async" else body) + reward + ref_actor
+    pipeline_wait = feeder_wait if c.mode == "pipeline" else 0.0
+    engine_side = (gen if c.mode == "async" else body) + reward + ref_actor + pipeline_wait
     learner_side = train + ref_learner
     core = overlapped(c.mode, engine_side, learner_side, learner_side if train_all is None else train_all + ref_learner)
     phases["wait_engines"] = core - engine_side
     phases["wait_learner"] = core - learner_side
     if c.mode == "pipeline":
-        phases["generation"], phases["generation_tail"] = body, 0.0
+        phases["generation"], phases["generation_tail"], phases["wait_feeder"] = body, 0.0, pipeline_wait
     return phases, core + sync + overhead, (gen if c.mode == "async" else body)

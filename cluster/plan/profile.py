@@ -56,6 +56,9 @@ class CalibrationProfile:
     # What a short `raygrpo train` of this model measured and what the points alone predicted for it
     # (cluster/plan/fit.py RunFit): the actor path's factors, the per-step overhead, the learner's memory offset
     run: dict = field(default_factory=dict)
+    # {batch, new_tokens, plain_s, loop_busy_s}: a plain generate call's seconds and the pipeline's engine loop's
+    # busy seconds for the same work (cluster/bench/calibrate_pipeline.py), at two lengths; empty: not measured
+    pipeline_loop: list[dict] = field(default_factory=list)
     version: int = PROFILE_VERSION
 
     def save(self, path: str | Path) -> Path:
@@ -195,6 +198,21 @@ class MeasuredSpeeds:
         # negative: the fit run's update beat the calibration's broadcast (fit.py): that difference, once
         return raw + (engines * per_engine if per_engine > 0 else per_engine)
 
+    def pipeline_loop_factor(self, new_tokens: float) -> float:
+        """The pipeline's engine loop's busy time over a plain generate call's for completions of `new_tokens`
+        (1 unmeasured). Its extra is a fixed part (each sample its own request, added and read back one by one)
+        and a part per decode step (the step's outputs read as deltas, the feeder's polls taking the GIL), so
+        the ratio is linear in 1 / length between the two measured lengths, and held at the nearer beyond."""
+        pts = sorted((p["new_tokens"], p["loop_busy_s"] / p["plain_s"]) for p in self.p.pipeline_loop
+                     if p.get("plain_s", 0) > 0 and p.get("loop_busy_s", 0) > 0)
+        if not pts:
+            return 1.0
+        (m0, r0), (m1, r1) = pts[0], pts[-1]
+        m = min(max(new_tokens, m0), m1)
+        if m1 == m0:
+            return r0
+        return r0 + (r1 - r0) * (1 / m - 1 / m0) / (1 / m1 - 1 / m0)
+
     def contention(self, side: str) -> float:
         """`side`'s ("learner", "generation") time while the other side computes beside it on this machine's
         cores, over its time alone, as measured for one engine and one rank at `contention["threads"]` each;
@@ -280,6 +298,9 @@ class SpecSpeeds:
     def transfer_s(self, nbytes: float, cross_node: bool = False, engines: int = 1) -> float:
         # one broadcast reaches every engine (NCCL): the engines' count does not add to it on devices of their own
         return nbytes / (self.inter if cross_node else self.intra) + self.UPDATE_OVERHEAD_S
+
+    def pipeline_loop_factor(self, new_tokens: float) -> float:
+        return 1.0  # unmeasured on a spec: the loop's host-side cost is in the efficiencies
 
     def contention(self, side: str) -> float:
         return 1.0  # each side on devices of its own
