@@ -275,19 +275,48 @@ def dashboard(head: Host) -> str:
     return f"http://{head.address}:{DASHBOARD_PORT}"
 
 
+def state_probe(address: str, check: str) -> str:
+    """A `python -c` program that runs `check` against Ray's state API at the dashboard `address` (bound to
+    `a`; list_nodes, list_actors, list_placement_groups and sys imported), in the cluster's auth mode."""
+    return ("import sys; from cluster.launch.auth import dashboard_auth_mode, use_cluster_auth_mode; "
+            f"use_cluster_auth_mode(dashboard_auth_mode('{address}'), '{address}'); "
+            "from ray.util.state import list_actors, list_nodes, list_placement_groups; "
+            f"a = '{address}'; {check}")
+
+
 def wait_for_nodes(host: Host, head: Host, n: int, timeout_s: float = 300) -> None:
     """Until `n` Ray nodes are alive, asked from `host` through the head's dashboard."""
     address = dashboard(head)
-    probe = ("import sys; from cluster.launch.auth import dashboard_auth_mode, use_cluster_auth_mode; "
-             f"use_cluster_auth_mode(dashboard_auth_mode('{address}'), '{address}'); "
-             "from ray.util.state import list_nodes; "
-             f"sys.exit(0 if len(list_nodes(address='{address}', filters=[('state', '=', 'ALIVE')])) >= {n} else 1)")
+    probe = state_probe(address, f"sys.exit(0 if len(list_nodes(address=a, filters=[('state', '=', 'ALIVE')])) >= {n} else 1)")
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if host.run([sys.executable, "-c", probe], env=USER_ENV, timeout=120).returncode == 0:
             return
         time.sleep(3)
     raise TimeoutError(f"{n} Ray nodes did not come up at {address} within {timeout_s}s")
+
+
+def wait_until_quiet(host: Host, head: Host, timeout_s: float = 120) -> None:
+    """Until the head's cluster is as a fresh one: its node alone alive, no actor alive, no placement group
+    kept (a finished run's are removed by Ray after its driver exits; a stopped node is said dead by the
+    head), asked from `host` through the head's dashboard. For tests that share one head: the next run
+    then finds the room and the nodes the last one started with."""
+    address = dashboard(head)
+    # Listed whole and filtered here: Ray's state API refuses a node list filtered by state once a node is dead
+    # ("Failed to retrieve all 4 nodes ... due to data truncation": it counts the filtered out as truncated)
+    probe = state_probe(address, "busy = (sum(n.state == 'ALIVE' for n in list_nodes(address=a, limit=10000)) != 1, "
+                                 "[x.class_name for x in list_actors(address=a, limit=10000) if x.state != 'DEAD'], "
+                                 "[g.placement_group_id for g in list_placement_groups(address=a, limit=10000) "
+                                 "if g.state != 'REMOVED']); print(busy); sys.exit(1 if any(busy) else 0)")
+    deadline = time.time() + timeout_s
+    while True:
+        out = host.run([sys.executable, "-c", probe], env=USER_ENV, timeout=120)
+        if out.returncode == 0:
+            return
+        if time.time() > deadline:
+            raise TimeoutError(f"the cluster at {address} still busy after {timeout_s}s: {out.stdout[-2000:]}"
+                               f"{out.stderr[-2000:]}")
+        time.sleep(1)
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,9 @@ The console must name the lost host by its address and hostname. Skipped with th
 `ip netns` is missing; every process is stopped by pid and the namespaces deleted, even on failure. A
 partition (a host's link pulled for 30 s, then put back): tests/e2e/test_partition.py.
 
-Each run is as long as its behaviour needs (issue 58): the head checks its nodes' health every second
+The file's tests share one Ray head (issue 58: its start and stop paid once), each test with worker nodes on
+hosts of its own, stopped at its end, the head then waited for until it is as fresh, so no test's fault
+outlives it. Each run is as long as its behaviour needs: the head checks its nodes' health every second
 (hosts.QUICK_NODE_DEATH_ENV), so a killed host is said 6-7 s after the kill instead of 13-17 s; the runs keep
 no checkpoint but the one SIGTERM writes, except where a resume needs one; a run is stopped as soon as what is
 asserted has happened.
@@ -99,27 +101,48 @@ def lost(host: hosts.Host) -> str:
     return rf"lost host {on_host(host)}: "
 
 
-@pytest.fixture
-def cluster(tmp_path):
+# Hosts b-g: the worker nodes of the file's tests (two a test at most), each host used once, by one test
+WORKER_HOSTS = ("b", "c", "d", "e", "f", "g")
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory):
     """Host a: the Ray head, with room for a learner rank (2 CPUs) and one engine (1 CPU), where `raygrpo
-    train` runs; `add_node(cpus)` starts a worker node on the next host (b, then c) and returns it. Every
-    process of every host is stopped at the end, by pid, and the namespaces deleted."""
-    made = hosts.Hosts(("a", "b", "c"))
-    a, *others = made.create()
-    log = open(tmp_path / "ray_nodes.log", "w")
+    train` runs, shared by the file's tests (its start and stop, ~10 s, paid once: issue 58); and the hosts
+    for their worker nodes. Every process of every host is stopped at the end, by pid, and the namespaces
+    deleted."""
+    made = hosts.Hosts(("a", *WORKER_HOSTS))
+    a, *spare = made.create()
+    log = open(tmp_path_factory.mktemp("lost-host-nodes") / "ray_nodes.log", "w")
+    try:
+        hosts.ray_head(a, made.temp_dir("rg-lost-a-"), log, num_cpus=3, ray_env=hosts.QUICK_NODE_DEATH_ENV)
+        hosts.wait_for_nodes(a, a, 1)
+        yield made, a, spare, log
+    finally:
+        made.destroy()
+        log.close()
+
+
+@pytest.fixture
+def cluster(head):
+    """The shared head (host a) and `add_node(cpus)`, which starts a worker node on the next unused host and
+    returns it. A test's fault does not outlive it: at its end its worker nodes are stopped (by pid) and the
+    head waited for until it is as fresh (its node alone alive, no actor, no placement group left), so the
+    next test's run finds the room and the nodes a run of its own cluster would."""
+    made, a, spare, log = head
+    used: list[hosts.Host] = []
 
     def add_node(cpus: int = 1) -> hosts.Host:
-        host = others.pop(0)
+        host = spare.pop(0)
+        used.append(host)
         hosts.ray_worker(host, a, made.temp_dir(f"rg-lost-{host.name}-"), log, num_cpus=cpus)
         return host
 
     try:
-        hosts.ray_head(a, made.temp_dir("rg-lost-a-"), log, num_cpus=3, ray_env=hosts.QUICK_NODE_DEATH_ENV)
-        hosts.wait_for_nodes(a, a, 1)
         yield a, add_node
     finally:
-        made.destroy()
-        log.close()
+        hosts.stop_together(used, grace_s=3.0)
+        hosts.wait_until_quiet(a, a)
 
 
 @pytest.mark.timeout(1500)
