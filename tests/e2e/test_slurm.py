@@ -29,8 +29,11 @@ DAEMONS = ("slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
 
 def slurm_conf(d: Path, host: str) -> str:
     # auth/none: no munge daemon to run; two slurmd on one host, a port each; config_overrides: each
-    # node offers 4 CPUs of a 2-core machine (Ray's actors take fractions of them, as in the embedded cluster)
+    # node offers 4 CPUs of a 2-core machine (Ray's actors take fractions of them, as in the embedded cluster);
+    # KillWait=2: when the script ends, SLURM signals its nodes' `ray start --block` steps and the job stays
+    # COMPLETING for at least KillWait (by default 30 s: 35 s of the test's 76 s; with 2, 11 s; issue 58)
     return f"""ClusterName=raygrpotest
+KillWait=2
 SlurmctldHost={host}
 SlurmctldPort={free_port()}
 AuthType=auth/none
@@ -160,7 +163,9 @@ def run_sbatch(slurm_cluster, args: list[str], head_args: str = "", timeout_s: f
     try:
         while time.time() < t0 + timeout_s:
             info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
-            state = next((w.split("=", 1)[1] for w in info.split() if w.startswith("JobState=")), "")
+            was, state = state, next((w.split("=", 1)[1] for w in info.split() if w.startswith("JobState=")), "")
+            if state != was:  # when the job started and when it ended (COMPLETING: its nodes are being stopped)
+                print(f"job {job}: {state} {time.time() - t0:.0f} s after the submit")
             if state in ENDED:
                 break
             note_job_processes()
