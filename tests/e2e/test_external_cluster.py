@@ -164,13 +164,11 @@ def listeners(pids: list[int]) -> list[tuple[int, str, int]]:
             if c.status == psutil.CONN_LISTEN]
 
 
-@pytest.mark.timeout(900)
-def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_ip(head, tiny_model_dir, tmp_path):
-    """`train ray.address=HOST:PORT` on the hand-started head; a rollout worker SIGKILLed after step 1;
-    every step done. During the run, our own listeners (the learner ranks' rendezvous store, the
-    weight-transfer store, gloo) are on the node's address, never on 0.0.0.0."""
+@pytest.mark.timeout(300)
+def test_train_by_address_without_the_clusters_token_says_where_to_put_it(head, tiny_model_dir, tmp_path):
+    """A user without the cluster's token (another HOME) gets told where to put it. (Its own test, not a
+    prelude of the training one below: a behaviour of its own, and that test is among the suite's longest.)"""
     gcs, _ = head
-    # a user without the cluster's token (another HOME) gets told where to put it
     no_token = subprocess.run([str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml",
                                *tiny_run(tiny_model_dir, tmp_path / "no-token", 5), f"ray.address={gcs}"],
                               cwd=ROOT, env={**user_env(), "HOME": str(tmp_path)}, capture_output=True, text=True,
@@ -178,6 +176,13 @@ def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_
     assert no_token.returncode == 2, no_token.stderr[-3000:]
     assert "no token was found" in no_token.stderr and "~/.ray/auth_token" in no_token.stderr, no_token.stderr[-3000:]
 
+
+@pytest.mark.timeout(900)
+def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_ip(head, tiny_model_dir, tmp_path):
+    """`train ray.address=HOST:PORT` on the hand-started head; a rollout worker SIGKILLed after step 1;
+    every step done. During the run, our own listeners (the learner ranks' rendezvous store, the
+    weight-transfer store, gloo) are on the node's address, never on 0.0.0.0."""
+    gcs, _ = head
     run_dir = tmp_path / "run"
     log = open(tmp_path / "train.log", "w")
     proc = subprocess.Popen([str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", *tiny_run(tiny_model_dir, run_dir, 5),
