@@ -133,7 +133,8 @@ def measure_generation(model: str, threads: int) -> tuple[list[dict], list[dict]
     batch = speedup_point(points, lambda p: p["batch"] * p["new_tokens"])["batch"]
     loop = measure_pipeline_loop(worker, _generation_point, batch, GEN_LENGTHS, GEN_GROUP)
     progress("calibrate: pipeline engine loop over a plain call: " + ", ".join(
-        f"{p['batch']} x {p['new_tokens']} tokens x{p['loop_busy_s'] / p['plain_s']:.2f}" for p in loop))
+        f"{p['batch']} x {p['new_tokens']} tokens x{p['loop_busy_s'] / p['plain_s']:.2f}, an update's re-prefill "
+        f"halfway +{p['loop_update_busy_s'] - p['loop_busy_s']:.3f} s" for p in loop))
     del worker  # the engine and its KV cache go before the learner loads
     return points, loop
 

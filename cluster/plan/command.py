@@ -52,7 +52,7 @@ def workload_of(cfg: RunConfig, local: bool, mean_new_tokens: float | None, prom
                     max_model_len=r.max_model_len, mu=cfg.learner.mu, beta=cfg.algo.beta, max_staleness=t.max_staleness,
                     dtype_bytes=4 if dtype == "float32" else 2, gpu_memory_utilization=r.gpu_memory_utilization,
                     eager=bool(r.enforce_eager), threads=(r.threads, cfg.learner.threads, cfg.reference.threads),
-                    in_flight_groups=in_flight_bound(t))
+                    in_flight_groups=in_flight_bound(t), kv_recompute=r.kv_after_update == "recompute")
 
 
 def as_given_candidate(cfg: RunConfig) -> Candidate:

@@ -35,6 +35,11 @@ U b / (b + 1) (U = min(2m, M)).
               top-up refills it, half a poll period on average (cluster/driver/pipeline_bounds.py POLL_S),
               and its last group waits for the feeder's next poll, half a period again: one POLL_S a step.
               With two steps' groups or more it works on the next batch meanwhile: no wait.
+              The update (rollout.kv_after_update=recompute) prefills the running requests again, their
+              prompt and half their completion on average: paid when it lands on running requests, every
+              step with two steps in flight, else when the engine side is the longer (the learner's update
+              comes while it generates; a faster engine sits idle by then). Measured on `local`
+              (profile.py recompute_s), a prefill on a spec.
     colocated step = the sum, as sync: learner rank i and engine i time-slice one device (both resident:
               the learner's peak and the engine's gpu_memory_utilization x memory must fit together)
     On `local` the overlapping sides share the cores: cluster/plan/cores.py.
@@ -73,6 +78,8 @@ class Workload:
     # trainer.mode=pipeline: the groups in flight over all engines (cluster/driver/pipeline_bounds.py
     # in_flight_bound; 0: max_staleness x prompts_per_step, as the feeder resolves 0 by default)
     in_flight_groups: int = 0
+    # rollout.kv_after_update == "recompute": an update that lands on running requests prefills them again
+    kv_recompute: bool = True
 
     @property
     def sequences(self) -> int:
@@ -200,8 +207,12 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
             problems.append(f"needs {c.devices()} devices, the cluster has {total_devices}")
     concurrent = eng.concurrent if eng else seqs
     body, tail = generation_s(speeds, wl, c, concurrent)
+    recompute = 0.0
     if c.mode == "pipeline" and not c.colocate:  # the engine loop's own cost over a generate call (module docstring)
         body *= speeds.pipeline_loop_factor(wl.mean_new_tokens)
+        if wl.kv_recompute:  # the running requests: the KV cache's concurrent ones, not the engine's whole share
+            running = max(1, min(concurrent, seqs))
+            recompute = speeds.recompute_s(running * (wl.prompt_tokens + wl.mean_new_tokens / 2)) / c.tp
     ref = speeds.forward_s(wl.sequences * (wl.prompt_tokens + wl.mean_new_tokens)) if c.reference != "none" else 0.0
     if c.reference == "learner":
         ref /= c.ranks
@@ -210,7 +221,7 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
     if local:  # the cores are shared: each phase at the threads the run's budget gives it (cores.py)
         th = local_threads(c.engines, c.ranks, c.reference == "actor", c.mode, total_devices, wl.threads)
         gen_f = speeds.thread_factor("generation", th["rollout"])
-        body, tail = body * gen_f, tail * gen_f
+        body, tail, recompute = body * gen_f, tail * gen_f, recompute * gen_f
         ref *= speeds.thread_factor("learner", th["reference" if c.reference == "actor" else "learner"])
         if c.mode == "async":
             all_cores = local_threads(c.engines, c.ranks, c.reference == "actor", "sync", total_devices,
@@ -222,7 +233,7 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
             measured_at = speeds.contention_threads
             train *= contention_factor(speeds.contention("learner"), busy, total_devices, measured_at)
             gen_c = contention_factor(speeds.contention("generation"), busy, total_devices, measured_at)
-            body, tail = body * gen_c, tail * gen_c
+            body, tail, recompute = body * gen_c, tail * gen_c, recompute * gen_c
     if c.colocate:  # our colocate sends the weights through host memory (gloo): NCCL refuses one device twice
         sync = speeds.host_transfer_s(shape.params() * wl.dtype_bytes)
     else:
@@ -230,7 +241,7 @@ def predict(shape: ModelShape, wl: Workload, c: Candidate, speeds, device_bytes:
                                  engines=c.engines)
     reward = speeds.reward_s(wl.sequences)
     phases, step, busy = schedule(c, body, tail, reward, ref, train, sync, speeds.step_overhead_s(), train_all,
-                                  feeder_wait_s(wl))
+                                  feeder_wait_s(wl), recompute)
     return Prediction(c, step, phases, mem, eng, max(0.0, 1 - busy / step) if step > 0 else 0.0, problems, [speeds.source])
 
 
@@ -248,23 +259,29 @@ def _measured_memory(mem: LearnerMemory, speeds, c: Candidate) -> LearnerMemory:
 
 def schedule(c: Candidate, body: float, tail: float, reward: float, ref: float, train: float, sync: float,
              overhead: float = 0.0, train_all: float | None = None,
-             feeder_wait: float = 0.0) -> tuple[dict[str, float], float, float]:
+             feeder_wait: float = 0.0, recompute: float = 0.0) -> tuple[dict[str, float], float, float]:
     """(phases, step seconds, engine busy seconds) of one step under c.mode (module docstring). `overhead`:
     the driver's measured per-step cost; `train_all`: on `local` in async, training at every core (cores.py);
-    `feeder_wait`: in pipeline, the engine side's wait on the feeder each step (feeder_wait_s)."""
+    `feeder_wait`: in pipeline, the engine side's wait on the feeder each step (feeder_wait_s), 0 with two steps'
+    groups in flight; `recompute`: in pipeline, an update's re-prefill of the running requests."""
     ref_actor = ref if c.reference == "actor" else 0.0
     ref_learner = ref if c.reference == "learner" else 0.0
     gen = body + tail
     phases = {"generation": gen, "generation_tail": tail, "reward": reward, "reference": ref, "training": train,
-              "weight_sync": sync, "wait_engines": 0.0, "wait_learner": 0.0, "wait_feeder": 0.0, "overhead": overhead}
+              "weight_sync": sync, "wait_engines": 0.0, "wait_learner": 0.0, "wait_feeder": 0.0, "recompute": 0.0,
+              "overhead": overhead}
     if c.mode == "sync" or c.colocate:  # colocated: engine and learner time-slice one device, nothing overlaps
         return phases, gen + reward + ref + train + sync + overhead, gen
     pipeline_wait = feeder_wait if c.mode == "pipeline" else 0.0
     engine_side = (gen if c.mode == "async" else body) + reward + ref_actor + pipeline_wait
     learner_side = train + ref_learner
+    # pipeline: the update lands on running requests with two steps in flight, or when the engines are the slower
+    recompute = recompute if c.mode == "pipeline" and (feeder_wait == 0 or engine_side > learner_side) else 0.0
+    engine_side += recompute
     core = overlapped(c.mode, engine_side, learner_side, learner_side if train_all is None else train_all + ref_learner)
     phases["wait_engines"] = core - engine_side
     phases["wait_learner"] = core - learner_side
     if c.mode == "pipeline":
         phases["generation"], phases["generation_tail"], phases["wait_feeder"] = body, 0.0, pipeline_wait
-    return phases, core + sync + overhead, (gen if c.mode == "async" else body)
+        phases["recompute"] = recompute
+    return phases, core + sync + overhead, (gen if c.mode == "async" else body + recompute)

@@ -56,8 +56,9 @@ class CalibrationProfile:
     # What a short `raygrpo train` of this model measured and what the points alone predicted for it
     # (cluster/plan/fit.py RunFit): the actor path's factors, the per-step overhead, the learner's memory offset
     run: dict = field(default_factory=dict)
-    # {batch, new_tokens, plain_s, loop_busy_s}: a plain generate call's seconds and the pipeline's engine loop's
-    # busy seconds for the same work (cluster/bench/calibrate_pipeline.py), at two lengths; empty: not measured
+    # {batch, new_tokens, prompt_tokens, plain_s, loop_busy_s, loop_update_busy_s}: a plain generate call's seconds,
+    # the pipeline's engine loop's busy seconds for the same work, and the loop's with an update's cache choice
+    # halfway (cluster/bench/calibrate_pipeline.py), at two lengths; empty: not measured
     pipeline_loop: list[dict] = field(default_factory=list)
     version: int = PROFILE_VERSION
 
@@ -213,6 +214,14 @@ class MeasuredSpeeds:
             return r0
         return r0 + (r1 - r0) * (1 / m - 1 / m0) / (1 / m1 - 1 / m0)
 
+    def recompute_s(self, tokens: float) -> float:
+        """Seconds an engine spends prefilling `tokens` of running requests again after an update
+        (rollout.kv_after_update=recompute): the calibration's loop with an update's cache choice halfway less
+        the loop without, per token of context the running requests held then (0 unmeasured)."""
+        per_token = [(p["loop_update_busy_s"] - p["loop_busy_s"]) / (p["batch"] * (p["prompt_tokens"] + p["new_tokens"] / 2))
+                     for p in self.p.pipeline_loop if "loop_update_busy_s" in p]
+        return tokens * max(0.0, sum(per_token) / len(per_token)) * self.scale if per_token else 0.0
+
     def contention(self, side: str) -> float:
         """`side`'s ("learner", "generation") time while the other side computes beside it on this machine's
         cores, over its time alone, as measured for one engine and one rank at `contention["threads"]` each;
@@ -301,6 +310,9 @@ class SpecSpeeds:
 
     def pipeline_loop_factor(self, new_tokens: float) -> float:
         return 1.0  # unmeasured on a spec: the loop's host-side cost is in the efficiencies
+
+    def recompute_s(self, tokens: float) -> float:
+        return self.prefill_s(tokens)  # the running requests' context prefilled again
 
     def contention(self, side: str) -> float:
         return 1.0  # each side on devices of its own

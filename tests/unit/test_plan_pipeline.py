@@ -6,6 +6,7 @@ import pytest
 
 from cluster.bench.calibrate_pipeline import loop_busy_s, measure_pipeline_loop
 from cluster.driver.pipeline_bounds import POLL_S, in_flight_bound
+from cluster.plan.command import TASK_PROMPT_TOKENS
 from cluster.plan.cost import Candidate, Workload, feeder_wait_s, predict
 from cluster.plan.fit import predict_local
 from cluster.plan.hardware import parse_cluster
@@ -81,11 +82,27 @@ class _Cfg:
     min_new_tokens, max_new_tokens = 1, 96
 
 
+class _Loop:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def pause(self):
+        self.calls.append(("pause",))
+
+    def after_update(self):
+        self.calls.append(("after_update",))
+
+    def resume(self):
+        self.calls.append(("resume",))
+
+
 class _Worker:
-    """The rollout actor's pipeline calls, as a stand-in: a group comes back at each poll after the first."""
+    """The rollout actor's pipeline calls, as a stand-in: a group comes back at each poll after the second,
+    the tokens say half of them are out from the second poll on."""
 
     def __init__(self):
         self.cfg, self.calls, self.busy, self.pending, self.stopped = _Cfg(), [], 5.0, [], 0
+        self.polls, self._loop = 0, _Loop(self.calls)
 
     def pipeline_start(self):
         self.calls.append(("start", self.cfg.min_new_tokens, self.cfg.max_new_tokens))
@@ -95,11 +112,12 @@ class _Worker:
         self.calls.append(("submit", len(groups), groups[0][2]))
 
     def pipeline_take(self):
-        back = self.pending[:1] if self.calls[-1][0] == "take" else []
+        self.polls += 1
+        back = self.pending[:1] if self.polls > 3 else []  # the first take is the count before submitting
         self.pending = self.pending[len(back):]
         self.busy += 0.25 * len(back)
         self.calls.append(("take",))
-        return {"rollouts": back, "stats": {"busy_s": self.busy}}
+        return {"rollouts": back, "stats": {"busy_s": self.busy, "tokens": 10 ** 6 if self.polls > 2 else 0}}
 
     def pipeline_stop(self):
         self.stopped += 1
@@ -111,6 +129,12 @@ def test_the_loop_point_counts_the_engines_busy_time_and_leaves_the_engine_as_it
     assert loop_busy_s(w, [[1, 2], [3, 4], [5, 6]], 8, 32) == pytest.approx(0.75)  # 5.0 before is not its
     assert w.calls[0] == ("start", 32, 32) and ("submit", 3, 8) in w.calls
     assert (w.cfg.min_new_tokens, w.cfg.max_new_tokens) == (1, 96) and w.stopped == 1 and not w.pending
+    assert ("after_update",) not in w.calls
+    w = _Worker()
+    loop_busy_s(w, [[1, 2], [3, 4]], 8, 32, update_halfway=True)
+    updates = [i for i, c in enumerate(w.calls) if c == ("after_update",)]
+    assert len(updates) == 1 and w.calls[updates[0] - 1] == ("pause",) and w.calls[updates[0] + 1] == ("resume",)
+    assert w.calls.index(("take",), 3) < updates[0]  # once half the tokens are out, not at the start
 
 
 def test_the_loop_points_pair_a_plain_call_with_the_loop_at_each_length():
@@ -120,8 +144,40 @@ def test_the_loop_points_pair_a_plain_call_with_the_loop_at_each_length():
         plain.append((batch, length))
         return {"seconds": 2.0 + len(plain) % 2}  # the better of two: 2.0
 
+    def fresh_polls(*a, **k):  # each loop point starts counting its polls anew, as a new loop would
+        w.polls = 0
+        return real_start()
+
+    real_start, w.pipeline_start = w.pipeline_start, fresh_polls
     pts = measure_pipeline_loop(w, plain_point, 16, (16, 64), 8)
-    assert [(p["batch"], p["new_tokens"], p["plain_s"]) for p in pts] == [(16, 16, 2.0), (16, 64, 2.0)]
+    assert [(p["batch"], p["new_tokens"], p["plain_s"], p["prompt_tokens"]) for p in pts] == [(16, 16, 2.0, 8), (16, 64, 2.0, 8)]
     assert plain == [(16, 16), (16, 16), (16, 64), (16, 64)]
     assert all(p["loop_busy_s"] == pytest.approx(0.5) for p in pts)  # 2 prompts of 16 / 8, 0.25 s each
-    assert w.stopped == 5  # the warm-up and two a length, each stopped after
+    assert all(p["loop_update_busy_s"] == pytest.approx(0.5) for p in pts)
+    assert w.stopped == 9 and w.calls.count(("after_update",)) == 4  # warm-up, then two plain and two updated a length
+
+
+def test_an_update_landing_on_running_requests_prefills_them_again():
+    """recompute (the default): measured per token of context the running requests held; paid by an engine-bound
+    pipeline (the update lands while it generates), always with two steps in flight, never with keep, and not by a
+    learner-bound pipeline with one step in flight (its engine idles by the time the update comes)."""
+    loop = [{**p, "prompt_tokens": 8, "loop_update_busy_s": p["loop_busy_s"] + 0.01 * 64 * (8 + p["new_tokens"] / 2)}
+            for p in LOOP]
+    speeds = MeasuredSpeeds(_profile(pipeline_loop=loop), _shape())
+    assert speeds.recompute_s(1000) == pytest.approx(10.0)
+    assert MeasuredSpeeds(_profile(pipeline_loop=LOOP), _shape()).recompute_s(1000) == 0.0  # unmeasured
+    slow = lambda s: MeasuredSpeeds(_profile(pipeline_loop=loop, **SLOW_ENGINE), s)  # noqa: E731
+    pipe = predict_local(_cfg("trainer.mode=pipeline"), slow)[0]
+    assert pipe.phases["recompute"] == pytest.approx(0.01 * 64 * (TASK_PROMPT_TOKENS + 16))
+    ph = pipe.phases
+    assert pipe.step_s == pytest.approx(ph["generation"] + ph["recompute"] + ph["reward"] + POLL_S + ph["weight_sync"]
+                                        + ph["overhead"])
+    assert predict_local(_cfg("trainer.mode=pipeline", "rollout.kv_after_update=keep"), slow)[0].phases["recompute"] == 0
+    fast = lambda s: MeasuredSpeeds(_profile(pipeline_loop=loop), s)  # noqa: E731
+    learner_bound = predict_local(_cfg("trainer.mode=pipeline"), fast)[0]
+    assert learner_bound.phases["generation"] < learner_bound.phases["training"]
+    assert learner_bound.phases["recompute"] == 0.0
+    ahead = predict_local(_cfg("trainer.mode=pipeline", "trainer.max_staleness=2"), fast)[0]
+    assert ahead.phases["recompute"] == pytest.approx(pipe.phases["recompute"])  # learner-bound, paid all the same
+    a = ahead.phases  # here the re-prefill makes the engines the slower side, with no feeder wait
+    assert ahead.step_s == pytest.approx(a["generation"] + a["recompute"] + a["reward"] + a["weight_sync"] + a["overhead"])
