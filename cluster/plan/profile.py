@@ -108,9 +108,11 @@ def call_and_token_costs(points: list[dict]) -> dict[int, tuple[float, float]]:
             by_batch.setdefault(g["batch"], []).append((float(g["new_tokens"]), float(g["seconds"])))
     out = {}
     for g in points:
+        if g["batch"] in out:  # one line a batch (the first point of a batch measured at one length keeps its rate)
+            continue
         pts = by_batch.get(g["batch"], [])
         if len({n for n, _ in pts}) < 2:
-            out.setdefault(g["batch"], (0.0, g["tokens_per_s"]))
+            out[g["batch"]] = (0.0, g["tokens_per_s"])
             continue
         mx, my = sum(n for n, _ in pts) / len(pts), sum(t for _, t in pts) / len(pts)
         slope = sum((n - mx) * (t - my) for n, t in pts) / sum((n - mx) ** 2 for n, _ in pts)
@@ -133,6 +135,7 @@ class MeasuredSpeeds:
 
     def __init__(self, profile: CalibrationProfile, shape: ModelShape, path: str = "", use_run: bool = True):
         self.p, self.shape = profile, shape
+        self.call_costs = call_and_token_costs(profile.generation)  # {batch: (fixed s, tokens/s)}, fitted once
         self.scale = shape.params() / max(profile.model_params, 1)
         self.run = profile.run if use_run else {}
         self.use_run = use_run  # False: the points alone and the analytic memory (what the run fit compares)
@@ -168,13 +171,13 @@ class MeasuredSpeeds:
     def decode_tokens_per_s(self, batch: int, ctx: int, tp: int = 1) -> float:
         """The decode rate at `batch` sequences (call_and_token_costs' slope), over the run fit's per-token
         factor: a real run's decode step beside the points' (the actor path's share that grows with length)."""
-        pts = [(b, rate) for b, (_, rate) in call_and_token_costs(self.p.generation).items()]
+        pts = [(b, rate) for b, (_, rate) in self.call_costs.items()]
         return _interpolate(pts, batch) / self.scale / self.run.get("generation_factor", 1.0)
 
     def call_s(self, batch: int) -> float:
         """The fixed seconds of one generate call at `batch` sequences (call_and_token_costs' intercept):
         paid once a call whatever its length, so it does not grow with the completions as the rate does."""
-        pts = [(b, max(fixed, 1e-9)) for b, (fixed, _) in call_and_token_costs(self.p.generation).items()]
+        pts = [(b, max(fixed, 1e-9)) for b, (fixed, _) in self.call_costs.items()]
         return _interpolate(pts, batch) * self.scale if pts else 0.0
 
     def prefill_s(self, tokens: float) -> float:
