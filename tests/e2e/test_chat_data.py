@@ -1,9 +1,10 @@
 """A chat model on conversational data through the whole system: real Ray, vLLM, DeepSpeed, and the
 offline BPE chat model (ChatML template, EOS <|im_end|>).
 
-Two short runs: the conversational JSONL (with evaluation, a TRL-style and a per-sample reward
-function beside gsm8k, and one overlong row that must be filtered), and the same rows as parquet
-on the variant of the model that has no pad token.
+One short run (each run costs an engine and a learner start): the conversational JSONL trains (a TRL-style and
+a per-sample reward function beside gsm8k, and one overlong row that must be filtered), the same rows as parquet
+are its evaluation set, and the model is the variant that has no pad token (the driver pads with its EOS, which
+also ends every completion: what it trains on is checked token by token).
 """
 from __future__ import annotations
 
@@ -61,21 +62,35 @@ def capture_scores(trainer: Trainer) -> list:
     return seen
 
 
-def test_conversational_jsonl_trains_with_gsm8k(tiny_chat_model_dir, ray_cluster, tmp_path, capsys):
+def test_conversational_jsonl_trains_with_gsm8k_on_a_model_without_pad_token_and_evaluates_the_rows_as_parquet(
+        tiny_chat_nopad_model_dir, ray_cluster, tmp_path, capsys):
+    """The JSONL trains; the same rows written as parquet (what `datasets` writes) load as the same examples and
+    are the held-out set the run evaluates on, so the parquet reader runs in the run too. The model declares no
+    pad token (as some base models ship): the batches are padded with its EOS, and every check below of the ids
+    and lengths trained on is made on that model. (Formerly two runs: this one on the model with a pad token, and
+    a parquet-trained run on this model.)"""
     from transformers import AutoTokenizer
 
+    model = tiny_chat_nopad_model_dir
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    assert tokenizer.pad_token is None and tokenizer.eos_token is not None
     rows = conversational_rows(12, seed=3)
     data = write_jsonl(tmp_path / "chat.jsonl", rows[:6] + [LONG_ROW] + rows[6:])
+    parquet = tmp_path / "chat.parquet"
+    datasets.Dataset.from_list(rows[:6] + [LONG_ROW] + rows[6:]).to_parquet(str(parquet))
+    assert load_examples(str(parquet)) == load_examples(str(data))
     rewards = tmp_path / "length_rewards.py"
     rewards.write_text(REWARD_CODE)
     trl, per_sample = f"{rewards}:length_trl", f"{rewards}:length_per_sample"
-    cfg = chat_config(tiny_chat_model_dir, tmp_path / "run", data, f"data.eval={data}", "data.num_eval=2",
+    cfg = chat_config(model, tmp_path / "run", data, f"data.eval={parquet}", "data.num_eval=2",
                       "trainer.eval_pass_k=2", f"reward.functions=[gsm8k, '{trl}', '{per_sample}']",
                       "reward.weights=[1.0, 0.0, 0.0]")
     trainer = Trainer(cfg)
     batches, scores = capture_batches(trainer), capture_scores(trainer)
     summary = trainer.run()
 
+    # no pad token: the driver pads with the EOS (cluster/driver/trainer.py _setup)
+    assert trainer.pad_id == tokenizer.eos_token_id
     # the overlong row was filtered at load, counted and reported once (train and eval)
     out = capsys.readouterr().out
     assert out.count("filtered 1 of 13 train prompts longer than 80 tokens") == 1
@@ -84,9 +99,9 @@ def test_conversational_jsonl_trains_with_gsm8k(tiny_chat_model_dir, ray_cluster
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["gen_tokens"] > 0 and r["loss"] is not None and r["skipped_prompts"] == 0 for r in steps)
     assert summary["before"]["num_prompts"] == 2 and summary["after"] is not None
+    assert (tmp_path / "run" / "hf_model" / "config.json").exists()
 
     # the token ids vLLM reports it saw are apply_chat_template's ids of the row
-    tokenizer = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
     checked = 0
     for batch in batches:
         for g, example in enumerate(batch.examples):
@@ -115,24 +130,6 @@ def test_conversational_jsonl_trains_with_gsm8k(tiny_chat_model_dir, ray_cluster
     # keyed by each function's one short name (metrics, `raygrpo show`), not by its spec
     assert all(r["rewards"].keys() == {"gsm8k", "length_trl", "length_per_sample"}
                and r["finish_reason"] in ("stop", "length") for r in logged)
-
-
-def test_same_rows_as_parquet_train_on_a_model_without_pad_token(tiny_chat_nopad_model_dir, ray_cluster, tmp_path):
-    from transformers import AutoTokenizer
-
-    model = tiny_chat_nopad_model_dir
-    assert AutoTokenizer.from_pretrained(model).pad_token is None
-    rows = conversational_rows(8, seed=4)
-    jsonl = write_jsonl(tmp_path / "chat.jsonl", rows)
-    parquet = tmp_path / "chat.parquet"
-    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
-    assert load_examples(str(parquet)) == load_examples(str(jsonl))
-
-    Trainer(chat_config(model, tmp_path / "run", parquet)).run()
-    steps = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in steps] == [1, 2, 3]
-    assert all(r["gen_tokens"] > 0 and r["loss"] is not None for r in steps)
-    assert (tmp_path / "run" / "hf_model" / "config.json").exists()
 
 
 @pytest.fixture(autouse=True)
