@@ -1,15 +1,20 @@
 """Issue 36, item 1, as found: one run whose reward functions are a working built-in, a working verifier
 and six broken ones (a 500, an answer that is not JSON, NaN, strings, booleans, an over-size answer)
 plus a URL where nothing listens; the verifiers are local HTTP servers on 127.0.0.1 started here.
-A user's Python function that raises on every call is one more broken function of the same run (it
-runs in the reward worker processes, the verifiers in the driver): its error is said, and the halt
-names it with its message. (A run whose only function fails every call stops at step 1: the hanging
-function's run of tests/e2e/test_reward_faults.py.)
+Two user Python functions are broken too (they run in the reward worker processes, the verifiers in the
+driver): one raises on every call, its error said and the halt naming it with its message; one hangs on every
+call (issue 30's hanging reward, as the adversary found it): each of the 2 processes' first call times out, the
+rest run at once, each with its own reward.timeout_s deadline, and the halt names it with its timeout.
 
 Each broken function fails alone: the steps go on with the two that work (their weights renormalised),
 each step's metrics row carries every function's error count, and after `trainer.halt_after` steps in a
-row the run halts naming exactly the broken functions, each with its own first error.
-Through the installed console script, from a directory of the user's.
+row the run halts naming exactly the broken functions, each with its own first error, its checkpoint and
+plots written first. Through the installed console script, from a directory of the user's.
+
+A run whose only function fails every call halts at once, after step 1's row ("no reward function scored any
+sample"): the driver's decision at its seam, tests/unit/test_driver_seam.py (a step that sent no update) and
+tests/unit/test_reward_fails_alone.py. (The hanging function had a run of its own that halted so: the former
+tests/e2e/test_reward_faults.py; issue 58, one engine start fewer.)
 """
 from __future__ import annotations
 
@@ -78,32 +83,43 @@ def closed_port() -> int:
 
 BROKEN = {"e500": "HTTP 500", "notjson": "not JSON", "nan": "returned nan", "strings": "returned '1.0'",
           "bool": "returned True", "big": "more than 1 MB (reward.http_max_response_mb=1)",
-          "nolisten": "cannot connect", "raises": "boom from user code"}
+          "nolisten": "cannot connect", "raises": "boom from user code", "slow_judge": "timed out after 3s"}
+
+USER_REWARDS = """
+import time
+
+
+def raises(prompt, completion, **kw):
+    raise RuntimeError('boom from user code')
+
+
+def slow_judge(prompt, completion, **kw):
+    time.sleep(3600)
+"""
 
 
 def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, tiny_model_dir):
     home = tmp_path / "user"
     shutil.copytree(tiny_model_dir, home / "model")
-    (home / "my_rewards.py").write_text("def raises(prompt, completion, **kw):\n"
-                                        "    raise RuntimeError('boom from user code')\n")
+    (home / "my_rewards.py").write_text(USER_REWARDS)
     servers = Verifiers()
     urls = [f"{servers.base}/{p}" for p in ("ok", "e500", "notjson", "nan", "strings", "bool", "big")]
-    names = ["exact", "ok", "e500", "notjson", "nan", "strings", "bool", "big", "nolisten", "raises"]
+    names = ["exact", "ok", "e500", "notjson", "nan", "strings", "bool", "big", "nolisten", "raises", "slow_judge"]
     cfg = {"model": {"path": "model"}, "data": {"train": "task:addition", "task_digits": 1, "num_eval": 0},
            "trainer": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "run_dir": "runs/verifiers",
                        "actor_timeout_s": 300, "halt_after": 2},
            "rollout": {"max_model_len": 48, "max_new_tokens": 4, "gpu_memory_utilization": 0.03},
            "learner": {"micro_batch_size": 8}, "metrics": {"tensorboard": False},
            "reward": {"functions": ["exact_match", *urls, f"http://127.0.0.1:{closed_port()}/nolisten",
-                                    "my_rewards.py:raises"],
-                      "names": names, "http_timeout_s": 10, "http_max_retries": 1, "http_max_batch": 8,
+                                    "my_rewards.py:raises", "my_rewards.py:slow_judge"],
+                      "names": names, "num_procs": 2, "timeout_s": 3, "http_timeout_s": 10, "http_max_retries": 1, "http_max_batch": 8,
                       "http_max_response_mb": 1}}
     (home / "run.yaml").write_text(yaml.safe_dump(cfg))
     try:
         out = run(["train", "run.yaml"], home)
     finally:
         servers.close()
-    out.report("10 reward functions, 8 broken")
+    out.report("11 reward functions, 9 broken")
     text = out.text
     assert out.returncode == 3, text[-4000:]  # halted by the guard, after the checkpoint of step 2
     assert "every reward call failed" not in text and "Traceback" not in text
@@ -124,6 +140,14 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
     for n, why in BROKEN.items():
         assert why in halt[0], (n, halt[0])
     assert "for 2 consecutive steps" in halt[0] and "step-00000002 was saved" in halt[0]
+    assert "the reward function slow_judge failed every call (16 error(s), every call timed out (reward.timeout_s=3))" \
+        in halt[0], halt[0]
+    # Each of the 2 processes takes one first call; their deadlines are the time between the two sends apart, so a
+    # loaded machine may see the first expire alone ("1 of its first 1", the other still in flight: 14 left either way)
+    together = re.findall(r"rewards: slow_judge timed out on ([12]) of its first \1 calls: its other 14 run at once now, "
+                          r"each with its own 3 s deadline", text)
+    assert len(together) == 2, text[-6000:]  # at each step: never one call after another
+    assert all((home / "runs" / "verifiers" / f).is_file() for f in ("reward.png", "kl.png", "step_time.png"))
     assert (home / "runs" / "verifiers" / "config.yaml").exists()  # what was written stays
     assert not (home / "runs" / "verifiers" / "raygrpo.lock").exists()  # a halted run releases its lock
     assert servers.requests["/e500"] == 2 * 2 * 2  # 2 steps x 2 requests x (1 try + 1 retry: http_max_retries)

@@ -2,9 +2,10 @@
 starts one (its own process on 127.0.0.1): what it receives, its nulls, its 500s, a hung request,
 and a verifier that refuses raygrpo's credentials.
 
-The verifier's run also carries a user reward function that kills its parent now and then (issue 30;
-tests/e2e/test_reward_faults.py says where its other hostile functions are tested) and `format`: one run, started once for both claims
-(each CLI run starts its own Ray cluster, engine and learner). The verifier runs in the driver, on
+The verifier's run also carries a user reward function that kills its parent now and then (issue 30; the one
+that hangs on every call is one of the broken functions of tests/e2e/test_reward_fails_alone_end_to_end.py)
+and `format`: one run, started once for both claims (each CLI run starts its own Ray cluster, engine and
+learner). The verifier runs in the driver, on
 threads (actors/rewards/http.py); the Python function runs in the isolated worker processes
 (actors/rewards/pool.py) whose keeper it kills, so neither can touch the other. Each test reads its
 own function's metrics (`rewards/<name>/...`), not the run's totals, which add the two."""
@@ -149,8 +150,9 @@ def test_a_verifier_gets_the_columns_its_nulls_are_left_out_its_500s_retried_its
 
 
 def test_a_reward_that_kills_its_parent_now_and_then_costs_only_those_calls(mixed_run):
-    """(issue 30; tests/e2e/test_reward_faults.py says where the other hostile functions are tested) Each call that kills
-    its worker's keeper is an error for that call alone: the run ends, format never fails."""
+    """(issue 30; the function that hangs on every call: tests/e2e/test_reward_fails_alone_end_to_end.py; one that
+    kills its parent on every call is a failed call like any other: tests/unit/test_reward_isolation.py) Each call
+    that kills its worker's keeper is an error for that call alone: the run ends, format never fails."""
     tmp_path, out, _ = mixed_run
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_metrics(tmp_path / "run")
