@@ -178,10 +178,13 @@ def test_train_by_address_without_the_clusters_token_says_where_to_put_it(head, 
 
 
 @pytest.mark.timeout(900)
-def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_ip(head, tiny_model_dir, tmp_path):
-    """`train ray.address=HOST:PORT` on the hand-started head; a rollout worker SIGKILLed after step 1;
-    every step done. During the run, our own listeners (the learner ranks' rendezvous store, the
-    weight-transfer store, gloo) are on the node's address, never on 0.0.0.0."""
+def test_train_joins_by_address_and_listens_on_the_node_ip(head, tiny_model_dir, tmp_path):
+    """`train ray.address=HOST:PORT` on the hand-started head: every step done. During the run, our own
+    listeners (the learner ranks' rendezvous store, the weight-transfer store, gloo) are on the node's
+    address, never on 0.0.0.0. (No engine is killed here: a restarted engine is re-synced by rebuilding the
+    transfer group on the same listen address every step's sync uses, the same code in every mode and on
+    any cluster; the real restart is test_train.py's async kill, the sync schedule's at the seam,
+    tests/unit/test_driver_seam.py. A kill here cost an engine start.)"""
     gcs, _ = head
     run_dir = tmp_path / "run"
     log = open(tmp_path / "train.log", "w")
@@ -204,8 +207,6 @@ def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_
         listen = next(p["listen_address"] for p in placement if p["role"] == "learner-0")
         rank0 = [ip for pid, ip, port in ours if pid == pid_of["learner-0"] and port not in RAY_WORKER_PORTS]
         assert len(rank0) >= 2 and set(rank0) == {listen}, (listen, ours)
-
-        os.kill(pid_of["rollout-0"], signal.SIGKILL)
         assert proc.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-5000:]
     finally:
         if proc.poll() is None:
@@ -213,7 +214,6 @@ def test_train_joins_by_address_survives_a_rollout_kill_and_listens_on_the_node_
         log.close()
     text = (tmp_path / "train.log").read_text()
     assert train_steps(run_dir) == [1, 2, 3, 4, 5], text[-3000:]
-    assert "restart" in text.lower(), text[-3000:]  # the driver saw the kill and brought the worker back
 
 
 # A user's own project, outside the checkout: their config, reward file, environment file and data.
