@@ -1,7 +1,9 @@
 """Nothing lost, nothing silent: the run dir, stopping on SIGTERM, export, health guards, restart budgets.
 
 Through the CLI where a user meets it (a real `raygrpo train` process: its own embedded Ray
-cluster, vLLM, DeepSpeed), through the Trainer where the session's Ray cluster can be shared.
+cluster, vLLM, DeepSpeed). The guards' halts and the restart budget's failure are the driver's decisions,
+tested at its seam (tests/unit/test_driver_seam_halts.py: a reward that goes flat, the only engine dead past
+rollout.max_restarts); what real Ray adds to the budget is here.
 """
 from __future__ import annotations
 
@@ -14,13 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
+import ray  # noqa: TID253 - the test's stand-in actor is declared at its top
 import yaml
 from console import RAYGRPO, run
-from test_train import config, kill_while_learning, run_cli
+from test_train import run_cli
 
-from cluster.driver.trainer import Trainer
-from cluster.launch.waits import ActorFailed
-from cluster.run.health import TrainingHalted
+from cluster.launch.waits import actor_state
 from learner import checkpoint
 
 pytestmark = pytest.mark.timeout(900)
@@ -137,52 +138,28 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     assert raw_train_steps(run_dir) == list(range(1, end + 1))  # nothing was trained over
 
 
-def test_a_reward_that_goes_flat_halts_with_a_checkpoint_a_diagnosis_and_the_plots(tiny_model_dir, ray_cluster, tmp_path):
-    """Step 1's rewards differ within every group, then every reward is 1.0: the signal was lost, so after
-    trainer.halt_after such steps the run halts (before its last step) with a checkpoint, the plots and a
-    diagnosis. (A run that never had a signal is warned about, not halted: tests/unit/test_health.py and
-    tests/e2e/test_console_and_completions.py.) The same run shows the learner-vs-vLLM log-prob mismatch
-    per step (fp32 on CPU: near zero)."""
-    flat = tmp_path / "goes_flat.py"
-    # each call appends a byte to a file (O_APPEND: atomic across the scorer's processes): the first 16
-    # calls, step 1's 4 prompts x 4 completions, get distinct rewards, every later one 1.0
-    flat.write_text(f"""import os
+@ray.remote(num_cpus=0, max_restarts=0)
+class Stub:
+    """An actor with rollout.max_restarts=0's restart budget, as cluster/launch/placement.py starts an engine."""
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
-def reward(prompt, completion, **kw):
-    fd = os.open({str(tmp_path / "calls")!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.write(fd, b"x")
-    os.close(fd)
-    n = os.path.getsize({str(tmp_path / "calls")!r})
-    return float(n) if n <= 16 else 1.0
-""")
-    run_dir = tmp_path / "flat"
-    cfg = config(tiny_model_dir, run_dir, f"reward.functions=['{flat}:reward']", "trainer.halt_after=2",
-                 "trainer.steps=5")
-    with pytest.raises(TrainingHalted) as e:
-        Trainer(cfg).run()
-    assert "no learning signal" in str(e.value) and "for 2 consecutive steps" in str(e.value)
-    assert "reward function" in str(e.value) and f"raygrpo show {run_dir}" in str(e.value)  # what to change, where to look
-    assert checkpoint.latest_complete(run_dir / "checkpoints").endswith(checkpoint.step_dir_name(3))
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [1, 2, 3]
-    assert [r["zero_var_groups"] for r in train] == [0, 4, 4]
-    assert all((run_dir / f).is_file() for f in ("reward.png", "kl.png", "step_time.png"))
-    for r in train:
-        assert 0 <= r["logprob_diff_mean"] <= r["logprob_diff_max"] < 1e-2, r
-
-
-def test_rollout_worker_past_its_restart_budget_fails_the_run_at_once(tiny_model_dir, ray_cluster, tmp_path):
-    """rollout.max_restarts=0 and the engine is SIGKILLed: Ray will not restart it, so the driver says so
-    at once instead of polling a dead actor for trainer.actor_timeout_s."""
-    cfg = config(tiny_model_dir, tmp_path / "budget", "rollout.max_restarts=0", "trainer.steps=3",
-                 "trainer.actor_timeout_s=240")
-    trainer = Trainer(cfg)
-    killed = kill_while_learning(trainer, at_step=0, role="rollout-0")
-    t0 = time.monotonic()
-    with pytest.raises(ActorFailed) as e:
-        trainer.run()
-    assert killed, "the worker was never killed: the test did not test anything"
-    assert "rollout.max_restarts=0" in str(e.value) and "rollout worker 0" in str(e.value)
-    assert time.monotonic() - t0 < 200  # well inside actor_timeout_s (240 s): it did not wait it out
+def test_an_actor_past_its_restart_budget_is_dead_in_rays_table_at_once(ray_cluster):
+    """What the driver reads when an engine with rollout.max_restarts=0 dies (cluster/launch/waits.py actor_state,
+    read by RolloutPool.recover): Ray's own table says DEAD with 0 restarts, within seconds, so the driver fails
+    the run at once instead of polling a dead actor for trainer.actor_timeout_s. That decision, over a fake engine
+    whose state is DEAD as here: tests/unit/test_driver_seam_halts.py (the only engine dead past its budget fails
+    the run naming rollout.max_restarts=0); this is what tests/fakes/ray_like.py's `die` (DEAD, 0 restarts) stands
+    for. Formerly a run of its own (a Trainer with one engine and a learner group, SIGKILLed at step 0): issue 58,
+    one engine start fewer."""
+    stub = Stub.remote()
+    pid = ray.get(stub.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(stub.pid.remote(), timeout=60)
+    deadline = time.monotonic() + 30
+    while actor_state(stub)[0] != "DEAD" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert actor_state(stub) == ("DEAD", 0)
