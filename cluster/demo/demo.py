@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster.config import load_config
+from cluster.config import RunConfig, load_config
 from cluster.data.dataset import load_run_data, load_splits, load_tokenizer
 from cluster.demo.policyreward import build_policy_reward_model, describe, policy_reward_result
 from cluster.demo.recipes import CHAT_MODEL, MODEL, RECIPES, Recipe
@@ -124,8 +124,18 @@ def _reward_model(recipe: Recipe, warm: Path, examples: list, seed: int, args) -
     return [f"reward.functions=[model:{rm}]"]
 
 
-def run_demo(args) -> int:
-    t0 = time.time()
+@dataclasses.dataclass(frozen=True)
+class DemoRun:
+    """What `raygrpo demo` trains once its models are ready: the recipe and the run's config as it trains it (the
+    warm start as model.path, the recipe's overrides and data, the reward model as reward.functions)."""
+    recipe: Recipe
+    cfg: RunConfig
+
+
+def prepare_demo(args) -> DemoRun | None:
+    """Steps 1-2 of `raygrpo demo` (parsed args, as build_parser gives them): the base model, the recipe's data, the
+    warm start and the reward model (each built or reused from the cache), composed into the run's config. No
+    engine, no Ray. None where the run dir holds a run the demo did not make (said on stderr, nothing changed)."""
     recipe, cache = RECIPES[args.recipe], Path(args.cache_dir)
     base = _base_model(recipe, cache)
     made = "converted from PyPI" if recipe.base == "smollm2" else "built offline"
@@ -142,18 +152,16 @@ def run_demo(args) -> int:
         print(f"raygrpo demo: refusing to start afresh in {run_path}: it holds a run the demo did not make (no "
               f"{DEMO_MARK}), and a demo deletes its run dir first. Nothing was changed; pass another --run-dir, or "
               f"resume that run with `raygrpo train {run_path / 'config.yaml'}`.", file=sys.stderr, flush=True)
-        return 2
+        return None
     warm, seed, examples = _warm_start(recipe, cfg, base, cache, args)
     cfg = load_config(recipe.config, [f"model.path={warm}", *_reward_model(recipe, warm, examples, seed, args),
                                       *overrides])
-    if run_path.exists():  # a demo starts fresh (made_by_a_demo checked it is a demo's); a real run would resume
-        shutil.rmtree(run_path)
-    run_path.mkdir(parents=True)
-    (run_path / DEMO_MARK).write_text(json.dumps({"recipe": recipe.name, "seed": cfg.trainer.seed}) + "\n")
-    print(f"[3/4] GRPO: {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x G={cfg.trainer.group_size}, "
-          f"run dir {cfg.trainer.run_dir}")
-    summary = Trainer(cfg).run()
-    plots = plot_run(summary["run_dir"])
+    return DemoRun(recipe, cfg)
+
+
+def print_results(recipe: Recipe, cfg: RunConfig, summary: dict, plots: list) -> None:
+    """Step 4: the held-out evaluation before and after (the tools recipe's tool rows too), the verdict, the weight
+    syncs verified (read back from metrics.jsonl) and where everything is."""
     before, after = summary["before"], summary["after"]
     k = cfg.trainer.eval_pass_k
     print(f"\n[4/4] held-out evaluation ({before['num_prompts']} unseen prompts)")
@@ -172,6 +180,23 @@ def run_demo(args) -> int:
     print(f"    reward plot:  {plots[0]}")
     print(f"    HF model:     {summary['hf_model']}")
     print(f"    checkpoint:   {summary['checkpoint']}")
+
+
+def run_demo(args) -> int:
+    t0 = time.time()
+    prepared = prepare_demo(args)
+    if prepared is None:
+        return 2
+    recipe, cfg = prepared.recipe, prepared.cfg
+    run_path = Path(cfg.trainer.run_dir)
+    if run_path.exists():  # a demo starts fresh (made_by_a_demo checked it is a demo's); a real run would resume
+        shutil.rmtree(run_path)
+    run_path.mkdir(parents=True)
+    (run_path / DEMO_MARK).write_text(json.dumps({"recipe": recipe.name, "seed": cfg.trainer.seed}) + "\n")
+    print(f"[3/4] GRPO: {cfg.trainer.steps} steps x {cfg.trainer.prompts_per_step} prompts x G={cfg.trainer.group_size}, "
+          f"run dir {cfg.trainer.run_dir}")
+    summary = Trainer(cfg).run()
+    print_results(recipe, cfg, summary, plot_run(summary["run_dir"]))
     print(f"    took {(time.time() - t0) / 60:.1f} min")
     print("\n    on a cluster: raygrpo submit examples/multinode.yaml --address http://HEAD:8265 model.path=/shared/model")
     return 0
