@@ -54,13 +54,18 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     """An async run started as a user starts it (the console script, from the user's directory, paths relative
     to it). Rollout worker 0 SIGKILLed after step 1: Ray restarts it and the run goes on (a row logs
     rollout_restarts). A second run on the same dir meanwhile is refused. SIGTERM mid-run: the step finishes,
-    a checkpoint is saved, exit 143; the rerun resumes from it and the raw metrics.jsonl holds each step
-    exactly once, and the rerun prints the held-out summary, its 'before' the first run's step-0 evaluation
-    (data.num_eval=2, greedy: a few short generations). Then: a changed config, export into a non-empty dir,
-    and checkpoints that all fail verification are each refused with a message, losing nothing.
-    One run and its rerun serve two stories: the run-dir guards, and issue 36's untried case (a rollout
-    worker killed in async, then SIGTERM and resume; formerly in test_reliability_round3_runs.py). The runs
-    go through the console script, the refusals (drivers only) through `python -m cluster.cli`: both ways in."""
+    a checkpoint is saved, exit 143. The run dir is then copied (a copied run dir is the same run: issue 30 case
+    10) and the copy loses its first metrics row and has its second cut short (every later row lost: case 3);
+    the rerun of the copy resumes from the SIGTERM checkpoint, restores every row the copy lost as it was
+    written, and its raw metrics.jsonl holds each step exactly once; it prints the held-out summary, its 'before'
+    the first run's step-0 evaluation (data.num_eval=2, greedy: a few short generations). Then, on the stopped
+    run dir: a changed config, export into a non-empty dir, and checkpoints that all fail verification are each
+    refused with a message, losing nothing.
+    One run and its rerun serve three stories: the run-dir guards, issue 36's untried case (a rollout worker
+    killed in async, then SIGTERM and resume; formerly in test_reliability_round3_runs.py), and the resume of a
+    copied run dir with a torn and a lost row (formerly test_rerun_export_resume.py's own resume of the session's
+    finished run: one engine start fewer, issue 58). The runs go through the console script, the refusals
+    (drivers only) through `python -m cluster.cli`: both ways in."""
     home = tmp_path / "user"
     home.mkdir()
     shutil.copytree(tiny_model_dir, home / "model")
@@ -107,14 +112,22 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("rollout_restarts", 0) >= 1 for r in rows if r["kind"] == "train"), "no restart was logged"
 
-    rerun = run(["train", "run.yaml", f"trainer.steps={end}"], home)
-    rerun.report("async rerun after a killed worker and SIGTERM")
+    copy = home / "runs" / "copied"
+    shutil.copytree(run_dir, copy)
+    original = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (copy / "metrics.jsonl").write_text(original[1][:50])  # the first row lost, the second torn, the rest lost
+    rerun = run(["train", "run.yaml", f"trainer.run_dir={copy.relative_to(home)}", f"trainer.steps={end}"], home)
+    rerun.report("async rerun of a copied run dir after a killed worker and SIGTERM")
     assert rerun.returncode == 0, rerun.text[-3000:]
-    assert f"resumed from {run_dir / 'checkpoints' / checkpoint.step_dir_name(stopped_at)}" in rerun.text, \
-        rerun.text[-3000:]
+    assert f"resumed from {copy / 'checkpoints' / checkpoint.step_dir_name(stopped_at)} at step {stopped_at}" \
+        in rerun.text, rerun.text[-3000:]
+    assert f"restored {len(original)} row(s)" in rerun.text, rerun.text[-3000:]
     assert "Traceback" not in rerun.text, rerun.text[-3000:]
     assert "held-out accuracy: " in rerun.text and " -> " in rerun.text, rerun.text[-3000:]  # 'before': the first run's
-    assert raw_train_steps(run_dir) == list(range(1, end + 1))
+    raw = (copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert raw[:len(original)] == original  # the very rows, as written
+    assert raw_train_steps(copy) == list(range(1, end + 1))
+    assert (copy / "metrics.jsonl.superseded").read_text() == original[1][:50] + "\n"
 
     changed = run_cli("train", "run.yaml", "learner.lr=0.5", cwd=home)
     assert changed.returncode == 2 and "learner.lr: 0.001 -> 0.5" in changed.stderr, changed.stderr
@@ -135,7 +148,7 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     assert broken.returncode == 2, broken.stderr
     assert "fails verification" in broken.stderr and "no COMPLETE marker" in broken.stderr
     assert all(c in broken.stderr for c in checkpoint.list_checkpoints(run_dir / "checkpoints"))
-    assert raw_train_steps(run_dir) == list(range(1, end + 1))  # nothing was trained over
+    assert raw_train_steps(run_dir) == list(range(1, stopped_at + 1))  # nothing was trained over
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
