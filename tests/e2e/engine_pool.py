@@ -7,17 +7,19 @@ back at its end. What a test may change on a leased engine is put back when it i
 it is next leased:
   - the weights: resent from the model directory at version 0 (our gloo transport, as the learner sends them)
     when the engine no longer holds them;
-  - the call-time settings (`configure`) back to the pool's config;
+  - the call-time settings (`configure`) back to the config the engine started with;
   - trainer.mode=pipeline's loop stopped (groups still in flight are aborted).
 Every lease first checks its engines are clean: weight version 0, the fingerprint of the model directory's
-weights (actors/transport/fingerprint.py), the pool's config, no pipeline loop, no update under way, no LoRA
+weights (actors/transport/fingerprint.py), the config it started with, no pipeline loop, no update under way, no LoRA
 adapter. A leak between tests then fails the next lease loudly (EngineNotClean) instead of skewing its results.
 An engine that died while leased (a test killed it) is dropped; the next lease that needs one starts a new one.
 
-One start-time config serves every user (POOL_CONFIG: the longest context the users need, a small fixed KV
-cache). Settings an engine reads on every call rather than at start (CALL_TIME_FIELDS) differ per test through
-`configure`; a test whose engine differs at start (a packed-GEMM engine, a core in its own process, another
-model directory such as an export) starts its own, saying why.
+Engines are pooled by model directory and start-time config. Most users lease POOL_CONFIG's (the longest context
+the users need, a small fixed KV cache); settings an engine reads on every call rather than at start
+(CALL_TIME_FIELDS) differ per test through `configure`. Where users need an engine that differs at start, one
+named config serves all of them, so that the pool starts it once: CHAT_CONFIG (the chat model's engine, with a
+multi-turn environment). A test whose engine differs at start otherwise (a packed-GEMM engine, a core in its own
+process, another model directory such as an export, a fault) starts its own, saying why.
 """
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ from actors.transport.fingerprint import Recorder, differences
 
 # 512: test_pipeline_engine's 154-token prompt + 300 new tokens (the tiny models' max_position_embeddings).
 POOL_CONFIG = RolloutConfig(max_model_len=512, max_new_tokens=16, cpu_kv_cache_mb=64)
+# The chat model's engine for every user of that model (test_rollout, test_tinymodel_loads, test_multiturn): it
+# runs the scripted environment of test_multiturn (scripted_env.py; rollout.env and its processes start with the
+# engine), which the other users' plain `generate` calls never touch.
+CHAT_CONFIG = dataclasses.replace(POOL_CONFIG, env=f"{Path(__file__).with_name('scripted_env.py')}:Scripted",
+                                  max_turns=3, env_timeout_s=3.0, env_num_procs=2)
 # Read from the actor's cfg on each call (actors/engine/generation.py, pipeline_loop.py: pipeline_start reads
 # kv_after_update and the sampling fields when the loop starts), never when the engine starts: a test may set
 # them on a pooled engine and gets what an engine started with them would do.
@@ -109,12 +116,13 @@ def send_weights(handles: list, model, version: int, bucket_bytes: int, timeout_
 class PooledEngine:
     handle: object
     model_dir: str
+    config: RolloutConfig  # what it started with, and what the pool puts back
     index: int
     leased: bool = False
 
 
 class EnginePool:
-    """RolloutWorker engines on POOL_CONFIG, per model directory, started when first needed and kept warm."""
+    """RolloutWorker engines per model directory and start config, started when first needed and kept warm."""
 
     def __init__(self, ray):
         self.ray = ray
@@ -129,12 +137,13 @@ class EnginePool:
         return dataclasses.replace(POOL_CONFIG, **fields)
 
     @contextmanager
-    def lease(self, model_dir: Path, count: int = 1):
-        """`count` engines on `model_dir`, each checked clean, for the `with` block; put back clean after it."""
+    def lease(self, model_dir: Path, count: int = 1, config: RolloutConfig = POOL_CONFIG):
+        """`count` engines on `model_dir` started with `config` (POOL_CONFIG, or a named one above), each checked
+        clean, for the `with` block; put back clean after it."""
         model_dir = str(model_dir)
-        idle = [e for e in self.engines if e.model_dir == model_dir and not e.leased]
+        idle = [e for e in self.engines if e.model_dir == model_dir and e.config == config and not e.leased]
         while len(idle) < count:
-            idle.append(self._start(model_dir))
+            idle.append(self._start(model_dir, config))
         taken = idle[:count]
         for e in taken:
             e.leased = True
@@ -146,13 +155,13 @@ class EnginePool:
             self._give_back(taken)
 
     def configure(self, handle, **settings) -> None:
-        """Set call-time settings on a leased engine (relative to POOL_CONFIG); put back when it is given back."""
-        self._check_leased(handle)
+        """Set call-time settings on a leased engine (relative to the config it started with); put back when it is
+        given back."""
         start_time = set(settings) - CALL_TIME_FIELDS
         if start_time:
             raise ValueError(f"{sorted(start_time)} take effect when an engine starts: start an engine of the test's "
                              f"own (EnginePool.config) instead of configuring a pooled one")
-        cfg = self.config(**settings)
+        cfg = dataclasses.replace(self._leased(handle).config, **settings)
         if cfg.problems():
             raise ValueError("; ".join(cfg.problems()))
         self.ray.get(handle.__ray_call__.remote(_set_cfg, cfg))
@@ -173,10 +182,10 @@ class EnginePool:
         self.engines.clear()
 
     # ---- inside
-    def _start(self, model_dir: str) -> PooledEngine:
-        handle = self.ray.remote(num_cpus=POOL_CONFIG.num_cpus)(RolloutWorker).remote(
-            model_dir, POOL_CONFIG, worker_index=self.next_index)
-        e = PooledEngine(handle, model_dir, self.next_index)
+    def _start(self, model_dir: str, config: RolloutConfig) -> PooledEngine:
+        handle = self.ray.remote(num_cpus=config.num_cpus)(RolloutWorker).remote(
+            model_dir, config, worker_index=self.next_index)
+        e = PooledEngine(handle, model_dir, config, self.next_index)
         self.next_index += 1
         try:
             self.ray.get(handle.info.remote())  # up, or its start-up error here
@@ -191,15 +200,17 @@ class EnginePool:
             self.weights[model_dir] = BaseWeights(Path(model_dir))
         return self.weights[model_dir]
 
-    def _check_leased(self, handle) -> None:
-        if not any(e.handle == handle and e.leased for e in self.engines):
-            raise ValueError("configure: not an engine leased from this pool")
+    def _leased(self, handle) -> PooledEngine:
+        for e in self.engines:
+            if e.handle == handle and e.leased:
+                return e
+        raise ValueError("configure: not an engine leased from this pool")
 
     def _check_clean(self, e: PooledEngine) -> None:
         state = self.ray.get(e.handle.__ray_call__.remote(_engine_state), timeout=CHECK_TIMEOUT_S)
         problems = [f"{k} is {state[k]!r}" for k in ("pipeline", "updating", "adapter") if state[k]]
-        if state["cfg"] != POOL_CONFIG:
-            problems.append(f"its config is {state['cfg']}, not the pool's")
+        if state["cfg"] != e.config:
+            problems.append(f"its config is {state['cfg']}, not the {e.config} it started with")
         if not problems:  # weight_fingerprint refuses an engine mid-update
             problems += self._base(e.model_dir).differences(e.handle)
         if problems:
@@ -207,12 +218,12 @@ class EnginePool:
                                  + "; ".join(problems[:5]))
 
     def _give_back(self, taken: list[PooledEngine]) -> None:
-        """Stop a pipeline, the pool's config, the weights resent where they changed; a dead engine dropped."""
+        """Stop a pipeline, the engine's own config, the weights resent where they changed; a dead engine dropped."""
         alive = []
         for e in taken:
             try:
                 self.ray.get(e.handle.pipeline_stop.remote(), timeout=CHECK_TIMEOUT_S)
-                self.ray.get(e.handle.__ray_call__.remote(_set_cfg, POOL_CONFIG), timeout=CHECK_TIMEOUT_S)
+                self.ray.get(e.handle.__ray_call__.remote(_set_cfg, e.config), timeout=CHECK_TIMEOUT_S)
             except self.ray.exceptions.RayActorError:  # a test killed it: the next lease starts another
                 self.engines.remove(e)
                 continue

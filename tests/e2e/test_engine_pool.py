@@ -46,8 +46,7 @@ def test_what_a_test_changed_is_put_back(engine_pool, tiny_model_dir):
         engine_pool.configure(engine, stop=["\x07"], max_new_tokens=8)  # after: a pipeline refuses stop strings
         assert max_diff(ray.get(engine.prompt_logprobs.remote(seqs)), hf_logprobs(base.model, seqs)) > 100 * TOL
 
-    with engine_pool.lease(tiny_model_dir, len([e for e in engine_pool.engines if e.model_dir == str(tiny_model_dir)])) \
-            as engines:
+    with engine_pool.lease(tiny_model_dir, len(plain_engines(engine_pool, tiny_model_dir))) as engines:
         (engine,) = [e for e in engines if ray.get(e.info.remote())["pid"] == pid]  # the same process, not a new one
         assert ray.get(engine.get_weight_version.remote()) == "0"
         assert max_diff(ray.get(engine.prompt_logprobs.remote(seqs)), hf_logprobs(base.model, seqs)) <= TOL
@@ -62,12 +61,17 @@ def test_a_change_that_leaks_past_the_lease_fails_the_next_one(engine_pool, tiny
         pass
     noised(tiny_model_dir, seed=2).resend([engine])  # the leak: the handle used after the lease ended
 
-    count = len([e for e in engine_pool.engines if e.model_dir == str(tiny_model_dir)])  # every one: the leaked too
+    count = len(plain_engines(engine_pool, tiny_model_dir))  # every one: the leaked too
     with pytest.raises(EngineNotClean, match=r"was handed out changed: tensor model\..* sampled values differ"):
         with engine_pool.lease(tiny_model_dir, count):
             pass
     with engine_pool.lease(tiny_model_dir, count):  # put back clean by the failed lease: checked clean again
         pass
+
+
+def plain_engines(engine_pool, model_dir) -> list:
+    """The pool's engines on `model_dir` that a lease without a config gets (POOL_CONFIG's)."""
+    return [e for e in engine_pool.engines if e.model_dir == str(model_dir) and e.config == POOL_CONFIG]
 
 
 def test_call_time_settings_are_read_per_call_not_at_start():

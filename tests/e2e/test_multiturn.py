@@ -1,9 +1,10 @@
 """Multi-turn rollouts on a real vLLM engine (Ray actor) with the tiny chat model (ChatML, EOS <|im_end|>).
 
-One engine for the module. Its environment is a scripted test env: a random tiny model never
-calls a tool by itself, so the env answers the first turn with a `tool` message and the second
-with a `user` message whatever the model said, and ends the episode after the third turn.
-Examples with a `mode` field make their environment raise, hang or break the contract instead.
+One engine for the module: the engine pool's chat-model engine (tests/e2e/engine_pool.py CHAT_CONFIG), which
+starts with this module's environment, a scripted test env (scripted_env.py): a random tiny model never calls a
+tool by itself, so the env answers the first turn with a `tool` message and the second with a `user` message
+whatever the model said, and ends the episode after the third turn. Examples with a `mode` field make their
+environment raise, hang or break the contract instead.
 """
 from __future__ import annotations
 
@@ -16,54 +17,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_pool import CHAT_CONFIG
 from multiturn_loss import learner_loss_and_grads, model_tokens_only_loss_and_grads
 
-from actors.config import RolloutConfig
-from actors.rollout import RolloutWorker
 from cluster.run.metrics import read_metrics
 from learner.batch import TrainBatch
 
 pytestmark = pytest.mark.timeout(900)
 
-ENV = textwrap.dedent('''
-    import time
-
-    class Scripted:
-        def __init__(self, mode="ok", **_):
-            self.mode, self.n = mode, 0
-
-        def reset(self):
-            return None
-
-        def step(self, text):
-            self.n += 1
-            if self.mode == "raise" and self.n == 2:
-                raise ValueError("the environment broke")
-            if self.mode == "hang" and self.n == 2:
-                time.sleep(120)
-            if self.mode == "garbage" and self.n == 2:
-                return ["not", "a", "dict"]
-            if self.n == 1:
-                return {"messages": [{"role": "tool", "content": "42"}], "done": False, "reward": 0.25}
-            if self.n == 2:
-                return {"messages": [{"role": "user", "content": "Thanks. Now the answer?"}], "done": False}
-            return {"messages": [], "done": True, "reward": 1.0}
-''')
 QUESTION = [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "Tom has 3 apples and gets 4 more."}]
 MAX_NEW = 10
 G = 2
 
 
 @pytest.fixture(scope="module")
-def engine(ray_cluster, tiny_chat_model_dir, tmp_path_factory):
-    env_file = tmp_path_factory.mktemp("env") / "scripted_env.py"
-    env_file.write_text(ENV)
-    cfg = RolloutConfig(max_model_len=256, max_new_tokens=MAX_NEW, cpu_kv_cache_mb=64, env=f"{env_file}:Scripted",
-                        max_turns=3, env_timeout_s=3.0, env_num_procs=2)
-    worker = ray_cluster.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(str(tiny_chat_model_dir), cfg)
-    ray_cluster.get(worker.info.remote())
-    yield worker
-    ray_cluster.kill(worker)
+def engine(engine_pool, tiny_chat_model_dir):
+    """The pool's chat-model engine (its scripted environment: 3 turns, each env call cut at 3 s, 2 env processes),
+    MAX_NEW tokens a turn (a call-time setting, put back by the pool at the module's end)."""
+    assert CHAT_CONFIG.max_turns == 3 and CHAT_CONFIG.env_timeout_s == 3.0 and CHAT_CONFIG.env.endswith(":Scripted")
+    with engine_pool.lease(tiny_chat_model_dir, config=CHAT_CONFIG) as (worker,):
+        engine_pool.configure(worker, max_new_tokens=MAX_NEW)
+        yield worker
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,11 @@ settings (engine_pool.CALL_TIME_FIELDS), set on the pooled engines and put back 
 """
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import pytest
+from engine_pool import CHAT_CONFIG
 
 from actors.completions import split_evenly
 from cluster.models.tinymodel import build_tokenizer
@@ -202,11 +206,23 @@ def test_text_without_stop_strings_is_vllms_own(workers):
 def test_text_without_stop_strings_is_vllms_own_chat_model(engine_pool, tiny_chat_model_dir):
     """As above on the chat model, byte-level BPE at random weights: split UTF-8 sequences and special
     tokens. One pooled engine on the chat model samples both ways, one after the other (the same seeds give
-    the same tokens on one engine: test_seeds_reproduce)."""
+    the same tokens on one engine: test_seeds_reproduce). The pool's chat-model engine (CHAT_CONFIG: it also
+    runs test_multiturn's environment, which `generate` never touches)."""
     import ray
 
-    with engine_pool.lease(tiny_chat_model_dir) as (engine,):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _stop_at: the actor cannot import this module
+    with engine_pool.lease(tiny_chat_model_dir, config=CHAT_CONFIG) as (engine,):
         fast = ray.get(_sample_texts(engine))
-        with engine_pool.configured(engine, stop=[NEVER]):
-            vllm_text = ray.get(_sample_texts(engine))
+        before = ray.get(engine.__ray_call__.remote(_stop_at, [NEVER]))
+        vllm_text = ray.get(_sample_texts(engine))
+        assert ray.get(engine.__ray_call__.remote(_stop_at, before)) == [NEVER]
     _text_paths_agree(fast, vllm_text, char_level=False)
+
+
+def _stop_at(worker, stop: list[str]) -> list[str]:
+    """Inside the actor (Ray's __ray_call__): its rollout.stop set to `stop`; the one before. Set directly, not by the
+    pool's `configure`: that refuses a stop string on an engine with an environment (a multi-turn turn must end at
+    the template's end-of-turn token), but `generate` reads only the stop strings; the pool puts the engine's config
+    back when it is given back."""
+    before, worker.cfg = list(worker.cfg.stop), dataclasses.replace(worker.cfg, stop=stop)
+    return before

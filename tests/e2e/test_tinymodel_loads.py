@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from engine_pool import CHAT_CONFIG
 
 from cluster.models.tinychat import ENDOFTEXT, IM_END
 from cluster.models.tinymodel import EOS, PAD, num_parameters
@@ -65,11 +66,12 @@ def test_chat_model_loads_in_transformers(tiny_chat_model_dir):
 
 def test_chat_model_loads_in_vllm(engine_pool, tiny_chat_model_dir):
     """vLLM's tokenizer (the engine's own) renders and encodes the conversation exactly as transformers does,
-    and the engine generates from those token ids. A warm engine of the session's pool on the chat model."""
+    and the engine generates from those token ids. A warm engine of the session's pool on the chat model (CHAT_CONFIG:
+    it also runs test_multiturn's environment, which `generate` never touches)."""
     import ray
     from transformers import AutoTokenizer
 
-    with engine_pool.lease(tiny_chat_model_dir) as (engine,):
+    with engine_pool.lease(tiny_chat_model_dir, config=CHAT_CONFIG) as (engine,):
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actor cannot import this test module
         ids, eos = ray.get(engine.__ray_call__.remote(_render_in_the_engine, CHAT))
         (rollout,) = ray.get(engine.generate.remote([ids], 1, seeds=[0], max_new_tokens=8))
