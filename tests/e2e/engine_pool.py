@@ -18,8 +18,8 @@ Engines are pooled by model directory and start-time config. Most users lease PO
 the users need, a small fixed KV cache); settings an engine reads on every call rather than at start
 (CALL_TIME_FIELDS) differ per test through `configure`. Where users need an engine that differs at start, one
 named config serves all of them, so that the pool starts it once: CHAT_CONFIG (the chat model's engine, with a
-multi-turn environment). A test whose engine differs at start otherwise (a packed-GEMM engine, a core in its own
-process, another model directory such as an export, a fault) starts its own, saying why.
+multi-turn environment) and OWN_CORE_PACKED_CONFIG (a core in its own process, packed GEMM). A test whose engine
+differs at start otherwise (another model directory such as an export, a fault) starts its own, saying why.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import torch
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
 from actors.transport.fingerprint import Recorder, differences
+from cluster.launch.ray_cluster import worker_runtime_env
 
 # 512: test_pipeline_engine's 154-token prompt + 300 new tokens (the tiny models' max_position_embeddings).
 POOL_CONFIG = RolloutConfig(max_model_len=512, max_new_tokens=16, cpu_kv_cache_mb=64)
@@ -41,6 +42,11 @@ POOL_CONFIG = RolloutConfig(max_model_len=512, max_new_tokens=16, cpu_kv_cache_m
 # engine), which the other users' plain `generate` calls never touch.
 CHAT_CONFIG = dataclasses.replace(POOL_CONFIG, env=f"{Path(__file__).with_name('scripted_env.py')}:Scripted",
                                   max_turns=3, env_timeout_s=3.0, env_num_procs=2)
+# One engine unlike the others at start in the two ways its users need, both read when it starts: its vLLM core in
+# a process of its own (rollout.engine_core=process, the layout of every GPU engine: test_pipeline_engine) and its
+# linear layers computed from oneDNN-packed copies that each update rebuilds (rollout.cpu_pack_above_elements=0:
+# test_weight_sync).
+OWN_CORE_PACKED_CONFIG = dataclasses.replace(POOL_CONFIG, engine_core="process", cpu_pack_above_elements=0)
 # Read from the actor's cfg on each call (actors/engine/generation.py, pipeline_loop.py: pipeline_start reads
 # kv_after_update and the sampling fields when the loop starts), never when the engine starts: a test may set
 # them on a pooled engine and gets what an engine started with them would do.
@@ -183,8 +189,12 @@ class EnginePool:
 
     # ---- inside
     def _start(self, model_dir: str, config: RolloutConfig) -> PooledEngine:
-        handle = self.ray.remote(num_cpus=config.num_cpus)(RolloutWorker).remote(
-            model_dir, config, worker_index=self.next_index)
+        # vLLM sends a Python function to a core in another process (collective_rpc, as test_pipeline_engine's
+        # trace_steps) only with pickle allowed
+        options = {"num_cpus": config.num_cpus}
+        if config.engine_core == "process":
+            options["runtime_env"] = worker_runtime_env({"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})
+        handle = self.ray.remote(**options)(RolloutWorker).remote(model_dir, config, worker_index=self.next_index)
         e = PooledEngine(handle, model_dir, config, self.next_index)
         self.next_index += 1
         try:

@@ -1,12 +1,14 @@
 """trainer.mode=pipeline, the engine's side (real Ray, real vLLM): an update lands mid-request.
 
-Three engines run continuously (actors/pipeline.py): one per `rollout.kv_after_update` choice (two warm engines
-leased from the session's pool, tests/e2e/engine_pool.py: kv_after_update and the 300-token sampling are read
-when the loop starts, so they are set on the leased engines; the pool puts back their weights and settings and
-stops their loops at the module's end), and a third (recompute) whose vLLM engine core runs in its own process
-(`rollout.engine_core=process`, VLLM_ENABLE_V1_MULTIPROCESSING=1: the layout every GPU engine has), where the
-core steps on its own and only a scheduler pause stops it (actors/update_hold.py). That one is the module's own:
-the core's process is chosen when the engine starts, and the test patches the core's worker (trace_steps).
+Three engines run continuously (actors/pipeline.py), all warm engines leased from the session's pool
+(tests/e2e/engine_pool.py: kv_after_update and the 300-token sampling are read when the loop starts, so they are
+set on the leased engines; the pool puts back their weights and settings and stops their loops at the module's
+end): one per `rollout.kv_after_update` choice, and a third (recompute) whose vLLM engine core runs in its own
+process (`rollout.engine_core=process`, VLLM_ENABLE_V1_MULTIPROCESSING=1: the layout every GPU engine has), where
+the core steps on its own and only a scheduler pause stops it (actors/update_hold.py). The core's process is
+chosen when the engine starts: the third is the pool's OWN_CORE_PACKED_CONFIG engine, which test_weight_sync.py
+leases for its packed GEMM (its linear layers from oneDNN-packed copies, rebuilt at each update: the same checks
+hold there). The test patches that core's worker (trace_steps) and puts it back (untrace_steps).
 The test process stands in for the learner (as in test_weight_sync.py): it holds the HF model, noises it and
 sends it through the gloo transport with the learner's one-trip client while long requests run. Checked in one run, for every engine:
   - the update lands while requests are running: a completion's tokens carry version 0, then 1;
@@ -28,10 +30,9 @@ import time
 
 import pytest
 import torch
+from engine_pool import OWN_CORE_PACKED_CONFIG
 
-from actors.rollout import RolloutWorker
 from actors.transport.client import OneTripRayClient
-from cluster.launch.ray_cluster import worker_runtime_env
 from learner.grpo import token_logprobs
 
 TOL = 1e-5
@@ -70,6 +71,8 @@ def trace_steps(worker) -> int:
     process's monotonic clock. Returns the worker's pid."""
     w = getattr(worker, "worker", worker)  # vLLM's WorkerWrapperBase holds the worker
     trace = w.raygrpo_trace = []
+    w.raygrpo_untraced = {name: getattr(w, name) for name in ("execute_model", "start_weight_update",
+                                                              "finish_weight_update")}
 
     def timed(name, fn, tokens=lambda *a: 0):
         def call(*args, **kwargs):
@@ -90,6 +93,15 @@ def read_trace(worker) -> list:
     return getattr(worker, "worker", worker).raygrpo_trace
 
 
+def untrace_steps(worker) -> bool:
+    """The worker as before trace_steps (a pooled engine: the next lease finds it unpatched)."""
+    w = getattr(worker, "worker", worker)
+    for name, original in w.__dict__.pop("raygrpo_untraced").items():
+        setattr(w, name, original)
+    del w.raygrpo_trace
+    return True
+
+
 @pytest.fixture(scope="module")
 def setup(engine_pool, tiny_model_dir):
     import ray
@@ -97,20 +109,15 @@ def setup(engine_pool, tiny_model_dir):
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # trace_steps travels to the engine by value
     sampling = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS}
-    cfg = engine_pool.config(**sampling, engine_core="process")
-    # vLLM sends a Python function to a core in another process only with pickle allowed (trace_steps)
-    own_core_env = worker_runtime_env({"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"})
-    own_core = ray.remote(num_cpus=cfg.num_cpus, runtime_env=own_core_env)(RolloutWorker).remote(
-        str(tiny_model_dir), cfg, worker_index=OWN_CORE)
+    assert OWN_CORE_PACKED_CONFIG.engine_core == "process"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    try:
-        with engine_pool.lease(tiny_model_dir, 2) as (recompute, keep):
-            engine_pool.configure(recompute, **sampling, kv_after_update="recompute")
-            engine_pool.configure(keep, **sampling, kv_after_update="keep")
-            yield ray, [recompute, keep, own_core], model, tok, cfg
-    finally:
-        ray.kill(own_core)
+    with engine_pool.lease(tiny_model_dir, 2) as (recompute, keep), \
+            engine_pool.lease(tiny_model_dir, config=OWN_CORE_PACKED_CONFIG) as (own_core,):
+        engine_pool.configure(recompute, **sampling, kv_after_update="recompute")
+        engine_pool.configure(keep, **sampling, kv_after_update="keep")
+        engine_pool.configure(own_core, **sampling, kv_after_update="recompute")
+        yield ray, [recompute, keep, own_core], model, tok, engine_pool.config()
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +163,7 @@ def update_mid_request(setup):
         assert stats["updates"] == 1 and stats["pause_s"] > 0
         results[name] = groups
     (trace,) = ray.get(own_core.__ray_call__.remote(lambda self: self.llm.collective_rpc(read_trace)))
+    assert ray.get(own_core.__ray_call__.remote(lambda self: self.llm.collective_rpc(untrace_steps))) == [True]
     new_state = {n: p.detach().clone() for n, p in model.named_parameters()}
     yield results, (trace, core_pid, actor_pid), model, old, new_state
     sender.shutdown()

@@ -10,24 +10,23 @@ The two engines compute their linear layers the two ways vLLM-CPU can: engine 0 
 themselves (the default for a model this small; a warm engine leased from the session's pool,
 tests/e2e/engine_pool.py, which puts its weights back at the module's end), engine 1 from oneDNN-packed
 copies that each update rebuilds (`rollout.cpu_pack_above_elements=0`: read when the engine loads the
-model, so this module starts that engine itself). An engine's first update goes through vLLM's
-`load_weights`, the later ones are direct copies (actors/transport/direct_load.py): engine 1 here is
-always fresh; a pooled engine may have had updates before (the pool's own resend).
+model, so it is the pool's OWN_CORE_PACKED_CONFIG engine, whose core also runs in its own process, for
+test_pipeline_engine.py). An engine's first update goes through vLLM's `load_weights`, the later ones are
+direct copies (actors/transport/direct_load.py); a pooled engine may have had updates before (the pool's
+own resend, a test before). (A packed engine's first update through `load_weights`, checked against
+transformers: test_pipeline_engine.py, whose update is that engine's first where it runs before this module,
+and test_smollm2_logprobs.py, whose SmolLM2 engine packs its layers by default.)
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
-from engine_pool import send_weights
+from engine_pool import OWN_CORE_PACKED_CONFIG, send_weights
 from hf_logprobs import hf_logprobs, max_diff
 
-from actors.rollout import RolloutWorker
 from actors.transport.client import OneTripRayClient
 
 TOL = 1e-4  # float32 on both sides
-PACKED_INDEX = 100  # a label (info(), logs) apart from the pool's engines' 0, 1, ...
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +36,13 @@ def setup(engine_pool, tiny_model_dir):
 
     # bucket_mb=1 with a ~1.2 MB model: the weights travel in two buckets (the sender's setting).
     cfg = engine_pool.config(bucket_mb=1)
-    packed = ray.remote(num_cpus=cfg.num_cpus)(RolloutWorker).remote(
-        str(tiny_model_dir), dataclasses.replace(cfg, cpu_pack_above_elements=0), worker_index=PACKED_INDEX)
+    assert OWN_CORE_PACKED_CONFIG.cpu_pack_above_elements == 0  # every linear layer packed
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 33, 48)]
-    try:
-        with engine_pool.lease(tiny_model_dir) as (plain,):
-            yield ray, [plain, packed], model, seqs, cfg
-    finally:
-        ray.kill(packed)
+    with engine_pool.lease(tiny_model_dir) as (plain,), \
+            engine_pool.lease(tiny_model_dir, config=OWN_CORE_PACKED_CONFIG) as (packed,):
+        yield ray, [plain, packed], model, seqs, cfg
 
 
 def noise_(model, seed: int, scale: float = 0.05):
