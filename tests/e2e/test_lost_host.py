@@ -12,7 +12,7 @@ starts them, and a host "lost" by SIGKILLing every process it holds, by pid (`ip
   is kept, the lost one comes back, each step is logged once. (A learner rank lost alone, under PACK, takes
   the same path: it was a test of its own, 82 s of a cluster of three hosts; the rank's new node is chosen
   in tests/unit/test_placement_nodes.py, a dead rank's restart that keeps the engines is
-  tests/e2e/test_train.py's test_a_dead_learner_rank_of_two_resumes_exactly_without_waiting_out_the_timeout);
+  tests/e2e/test_train.py's test_async_run_survives_a_killed_engine_reference_and_learner_rank_and_redoes_the_lost_step_exactly);
 - an elastic start in pipeline mode: room for one engine of two, rollout.min_workers=1: the run starts
   with one and feeds the other, with verified weights, when a node with room joins; that node lost, the
   run goes on with the first. (The sync schedule's rejoin is the first test's; the pool is the same.)

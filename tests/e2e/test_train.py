@@ -138,36 +138,52 @@ def test_sync_run_with_reference_then_resume_is_exact(tiny_model_dir, ray_cluste
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-6), (a, b)
 
 
-def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster, tmp_path):
-    """SIGKILL the engine's process while step 3's generation is in flight (async: it overlaps
-    step 2's training): Ray restarts it, the driver re-syncs it and re-sends its prompts. One engine (each
-    engine start costs ~23 CPU-seconds): that a restarted engine of two gets its own share again, not the
-    other's, is test_rollout_pool.py's restart in place. With a KL
-    term: in async, reference.placement auto is the actor, which scores each batch as it is collected;
-    it is SIGKILLed too, while step 5 is collected, and every step still has its KL."""
+def test_async_run_survives_a_killed_engine_reference_and_learner_rank_and_redoes_the_lost_step_exactly(
+        tiny_model_dir, ray_cluster, tmp_path):
+    """One async run with a KL term (reference.placement auto: the actor, which scores each batch as it is
+    collected) on 2 learner ranks, checkpoint at step 2, and three SIGKILLs, each while the driver trains:
+    - the engine, while step 2's generation is in flight (it overlaps step 1's training): Ray restarts it, the
+      driver re-syncs it and re-sends its prompts. One engine: that a restarted engine of two gets its own share
+      again, not the other's, is test_rollout_pool.py's restart in place. (Not later: a batch generated again
+      after the restart has the newest weights, and step 3's must be one version behind, below);
+    - the reference actor, while step 4 is collected with its log-probs: Ray restarts it and retries the call
+      (reference.max_restarts), and every step still has its KL;
+    - learner rank 1 of 2, while it trains step 4: rank 0 is left in a collective with a dead peer, yet the
+      driver sees the death at once (not after trainer.actor_timeout_s, which here would fail the test),
+      restarts the learner ranks, resumes at step 2, and the run still ends with exactly steps 1..4 logged once
+      each. Checkpoint 2 carries step 3's batch (generated with the weights of step 1, its reference log-probs
+      with it), so the redone step 3 trains on the same batch with the same weights as the first time: an
+      exact resume, with the two ranks' gradients reduced as the first time.
+    (Formerly two runs, test_async_run_survives_a_killed_rollout_worker and
+    test_a_dead_learner_rank_of_two_resumes_exactly_without_waiting_out_the_timeout: each run costs an engine
+    start and the learner ranks'.)"""
     run_dir = tmp_path / "async"
-    cfg = config(tiny_model_dir, run_dir, "trainer.mode=async", "trainer.steps=5", "algo.beta=0.05")
-    trainer = Trainer(cfg)
-    killed = kill_while_learning(trainer, at_step=1, role="rollout-0")  # training step 2, generating step 3
-    # training step 4 while step 5 is collected, its reference log-probs included: Ray restarts the
-    # reference actor and retries the call (reference.max_restarts)
-    killed_reference = kill_while_learning(trainer, at_step=3, role="reference")
+    trainer = Trainer(config(tiny_model_dir, run_dir, "trainer.mode=async", "algo.beta=0.05", "learner.num_ranks=2",
+                             "checkpoint.every=2", "trainer.max_learner_restarts=1", "trainer.actor_timeout_s=240"))
+    killed = kill_while_learning(trainer, at_step=0, role="rollout-0")  # training step 1, generating step 2
+    # training step 3 while step 4 is collected, its reference log-probs included
+    killed_reference = kill_while_learning(trainer, at_step=2, role="reference")
+    killed_rank = kill_while_learning(trainer, at_step=3, role="learner-1")  # training step 4
     sockets = listeners_while_learning(trainer, at_step=1, role="learner-0")
     summary = trainer.run()
-    assert killed and killed_reference, "a worker was never killed: the test did not test anything"
+    assert killed and killed_reference and killed_rank, "a worker was never killed: the test did not test anything"
+    # From the rank's kill to the run's end (the ranks restarted, steps 3 and 4 trained) in less than the timeout
+    # a driver that waited on rank 0 alone would have waited out first: the death was seen at once.
+    assert trainer.learner_restarts == 1 and time.monotonic() - killed_rank[1] < 240
+    assert summary["checkpoint"].endswith("step-00000004")
     # embedded cluster: rank 0's own listeners (rendezvous + weight-transfer stores, gloo) on loopback
     # only; the one wildcard socket is Ray's core-worker server, which every actor process has
     assert sum(ip == "127.0.0.1" for ip, _ in sockets) >= 2, sockets
     assert sum(ip in ("0.0.0.0", "::") for ip, _ in sockets) == 1 and {ip for ip, _ in sockets} <= {
         "127.0.0.1", "0.0.0.0", "::"}, sockets
     rows = train_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert summary["rollout_restarts"] >= 1 and rows[-1]["rollout_restarts"] >= 1
     # async: each batch comes from the previous version (never older than max_staleness=1)
     assert all(0 <= r["staleness"] <= 1 for r in rows) and any(r["staleness"] == 1 for r in rows)
     # no prompt lost: every step trained on full groups, and the weights kept advancing
     assert all(r["trained_groups"] == 4 for r in rows)
-    assert [r["weight_version"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["weight_version"] for r in rows] == [1, 2, 3, 4]
     assert all(r["kl"] is not None and r["ref_s"] > 0 for r in rows)
     placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
     # placement.json shows the engine Ray restarted, not the one killed (a reference actor Ray restarts on a live
@@ -176,6 +192,20 @@ def test_async_run_survives_a_killed_rollout_worker(tiny_model_dir, ray_cluster,
     threads = {role: p["threads"] for role, p in placement.items()}
     # the reference collects with the engines while the learner trains: they split the cores
     assert threads["reference"] + threads["learner-0"] <= max(2, node_cores())
+
+    # the raw file, as written: step 3 was logged before the rank's death and redone after the resume from step 2;
+    # its first row moved to metrics.jsonl.superseded, so each step is there once
+    raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw if r["kind"] == "train"] == [1, 2, 3, 4]
+    first = [json.loads(line) for line in (run_dir / "metrics.jsonl.superseded").read_text().splitlines()]
+    first, again = next(r for r in first if r.get("step") == 3), next(r for r in raw if r["step"] == 3)
+    assert first["staleness"] == again["staleness"] == 1
+    for key in ("reward_mean", "gen_tokens", "trained_groups"):
+        assert first[key] == again[key], key
+    # the same weights on the same batch (its reference log-probs carried with it):
+    for key in ("grad_norm", "entropy", "logprob_diff_mean", "loss", "kl"):
+        assert first[key] == pytest.approx(again[key], rel=1e-6), key
+    assert first["grad_norm"] > 0
 
 
 def run_cli(*args, cwd=ROOT, timeout=600):
@@ -191,38 +221,3 @@ def test_malformed_dataset_line_is_named_and_exits_nonzero(tiny_model_dir, tmp_p
     out = run_cli("train", cfg)
     assert out.returncode == 2
     assert f"{data}:2" in out.stderr and "Traceback" not in out.stderr
-
-
-def test_a_dead_learner_rank_of_two_resumes_exactly_without_waiting_out_the_timeout(tiny_model_dir, ray_cluster,
-                                                                                   tmp_path):
-    """SIGKILL learner rank 1 of 2 while it trains step 4 (checkpoint at step 2): rank 0 is left in a
-    collective with a dead peer, yet the driver sees the death at once (not after trainer.actor_timeout_s,
-    which here would fail the test), restarts the learner ranks, resumes at step 2, and the run still ends
-    with exactly steps 1..4 logged once each.
-    Async: checkpoint 2 carries step 3's batch (generated with the weights of step 1), so the redone
-    step 3 trains on the same batch with the same weights as the first time: an exact resume, with the
-    two ranks' gradients reduced as the first time. (One run for both claims: each costs an engine and
-    the learner ranks twice.)"""
-    run_dir = tmp_path / "rank_dies"
-    trainer = Trainer(config(tiny_model_dir, run_dir, "trainer.mode=async", "learner.num_ranks=2", "checkpoint.every=2",
-                             "trainer.max_learner_restarts=1", "trainer.actor_timeout_s=240"))
-    killed = kill_while_learning(trainer, at_step=3, role="learner-1")
-    summary = trainer.run()
-    # From the kill to the run's end (the ranks restarted, steps 3 and 4 trained) in less than the timeout a
-    # driver that waited on rank 0 alone would have waited out first: the death was seen at once.
-    assert killed and trainer.learner_restarts == 1 and time.monotonic() - killed[1] < 240
-    assert summary["checkpoint"].endswith("step-00000004")
-    assert [r["step"] for r in train_rows(run_dir)] == [1, 2, 3, 4]
-    # the raw file, as written: step 3 was logged before the crash and redone after the resume from step 2;
-    # its first row moved to metrics.jsonl.superseded, so each step is there once
-    raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in raw if r["kind"] == "train"] == [1, 2, 3, 4]
-    first = [json.loads(line) for line in (run_dir / "metrics.jsonl.superseded").read_text().splitlines()]
-    first, again = next(r for r in first if r.get("step") == 3), next(r for r in raw if r["step"] == 3)
-    assert first["staleness"] == again["staleness"] == 1
-    for key in ("reward_mean", "gen_tokens", "trained_groups"):
-        assert first[key] == again[key], key
-    # (the loss is 0 here: beta=0, mu=1 and group-centred advantages) the same weights on the same batch:
-    for key in ("grad_norm", "entropy", "logprob_diff_mean"):
-        assert first[key] == pytest.approx(again[key], rel=1e-6), key  # equal bit for bit in the runs here
-    assert first["grad_norm"] > 0
