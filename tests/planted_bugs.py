@@ -226,7 +226,7 @@ def run_tests(tree: Path, nodes: list[str], timeout_s: float, lock: Path | None)
            "PLANTED_COPY": str(tree), "RAYGRPO_TEST_CACHE": os.environ.get("RAYGRPO_TEST_CACHE", str(ROOT / ".cache" / "tests"))}
     cmd = [str(PYTHON), "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "_planted_guard", "-q",
            f"--junitxml={report}", *nodes]
-    heavy = lock is not None and any(n.startswith("tests/e2e") for n in nodes)
+    heavy = lock is not None and any(n.startswith("tests/e2e/") for n in nodes)
     with open(lock, "w") if heavy else contextlib.nullcontext() as held:
         if held is not None:
             fcntl.flock(held, fcntl.LOCK_EX)
@@ -250,6 +250,10 @@ def run_tests(tree: Path, nodes: list[str], timeout_s: float, lock: Path | None)
                 failed.append(node)
                 why = why or (bad.get("message") or "").strip().split("\n")[0][:300]
     return Outcome(rc, seconds, failed, ran, out[-3000:], why)
+
+
+def end_to_end(bug: PlantedBug) -> bool:
+    return any(n.startswith("tests/e2e/") for n in bug.tests)
 
 
 def covers(node: str, ran: list[str]) -> list[str]:
@@ -330,12 +334,13 @@ def main(argv: list[str] | None = None) -> int:
         clean = copy_tree(commit, Path(scratch) / "unplanted")
         baselines: dict[tuple[str, ...], Outcome] = {}  # rows naming the same tests share their unplanted run
         rows = []
-        for bug in bugs:
+        for bug in sorted(bugs, key=end_to_end):  # the cheap rows first: an end-to-end row may wait for the lock
             if bug.tests not in baselines:
                 baselines[bug.tests] = run_tests(clean, list(bug.tests), args.timeout, args.lock)
             rows.append(try_bug(bug, commit, Path(scratch), baselines[bug.tests], args.timeout, args.lock))
             print(f"{bug.name}: {rows[-1].result} in {rows[-1].seconds:.0f}s (unplanted "
                   f"{baselines[bug.tests].seconds:.0f}s) {rows[-1].caught_by} {rows[-1].why}", flush=True)
+    rows.sort(key=lambda r: bugs.index(r.bug))  # the table's order
     text = table(rows, commit)
     print(text)
     if args.out:
