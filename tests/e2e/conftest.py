@@ -7,6 +7,7 @@ import torch
 from engine_pool import EnginePool
 from filelock import FileLock
 from finished_run import finish_a_run, once_for_the_session
+from pool_scope import PoolFilesTogether
 
 from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.launch.ray_cluster import worker_runtime_env
@@ -77,11 +78,21 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def engine_pool(ray_cluster):
     """Warm RolloutWorker engines shared by the engine-level files (tests/e2e/engine_pool.py): each lease is checked
-    clean (base weights at version 0, the pool's config) and put back so; one pool per pytest process (per xdist
-    worker under `make test`), its engines started when first leased."""
+    clean (base weights at version 0, the config it started with) and put back so; one pool per pytest process, its
+    engines started when first leased. Under `make test` one xdist worker runs every file that uses it
+    (pytest_xdist_make_scheduler below)."""
     pool = EnginePool(ray_cluster)
     yield pool
     pool.close()
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: absent under -p no:xdist; first: before xdist's own
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile (`make test`), except that the files using `engine_pool` are one unit of work: one worker
+    runs them, and the pool's engines start once, not once per worker (tests/e2e/pool_scope.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return PoolFilesTogether(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Warm RolloutWorker engines shared by the engine-level e2e files (issue 58 item 2: one warm stack where the
 tests' actions cannot disturb each other). tests/e2e/conftest.py's `engine_pool` fixture holds one per pytest
-process (under `make test`, one per xdist worker).
+process (under `make test`, one per xdist worker: the one that runs every file using it).
 
 A test file leases engines for as long as it needs them (`lease`, usually from a module fixture) and gives them
 back at its end. What a test may change on a leased engine is put back when it is given back, and checked when
@@ -20,6 +20,9 @@ the users need, a small fixed KV cache); settings an engine reads on every call 
 named config serves all of them, so that the pool starts it once: CHAT_CONFIG (the chat model's engine, with a
 multi-turn environment) and OWN_CORE_PACKED_CONFIG (a core in its own process, packed GEMM). A test whose engine
 differs at start otherwise (another model directory such as an export, a fault) starts its own, saying why.
+
+Under `make test` the files that use the pool run on one xdist worker (tests/e2e/pool_scope.py), so each of
+these engines starts once per suite, not once per worker.
 """
 from __future__ import annotations
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 from engine_pool import CALL_TIME_FIELDS, POOL_CONFIG, BaseWeights, EngineNotClean
 from hf_logprobs import hf_logprobs, max_diff
+from pool_scope import POOL_SCOPE, scope
 
 from actors.engine.generation import EngineGeneration
 from actors.engine.pipeline_loop import EnginePipeline
@@ -67,6 +69,19 @@ def test_a_change_that_leaks_past_the_lease_fails_the_next_one(engine_pool, tiny
             pass
     with engine_pool.lease(tiny_model_dir, count):  # put back clean by the failed lease: checked clean again
         pass
+
+
+def test_the_files_that_use_the_pool_are_one_unit_of_work_for_xdist(pytestconfig):
+    """`make test`'s two workers: every file that takes the `engine_pool` fixture goes to the one worker that holds
+    the pool (tests/e2e/pool_scope.py); each other file, such as one that starts a stack of its own, stays a unit of
+    its own."""
+    root = Path(pytestconfig.rootpath)
+    files = sorted(p.relative_to(root).as_posix() for p in (root / "tests" / "e2e").glob("test_*.py"))
+    pooled = {Path(f).name for f in files if scope(f, root) == POOL_SCOPE}
+    assert {"test_rollout.py", "test_multiturn.py", "test_pipeline_engine.py", "test_weight_sync.py",
+            "test_learner_weight_sync.py", "test_engine_pool.py", "test_tinymodel_loads.py"} <= pooled, pooled
+    assert not pooled & {"test_train.py", "test_smollm2_logprobs.py", "test_multinode.py"}, pooled
+    assert all(scope(f, root) == f for f in files if Path(f).name not in pooled)
 
 
 def plain_engines(engine_pool, model_dir) -> list:
