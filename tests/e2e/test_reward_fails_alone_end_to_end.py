@@ -62,6 +62,9 @@ class Verifiers:
                 with lock:
                     outer.requests[self.path] += 1
                     k = outer.requests[self.path]
+                    if self.path == "/mixed":  # logged in the order received
+                        outer.mixed.append({"k": k, "keys": sorted(body), "n": len(body["completions"]),
+                                            "answer": body.get("answer"), "prompts": body["prompts"]})
                 n = len(body["completions"])
                 if self.path == "/mixed":
                     return self.mixed(k, body)
@@ -83,8 +86,6 @@ class Verifiers:
                 self.send(404, "{}")
 
             def mixed(self, k: int, body: dict) -> None:
-                outer.mixed.append({"k": k, "keys": sorted(body), "n": len(body["completions"]),
-                                    "answer": body.get("answer"), "prompts": body["prompts"]})
                 if k == 1:
                     return self.send(500, '{"error": "warming up"}')
                 if k == 4:
@@ -198,9 +199,12 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
     assert servers.requests["/e500"] == 2 * 2 * 2  # 2 steps x 2 requests x (1 try + 1 retry: http_max_retries)
     assert servers.requests["/ok"] == 2 * 2
 
-    # /mixed: 2 steps x 16 completions in batches of 8 = 4 requests; the one answered 500 was sent again (after 0.5 s)
+    # /mixed: 2 steps x 16 completions in batches of 8 = 4 requests; the one answered 500 was sent again (after 0.5 s),
+    # once: step 1's requests are the first 3 received, the retry the 2nd or the 3rd (the other batch's request may
+    # reach the server after the retry: the threads of the run's 8 verifiers share the driver's cores; seen at load 2)
     requests = servers.mixed
-    assert len(requests) == 5 and requests[0]["prompts"] == requests[2]["prompts"], requests
+    assert len(requests) == 5 and [r["k"] for r in requests] == [1, 2, 3, 4, 5], requests
+    assert [r["prompts"] == requests[0]["prompts"] for r in requests[1:3]].count(True) == 1, requests[:3]
     assert all({"prompts", "completions", "answer", "completion_ids", "_num_tokens", "_finish_reason"} <= set(r["keys"])
                for r in requests)
     assert all(r["n"] == 8 and len(r["answer"]) == 8 for r in requests)
