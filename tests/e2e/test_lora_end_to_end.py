@@ -28,20 +28,24 @@ RANK = 4
 
 
 @pytest.fixture(scope="module")
-def engines(ray_cluster, tiny_model_dir):
-    """One engine with vLLM LoRA (adapter mode) and one without (merged mode), shared by the tests."""
+def engines(ray_cluster, engine_pool, tiny_model_dir):
+    """One engine with vLLM LoRA (adapter mode), started here (vLLM's LoRA is set when an engine starts), and one
+    without (merged mode: the ordinary weight sync), leased from the session's pool (tests/e2e/engine_pool.py),
+    which puts its weights back when the module is done; shared by the tests."""
     ray = ray_cluster
     rcfg = RolloutConfig(max_model_len=128, max_new_tokens=16, bucket_mb=1, cpu_kv_cache_mb=32)
     lcfg = LearnerConfig(lora_rank=RANK)
-    remote = ray.remote(num_cpus=0.5)(RolloutWorker)
-    out = {"adapter": remote.remote(str(tiny_model_dir), rcfg, max_lora_rank=lcfg.vllm_max_lora_rank()),
-           "merged": remote.remote(str(tiny_model_dir), rcfg)}
-    g = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 40)]
-    base = ray.get(out["merged"].prompt_logprobs.remote(seqs))
-    yield ray, out, seqs, base
-    for h in out.values():
-        ray.kill(h)
+    adapter = ray.remote(num_cpus=0.5)(RolloutWorker).remote(str(tiny_model_dir), rcfg,
+                                                             max_lora_rank=lcfg.vllm_max_lora_rank())
+    try:
+        with engine_pool.lease(tiny_model_dir) as (merged,):
+            out = {"adapter": adapter, "merged": merged}
+            g = torch.Generator().manual_seed(0)
+            seqs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 40)]
+            base = ray.get(out["merged"].prompt_logprobs.remote(seqs))
+            yield ray, out, seqs, base
+    finally:
+        ray.kill(adapter)
 
 
 @pytest.mark.parametrize(("mode", "zero_stage"), [("adapter", 3), ("merged", 2)])
