@@ -53,6 +53,26 @@ BUGS: list[PlantedBug] = [
                "test_an_engine_back_in_the_fleet_gets_its_threads_then_the_current_weights_verified",),
     ),
     PlantedBug(
+        name="rejoin-not-handed-to-the-weights",
+        file="cluster/driver/comebacks.py",
+        snippet="        self.weights.rejoined(worker_index)\n",
+        replacement="",
+        suffers="the same as above, one layer up: the pool's on_rejoin records where the engine runs now but "
+                "never asks for its weights",
+        tests=("tests/unit/test_engine_updates.py::"
+               "test_the_pools_on_rejoin_records_where_the_engine_runs_and_sends_it_the_weights",),
+    ),
+    PlantedBug(
+        name="restart-without-resync",
+        file="cluster/driver/engine_weights.py",
+        snippet='+ f"; re-syncing weights version {self.versions.learner}", flush=True)\n        self.resync(worker_index)\n',
+        replacement='+ f"; re-syncing weights version {self.versions.learner}", flush=True)\n',
+        suffers="an engine Ray restarted as a new process (base weights) generates for the step without the "
+                "current weights: its tokens trained as if sampled from the policy being trained",
+        tests=("tests/unit/test_driver_seam.py::"
+               "test_an_engine_ray_restarts_as_a_new_process_is_resynced_and_verified_before_its_prompts_go_again",),
+    ),
+    PlantedBug(
         name="resume-logs-a-step-twice",
         file="cluster/run/metrics.py",
         snippet="return step < start_step or (step == start_step",
@@ -297,12 +317,16 @@ def try_bug(bug: PlantedBug, ref: str, scratch: Path, baseline: Outcome, timeout
 def table(rows: list[Row], commit: str) -> str:
     head = (f"{len(rows)} planted bugs at commit {commit[:10]}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"on {platform.node()} ({cpu_name()}, {os.cpu_count()} cores); seconds: the planted run's wall time.\n\n"
-            "| bug | file | what a user would suffer | test that caught it | result | seconds |\n"
-            "|---|---|---|---|---|---|\n")
-    lines = [f"| {r.bug.name} | `{r.bug.file}` | {r.bug.suffers.replace('|', '&#124;')} | "
-             f"{caught_by(r)} | {r.result} | {r.seconds:.0f} |"
-             for r in rows]
+            "| bug | file | what a user would suffer | test that caught it | how it failed | result | seconds |\n"
+            "|---|---|---|---|---|---|---|\n")
+    lines = [f"| {r.bug.name} | `{r.bug.file}` | {cell(r.bug.suffers)} | {caught_by(r)} | {cell(r.why[:120])} | "
+             f"{r.result} | {r.seconds:.0f} |" for r in rows]
     return head + "\n".join(lines) + "\n"
+
+
+def cell(text: str) -> str:
+    """Text for a markdown table cell: its pipes escaped, on one line."""
+    return text.replace("|", "&#124;").replace("\n", " ")
 
 
 def caught_by(row: Row, shown: int = 3) -> str:
