@@ -53,26 +53,6 @@ BUGS: list[PlantedBug] = [
                "test_an_engine_back_in_the_fleet_gets_its_threads_then_the_current_weights_verified",),
     ),
     PlantedBug(
-        name="rejoin-not-handed-to-the-weights",
-        file="cluster/driver/comebacks.py",
-        snippet="        self.weights.rejoined(worker_index)\n",
-        replacement="",
-        suffers="the same as above, one layer up: the pool's on_rejoin records where the engine runs now but "
-                "never asks for its weights",
-        tests=("tests/unit/test_engine_updates.py::"
-               "test_the_pools_on_rejoin_records_where_the_engine_runs_and_sends_it_the_weights",),
-    ),
-    PlantedBug(
-        name="restart-without-resync",
-        file="cluster/driver/engine_weights.py",
-        snippet='+ f"; re-syncing weights version {self.versions.learner}", flush=True)\n        self.resync(worker_index)\n',
-        replacement='+ f"; re-syncing weights version {self.versions.learner}", flush=True)\n',
-        suffers="an engine Ray restarted as a new process (base weights) generates for the step without the "
-                "current weights: its tokens trained as if sampled from the policy being trained",
-        tests=("tests/unit/test_driver_seam.py::"
-               "test_an_engine_ray_restarts_as_a_new_process_is_resynced_and_verified_before_its_prompts_go_again",),
-    ),
-    PlantedBug(
         name="resume-logs-a-step-twice",
         file="cluster/run/metrics.py",
         snippet="return step < start_step or (step == start_step",
@@ -132,6 +112,26 @@ BUGS: list[PlantedBug] = [
         replacement="if version - oldest > t.max_staleness + 1:",
         suffers="pipeline runs train on groups older than trainer.max_staleness",
         tests=("tests/unit/test_pipeline.py",),
+    ),
+    PlantedBug(
+        name="rejoin-not-handed-to-the-weights",
+        file="cluster/driver/comebacks.py",
+        snippet="        self.weights.rejoined(worker_index)\n",
+        replacement="",
+        suffers="as rejoin-without-resync, one layer up: the pool's on_rejoin records where the engine runs now but "
+                "never asks for its weights",
+        tests=("tests/unit/test_engine_updates.py::"
+               "test_the_pools_on_rejoin_records_where_the_engine_runs_and_sends_it_the_weights",),
+    ),
+    PlantedBug(
+        name="restart-without-resync",
+        file="cluster/driver/engine_weights.py",
+        snippet='+ f"; re-syncing weights version {self.versions.learner}", flush=True)\n        self.resync(worker_index)\n',
+        replacement='+ f"; re-syncing weights version {self.versions.learner}", flush=True)\n',
+        suffers="an engine Ray restarted as a new process (base weights) generates for the step without the "
+                "current weights: its tokens trained as if sampled from the policy being trained",
+        tests=("tests/unit/test_driver_seam.py::"
+               "test_an_engine_ray_restarts_as_a_new_process_is_resynced_and_verified_before_its_prompts_go_again",),
     ),
     PlantedBug(
         name="kl-sign-flipped",
