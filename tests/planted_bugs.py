@@ -154,7 +154,7 @@ BUGS: list[PlantedBug] = [
         name="group-rewards-off-by-one",
         file="cluster/driver/batch.py",
         snippet="rewards = res.rewards[g * G:(g + 1) * G]",
-        replacement="rewards = res.rewards[g * G + 1:(g + 1) * G + 1]",
+        replacement="rewards = (res.rewards[1:] + res.rewards[:1])[g * G:(g + 1) * G]",
         suffers="each completion is trained with its neighbour's reward (the groups shifted by one sample)",
         tests=("tests/unit/test_collect.py",),
     ),
