@@ -184,6 +184,7 @@ def test_async_run_survives_a_killed_engine_reference_and_learner_rank_and_redoe
     # no prompt lost: every step trained on full groups, and the weights kept advancing
     assert all(r["trained_groups"] == 4 for r in rows)
     assert [r["weight_version"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["sync_verified"] is True for r in rows), rows  # async updates verified on every engine, a restarted one too
     assert all(r["kl"] is not None and r["ref_s"] > 0 for r in rows)
     placement = {p["role"]: p for p in json.loads((run_dir / "placement.json").read_text())}
     # placement.json shows the engine Ray restarted, not the one killed (a reference actor Ray restarts on a live
