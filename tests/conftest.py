@@ -32,15 +32,18 @@ CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().paren
 # The slowest e2e files first: `make test` hands whole files to its two workers in collection order (--dist loadfile
 # --no-loadscope-reorder), and a long file started last would keep one worker busy after the other has run out of
 # work. The order is the last recorded e2e tier's (`make test` writes COST_FILE, tests/suite_costs.py), so it follows
-# the suite as it changes; SLOWEST_FIRST (their --durations in a two-at-a-time run, docs/STATUS.md) where there is
+# the suite as it changes; SLOWEST_FIRST (the files over 20 s of the last full run, session 22) where there is
 # none. Every xdist worker must collect the same order: each reads the same file, which only the controller
 # rewrites, at the end of a tier (the e2e section at the end of the e2e tier, after every worker has collected).
 COST_FILE = Path(__file__).resolve().parent.parent / ".cache" / "tests" / "suite-costs.json"
-SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_partition.py", "test_train.py",
-                 "test_recipes_end_to_end.py", "test_external_cluster.py", "test_interrupted_export_and_full_disk.py",
-                 "test_slurm.py", "test_safety.py", "test_lora_end_to_end.py", "test_multinode.py",
-                 "test_progress_and_throughput.py", "test_reward_faults.py", "test_rollout.py",
-                 "test_environment_failures.py", "test_rerun_export_resume.py", "test_pipeline_train.py")
+SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_external_cluster.py", "test_train.py",
+                 "test_recipes_end_to_end.py", "test_multinode.py", "test_safety.py", "test_slurm.py",
+                 "test_partition.py", "test_lora_end_to_end.py", "test_rerun_export_resume.py", "test_bad_inputs.py",
+                 "test_pipeline_train.py", "test_cli_refusals.py", "test_smollm2_logprobs.py",
+                 "test_bench_elsewhere.py", "test_reward_fails_alone_end_to_end.py", "test_checkpoint_resume.py",
+                 "test_multiturn.py", "test_console_and_completions.py", "test_reward_model.py", "test_learner.py",
+                 "test_pipeline_engine.py", "test_environment_failures.py", "test_sync_fingerprint.py",
+                 "test_reward_verifier.py", "test_chat_data.py", "test_rollout.py", "test_nccl_protocol.py")
 
 
 def slowest_first(cost_file: Path = COST_FILE) -> tuple[str, ...]:
