@@ -246,7 +246,7 @@ def run_tests(tree: Path, nodes: list[str], timeout_s: float, lock: Path | None)
            "PLANTED_COPY": str(tree), "RAYGRPO_TEST_CACHE": os.environ.get("RAYGRPO_TEST_CACHE", str(ROOT / ".cache" / "tests"))}
     cmd = [str(PYTHON), "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "_planted_guard", "-q",
            f"--junitxml={report}", *nodes]
-    heavy = lock is not None and any(n.startswith("tests/e2e/") for n in nodes)
+    heavy = lock is not None and end_to_end(nodes)
     with open(lock, "w") if heavy else contextlib.nullcontext() as held:
         if held is not None:
             fcntl.flock(held, fcntl.LOCK_EX)
@@ -272,8 +272,9 @@ def run_tests(tree: Path, nodes: list[str], timeout_s: float, lock: Path | None)
     return Outcome(rc, seconds, failed, ran, out[-3000:], why)
 
 
-def end_to_end(bug: PlantedBug) -> bool:
-    return any(n.startswith("tests/e2e/") for n in bug.tests)
+def end_to_end(nodes) -> bool:
+    """Whether any of the test node ids is an end-to-end test (run under --lock; its rows run last)."""
+    return any(n.startswith("tests/e2e/") for n in nodes)
 
 
 def covers(node: str, ran: list[str]) -> list[str]:
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         clean = copy_tree(commit, Path(scratch) / "unplanted")
         baselines: dict[tuple[str, ...], Outcome] = {}  # rows naming the same tests share their unplanted run
         rows = []
-        for bug in sorted(bugs, key=end_to_end):  # the cheap rows first: an end-to-end row may wait for the lock
+        for bug in sorted(bugs, key=lambda b: end_to_end(b.tests)):  # the cheap rows first: an end-to-end row may wait for the lock
             if bug.tests not in baselines:
                 baselines[bug.tests] = run_tests(clean, list(bug.tests), args.timeout, args.lock)
             rows.append(try_bug(bug, commit, Path(scratch), baselines[bug.tests], args.timeout, args.lock))
