@@ -13,7 +13,7 @@ import pytest
 import torch
 from learner_ranks import make_batch, on_all, start_ranks, stop
 from test_learner_weight_sync import TOL, _init_info, max_diff
-from test_train import config, kill_while_learning, train_rows
+from test_train import config, first_and_redone, kill_while_learning, train_rows
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
@@ -121,12 +121,8 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
     assert all(0 < r["sync_bytes"] < 0.25 * model_bytes for r in rows)
     assert rows[-1]["kl"] > 0  # the learner's base model (adapters off) served the reference
 
-    # the raw file, as written: step 3 was logged before the kill and redone after the resume from step 2; its
-    # first row moved to metrics.jsonl.superseded, so each step is there once
-    raw = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in raw if r["kind"] == "train"] == [1, 2, 3, 4]
-    first = [json.loads(line) for line in (full / "metrics.jsonl.superseded").read_text().splitlines()]
-    first, again = next(r for r in first if r.get("step") == 3), next(r for r in raw if r["step"] == 3)
+    # step 3 was logged before the kill and redone after the resume from step 2
+    first, again = first_and_redone(full, step=3, steps=[1, 2, 3, 4])
     assert first["reward_mean"] == again["reward_mean"], (first, again)
     assert first["gen_tokens"] == again["gen_tokens"]
     assert first["loss"] == pytest.approx(again["loss"], abs=1e-5)

@@ -40,6 +40,16 @@ def train_rows(run_dir):
     return read_metrics(run_dir)
 
 
+def first_and_redone(run_dir, step: int, steps: list[int]) -> tuple[dict, dict]:
+    """A run that redid `step` after a resume: its raw metrics.jsonl, as written, holds each train step once
+    (`steps`), the first row of `step` moved to metrics.jsonl.superseded by the resume. Returns that first row and
+    the row of the step as redone."""
+    raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw if r["kind"] == "train"] == steps
+    superseded = [json.loads(line) for line in (run_dir / "metrics.jsonl.superseded").read_text().splitlines()]
+    return next(r for r in superseded if r.get("step") == step), next(r for r in raw if r["step"] == step)
+
+
 def kill_while_learning(trainer: Trainer, at_step: int, role: str) -> list[int]:
     """SIGKILL the actor `role` (from placement.json's roles) once, when the driver starts training
     with `trainer.step == at_step`. Returns the list the killed pid and then the kill's time.monotonic()
@@ -194,12 +204,8 @@ def test_async_run_survives_a_killed_engine_reference_and_learner_rank_and_redoe
     # the reference collects with the engines while the learner trains: they split the cores
     assert threads["reference"] + threads["learner-0"] <= max(2, node_cores())
 
-    # the raw file, as written: step 3 was logged before the rank's death and redone after the resume from step 2;
-    # its first row moved to metrics.jsonl.superseded, so each step is there once
-    raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in raw if r["kind"] == "train"] == [1, 2, 3, 4]
-    first = [json.loads(line) for line in (run_dir / "metrics.jsonl.superseded").read_text().splitlines()]
-    first, again = next(r for r in first if r.get("step") == 3), next(r for r in raw if r["step"] == 3)
+    # step 3 was logged before the rank's death and redone after the resume from step 2
+    first, again = first_and_redone(run_dir, step=3, steps=[1, 2, 3, 4])
     assert first["staleness"] == again["staleness"] == 1
     for key in ("reward_mean", "gen_tokens", "trained_groups"):
         assert first[key] == again[key], key
