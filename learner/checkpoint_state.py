@@ -33,7 +33,7 @@ class CheckpointState:
 
     def save_checkpoint(self, path: str, tag: str) -> None:
         """Model, optimizer and LR schedule (DeepSpeed's files) + this rank's RNG and counters (JSON)."""
-        with checkpoint.naming_save_errors(path):
+        with checkpoint.naming_save_errors(path), checkpoint.without_zip_crc32():
             self.engine.save_checkpoint(path, tag=tag, client_state={}, save_latest=False)
             adapter = self.adapter_state_dict() if self.cfg.lora else {}
             if self.rank == 0:  # config + tokenizer, so the checkpoint exports on its own

@@ -75,6 +75,10 @@ class LearnerConfig:
     zero_stage: int | str = "auto"
     offload_optimizer: bool = False
     offload_params: bool = False
+    # ZeRO-3 keeps a parameter whole on every rank, never partitioned, when it has at most this many elements:
+    # DeepSpeed's stage3_param_persistence_threshold, at DeepSpeed's default. 0 partitions every parameter (the
+    # tests' tiny models, whose largest tensor has 65,536 elements, are partitioned at all only so).
+    zero3_param_persistence_threshold: int = 100_000
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -142,6 +146,7 @@ class LearnerConfig:
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             p.append(f"learner.lr_schedule must be constant|linear|cosine, got {self.lr_schedule!r}")
         at_least(p, "learner.micro_batch_size", self.micro_batch_size, 1)
+        at_least(p, "learner.zero3_param_persistence_threshold", self.zero3_param_persistence_threshold, 0)
         at_least(p, "learner.mu", self.mu, 1)
         if self.dtype not in ("auto", "float32", "bfloat16"):
             p.append(f"learner.dtype must be auto|float32|bfloat16, got {self.dtype!r}")

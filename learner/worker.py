@@ -106,6 +106,10 @@ class LearnerWorker(ActorBase, TrainingStep, WeightSending, CheckpointState):
         # train_calls, step, nonfinite_streak, the weight transfer: the parts' starting values (their class bodies)
         self.init_seconds = time.perf_counter() - t0
         self.param_counts = param_counts(self.engine.module)
+        # ZeRO-3: how many parameter tensors are partitioned over the ranks (the rest persist whole: ds_persist)
+        params = list(self.engine.module.parameters())
+        self.param_counts.update(param_tensors=len(params),
+                                 partitioned_params=sum(getattr(p, "ds_persist", True) is False for p in params))
         if rank == 0:
             c = self.param_counts
             print(f"learner: {c['trainable_params']:,} trainable of {c['total_params']:,} parameters "

@@ -43,7 +43,8 @@ def zero2(ray_cluster, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def zero3_mu2_kl(ray_cluster, tiny_model_dir):
-    cfg = LearnerConfig(zero_stage=3, mu=2, **BASE)
+    # every parameter partitioned (at DeepSpeed's default threshold the tiny model's all persist whole)
+    cfg = LearnerConfig(zero_stage=3, mu=2, zero3_param_persistence_threshold=0, **BASE)
     algo = AlgoConfig(beta=0.05, kl_estimator="k3", clip_high=0.28, aggregation="seq-mean-token-mean")
     ranks = start_ranks(ray_cluster, tiny_model_dir, cfg, algo)
     yield ranks, cfg, algo
@@ -89,6 +90,8 @@ def test_zero3_step_matches_torch_and_inf_loss_is_skipped(ray_cluster, tiny_mode
     Then ref_logp = -inf: the k3 KL (and the loss) is inf while its gradient stays finite, which
     must still skip the update; the next good step again equals the reference's."""
     ranks, cfg, algo = zero3_mu2_kl
+    info = ray_cluster.get(ranks[0].info.remote())
+    assert info["partitioned_params"] == info["param_tensors"] > 0, info  # each rank holds half of every tensor
     batch = make_batch(n=6, seed=4, with_ref=True)
     metrics, model, opt = _run_and_compare(ray_cluster, ranks, tiny_model_dir, cfg, algo, batch)
     assert metrics["kl"] > 0

@@ -3,8 +3,13 @@ vLLM RolloutWorker over the gloo backend, after a real train step.
 
 The check that the weights arrived: vLLM's prompt log-probs equal transformers' log-probs
 computed from the learner's consolidated weights (full_state_dict), and differ from before.
+The sender's own check (actors/transport/fingerprint.py, run in learner/weight_sync.py WeightSync.send): an
+engine that does not hold what was sent fails the sync, naming the engine and a tensor.
 """
 from __future__ import annotations
+
+import os
+import sys
 
 import pytest
 import torch
@@ -12,6 +17,7 @@ from learner_ranks import make_batch, on_all, start_ranks, stop
 
 from actors.config import RolloutConfig
 from actors.rollout import RolloutWorker
+from actors.transport.fingerprint import SyncMismatch
 from learner.config import AlgoConfig, LearnerConfig
 from learner.grpo import token_logprobs
 
@@ -40,8 +46,9 @@ def setup(ray_cluster, engine_pool, tiny_model_dir):
     """The learner's ranks and a warm engine leased from the session's pool (tests/e2e/engine_pool.py), which
     puts the engine's weights back at the module's end."""
     ray = ray_cluster
-    # A large LR so one step moves the log-probs far beyond the tolerance.
-    cfg = LearnerConfig(num_ranks=2, zero_stage=3, lr=2e-2, micro_batch_size=2)
+    # A large LR so one step moves the log-probs far beyond the tolerance. Every parameter partitioned, so the
+    # sync gathers each (at DeepSpeed's default threshold the tiny model's all persist whole on each rank).
+    cfg = LearnerConfig(num_ranks=2, zero_stage=3, lr=2e-2, micro_batch_size=2, zero3_param_persistence_threshold=0)
     ranks = start_ranks(ray, tiny_model_dir, cfg, AlgoConfig())
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (5, 17, 40)]
@@ -59,6 +66,8 @@ def _init_info(world_size=2):
 
 def test_zero3_broadcast_after_a_step_matches_hf(setup, tiny_model_dir):
     ray, ranks, rollout, seqs = setup
+    info = ray.get(ranks[0].info.remote())
+    assert info["partitioned_params"] == info["param_tensors"] > 0, info
     before = ray.get(rollout.prompt_logprobs.remote(seqs))
     assert max_diff(before, hf_logprobs(tiny_model_dir, None, seqs)) <= TOL  # same checkpoint: agree
 
@@ -107,3 +116,54 @@ def test_rollout_restart_then_reinit_and_sync(setup, tiny_model_dir, tmp_path):
     assert ray.get(rollout.get_weight_version.remote()) == "4"
     sd = on_all(ray, ranks, "full_state_dict")
     assert max_diff(ray.get(rollout.prompt_logprobs.remote(seqs)), hf_logprobs(tiny_model_dir, sd, seqs)) <= TOL
+
+
+def leave_the_next_update_out(worker) -> None:
+    """Runs inside a RolloutWorker (Ray's __ray_call__): its next weight update goes through the whole
+    protocol (the sender's broadcast completes, the version is stamped), but the engine ends it
+    holding the weights it had before, as if the update had never been loaded. Once."""
+    llm = worker.llm
+    start, finish = llm.start_weight_update, llm.finish_weight_update
+    saved = []
+
+    def start_and_save(*a, **kw):
+        saved.extend(llm.apply_model(lambda m: [p.data.clone() for p in m.parameters()])[0])
+        return start(*a, **kw)
+
+    def restore_and_finish(*a, **kw):
+        llm.apply_model(lambda m: [p.data.copy_(old) for p, old in zip(m.parameters(), saved)])
+        llm.start_weight_update, llm.finish_weight_update = start, finish
+        return finish(*a, **kw)
+
+    llm.start_weight_update, llm.finish_weight_update = start_and_save, restore_and_finish
+
+
+def engine_label(worker) -> str:
+    """Inside the RolloutWorker: how its fingerprint report names it (actors/engine/weight_updates.py)."""
+    return f"rollout worker {worker.worker_index} (pid {os.getpid()})"
+
+
+def test_an_update_the_engine_left_out_fails_the_sync_naming_the_engine_and_a_tensor(setup):
+    """The engine ends an update holding its old weights, the version stamped as if it had loaded it: only the
+    fingerprint tells. Rank 0's sync fails with SyncMismatch through Ray (Ray's error is also an instance of
+    its cause's type: what cluster/driver/trainer.py _sync_weights catches to halt the run at that step;
+    the halt, its step and the rows kept before it: tests/unit/test_driver_seam_halts.py), naming the engine and
+    a tensor that differs; rank 1 is not left in a gather. Every healthy run's rows say `sync_verified`."""
+    from ray import cloudpickle
+
+    ray, ranks, rollout, _ = setup
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
+    ray.get([w.init_weight_sync.remote([rollout], _init_info()) for w in ranks])
+    on_all(ray, ranks, "train_step", make_batch(n=8, seed=9))  # weights the engine does not hold yet
+    label = ray.get(rollout.__ray_call__.remote(engine_label))
+    ray.get(rollout.__ray_call__.remote(leave_the_next_update_out))
+
+    refs = [w.sync_weights.remote(5) for w in ranks]
+    with pytest.raises(SyncMismatch) as e:
+        ray.get(refs[0], timeout=120)
+    ray.get(refs[1], timeout=120)  # the broadcast itself completed: rank 1 returns
+    assert ray.get(rollout.get_weight_version.remote()) == "5"  # stamped: the version alone would not tell
+    said = str(e.value.cause)  # the message the driver's halt repeats after "step N: "
+    assert said.startswith(f"weight sync check failed after the update to version 5: {label} does not hold what "
+                           "the learner sent: tensor model."), said
+    assert "sampled values differ" in said, said

@@ -5,6 +5,7 @@ import json
 import os
 import random
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,23 @@ def test_a_full_disk_during_a_save_names_the_path():
             with open("/dev/full", "w") as f:
                 f.write("x" * 100_000)
                 f.flush()
+
+
+def test_a_save_without_zip_crc32_loads_back_equal_and_the_option_comes_back(tmp_path):
+    """torch.save inside without_zip_crc32 writes no CRC32 (each record's is 0), torch.load (as resume loads, with
+    weights_only) reads the same tensors, and torch's option is as before after the block, an error included."""
+    w = {"w": torch.randn(1000), "step": torch.tensor(3)}
+    with ck.without_zip_crc32():
+        torch.save(w, tmp_path / "a.pt")
+    assert torch.serialization.get_crc32_options() is True
+    with zipfile.ZipFile(tmp_path / "a.pt") as z:
+        assert {info.CRC for info in z.infolist()} == {0}
+    with ck.safe_torch_load():
+        back = torch.load(tmp_path / "a.pt")
+    assert back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w)
+    with pytest.raises(RuntimeError, match="boom"), ck.without_zip_crc32():
+        raise RuntimeError("boom")
+    assert torch.serialization.get_crc32_options() is True
 
 
 def test_export_refuses_a_run_dir_or_the_source_checkpoint_whatever_overwrite_says(tmp_path):

@@ -35,3 +35,19 @@ def test_the_learners_adamw_is_torchs_fused_kernel_and_steps_like_the_plain_one(
         plain.step()
     assert (fused_p - w).abs().max() > 1e-3  # it moved
     torch.testing.assert_close(fused_p, plain_p, rtol=0, atol=1e-6)
+
+
+def test_zero3s_persistence_threshold_reaches_deepspeeds_config_and_is_checked():
+    """learner.zero3_param_persistence_threshold is DeepSpeed's stage3_param_persistence_threshold (read by
+    DeepSpeed's own config class), at DeepSpeed's default unless set; only ZeRO-3 gets it; below 0 is refused."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    for threshold in (None, 0):
+        cfg = LearnerConfig(zero_stage=3, **({} if threshold is None else {"zero3_param_persistence_threshold": threshold}))
+        zero = build_ds_config(cfg, world_size=2, on_gpu=False)["zero_optimization"]
+        expected = DeepSpeedZeroConfig().param_persistence_threshold if threshold is None else threshold
+        assert DeepSpeedZeroConfig(**zero).param_persistence_threshold == expected
+    assert "stage3_param_persistence_threshold" not in build_ds_config(LearnerConfig(zero_stage=2), world_size=2,
+                                                                       on_gpu=False)["zero_optimization"]
+    assert any("learner.zero3_param_persistence_threshold" in p
+               for p in LearnerConfig(zero3_param_persistence_threshold=-1).problems())
