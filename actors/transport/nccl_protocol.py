@@ -74,8 +74,9 @@ class Watchdog:
     A daemon thread looks every CHECK_EVERY_S at the clock and at `peer_failure()` (a description of a
     peer that failed, or None). Past `timeout_s`, or once a peer failed, it aborts the communicator: the
     wait returns (NCCL) or raises (the stand-in). Leaving the block then raises NcclWaitAborted, also when
-    the wait itself returned; a wait that raised on its own is named after the peer's failure if one comes
-    within PEER_ERROR_GRACE_S (a dead engine's connection error arrives before Ray's word of its death)."""
+    the wait itself returned; a wait that raised on its own within the bound is named after the peer's
+    failure if one comes within PEER_ERROR_GRACE_S (a dead engine's connection error arrives before Ray's
+    word of its death), one that raised past the bound after the bound (the peers' own watchdogs ended it)."""
 
     def __init__(self, comm, *, who: str, what: str, timeout_s: float, todo: str,
                  peer_failure: Callable[[], str | None] | None = None,
@@ -99,10 +100,12 @@ class Watchdog:
             failure = self._peer()
             if failure is None and time.monotonic() - self._t0 <= self.timeout_s:
                 continue
-            late = None if failure else self._ask(self.unfinished)
-            self._abort(f"{failure} during the wait" if failure else
-                        f"no answer in {self.timeout_s:.0f}s" + (f" from {late}" if late else ""))
+            self._abort(f"{failure} during the wait" if failure else self._no_answer())
             return
+
+    def _no_answer(self) -> str:
+        late = self._ask(self.unfinished)
+        return f"no answer in {self.timeout_s:.0f}s" + (f" from {late}" if late else "")
 
     def _peer(self) -> str | None:
         return self._ask(self.peer_failure)
@@ -127,12 +130,17 @@ class Watchdog:
     def __exit__(self, kind, error, tb) -> None:
         self._done.set()
         if error is not None and self.reason is None and not isinstance(error, KeyboardInterrupt):
-            deadline = time.monotonic() + (PEER_ERROR_GRACE_S if self.asks_peer else 0.0)
+            # Past the bound, the error is most likely the peers' own bound (their abort closes the connection;
+            # under load it can reach this side before this side's watchdog thread runs): named as the bound,
+            # with who was not done, and not worth the wait for a peer's death.
+            past_bound = time.monotonic() - self._t0 > self.timeout_s
+            deadline = time.monotonic() + (PEER_ERROR_GRACE_S if self.asks_peer and not past_bound else 0.0)
             failure = self._peer()
             while failure is None and time.monotonic() < deadline:
                 time.sleep(CHECK_EVERY_S)
                 failure = self._peer()
-            self._abort(f"{failure} ({type(error).__name__}: {error})" if failure
-                        else f"{type(error).__name__}: {error}")
+            raised = f"{type(error).__name__}: {error}"
+            self._abort(f"{failure} ({raised})" if failure else f"{self._no_answer()} ({raised})" if past_bound
+                        else raised)
         if self.reason is not None:
             raise NcclWaitAborted(self.message()) from error
