@@ -96,7 +96,10 @@ class ChatTokens:
     def ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                             **self.template_kwargs)
-        return list(self.tok.encode(text, add_special_tokens=False))
+        # verbose=False: transformers' "Token indices sequence length is longer than ..." warning is about the
+        # tokenizer's model_max_length; a conversation too long for rollout.max_model_len is raygrpo's to say
+        # (env_overflows, said once per run), and the warning reached the console from the worker (CI at stop 67)
+        return list(self.tok.encode(text, add_special_tokens=False, verbose=False))
 
     def check_prefix_preserving(self) -> None:
         """Refuse a template whose rendering of earlier messages changes when messages are added

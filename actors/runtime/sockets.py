@@ -6,6 +6,7 @@ No torch, no vLLM: the driver's config check reads this module and stays quick.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -17,9 +18,19 @@ import psutil
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on `host` now (the OS picks it; another process may take it before it is used: never hand
     it to another process to bind, PortBoard is the way)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n TCP ports free on `host` now and different from each other: each is held while the next is picked (n
+    free_port() calls, each closed at once, can return one port twice: Ray then refused to start, "dashboard_agent_grpc
+    is trying to use a port number 53379 that is used by other components", 2026-11-29). For ports given on a
+    command line (a hand-started Ray head, a SLURM config), with free_port's caveat."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 class PortBoard:

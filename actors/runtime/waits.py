@@ -6,8 +6,10 @@ group and on a restart), because the reward scorer waits on its reward-model act
 """
 from __future__ import annotations
 
+import logging
 import re
 import sys
+import threading
 import time
 
 
@@ -48,26 +50,55 @@ def say_waiting(actor: str, what: str, waited: float, timeout_s: float, bound: s
     print(f"waiting on {actor} ({what}): {waited:.0f}s so far, at most {limit}", file=sys.stderr, flush=True)
 
 
-def wait_for(refs, actor: str, what: str, timeout_s: float, bound: str | None = None):
+def wait_for(refs, actor: str, what: str, timeout_s: float, bound: str | None = None, probe=None):
     """ray.get with a timeout, saying every WAITING_LINE_EVERY_S what it waits on; a dead or silent actor
     becomes ActorFailed naming it (with the actor's own error). `bound`: what sets `timeout_s` when it is not
-    trainer.actor_timeout_s, so the lines do not name a key that did not set it."""
+    trainer.actor_timeout_s, so the lines do not name a key that did not set it.
+
+    `probe`: a cheap call of the waited actor (`handle.info.remote`), sent at each waiting line. Why: a call a
+    network partition caught can sit on a connection that broke without a word, lost until Ray's gRPC client
+    keepalive (300 s); a call sent on that connection fails at once ("Connection reset by peer"), and the
+    broken connection's calls fail with it, so the lost call is seen within a waiting line of the heal
+    (docs/DESIGN.md, test_partition.py). Its answers are fetched in the background (`drain`), never waited on."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
     t0 = time.monotonic()
-    while True:
-        left = timeout_s - (time.monotonic() - t0)
-        try:
-            return ray.get(refs, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
-        except GetTimeoutError:
-            if left <= WAITING_LINE_EVERY_S:
-                raise no_answer(actor, what, timeout_s, bound) from None
-            say_waiting(actor, what, time.monotonic() - t0, timeout_s, bound)
-        except RayActorError as e:
-            if not actor_died(e):
-                raise
-            raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
+    probes: list = []
+    try:
+        while True:
+            left = timeout_s - (time.monotonic() - t0)
+            try:
+                return ray.get(refs, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
+            except GetTimeoutError:
+                if left <= WAITING_LINE_EVERY_S:
+                    raise no_answer(actor, what, timeout_s, bound) from None
+                say_waiting(actor, what, time.monotonic() - t0, timeout_s, bound)
+                if probe is not None:
+                    probes.append(probe())
+            except RayActorError as e:
+                if not actor_died(e):
+                    raise
+                raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
+    finally:
+        if probes:
+            drain(probes, f"{actor}: a probe while {what}", WAITING_LINE_EVERY_S)
+
+
+def drain(refs: list, what: str, timeout_s: float) -> None:
+    """Calls no one waits on any more (probes; a group's calls given up on): their end is fetched in a
+    background thread, at most `timeout_s` each, and logged (RUN_DIR/logs/driver.log). Left alone, Ray would
+    print a failed one's error raw on the console when it is freed ("Unhandled error ... ActorUnavailableError")."""
+    import ray
+
+    def fetch() -> None:
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except Exception as e:  # noqa: BLE001 - expected: the call failed with its peer; only logged
+                logging.getLogger("raygrpo").info("%s ended: %s", what, str(e).splitlines()[-1:] or type(e).__name__)
+
+    threading.Thread(target=fetch, name="drain", daemon=True).start()
 
 
 def actor_died(e: BaseException) -> bool:

@@ -97,7 +97,9 @@ class RolloutPool:
             orphans: list = []
             for w, ref in refs.items():
                 try:
-                    out = wait_for(ref, f"rollout worker {w}", what.format(len(pending[w])), self.timeout_s)
+                    # probe: a generate a partition caught can be lost on a broken connection (wait_for)
+                    out = wait_for(ref, f"rollout worker {w}", what.format(len(pending[w])), self.timeout_s,
+                                   probe=lambda h=self.handles[w]: h.info.remote())
                 except ActorFailed as e:
                     if not e.died:  # no answer within trainer.actor_timeout_s: hung, on a live node
                         self.hung(w, e)

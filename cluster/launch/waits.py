@@ -8,8 +8,6 @@ waits for Ray to bring a dead worker back, or says why it will not.
 """
 from __future__ import annotations
 
-import logging
-import threading
 import time
 
 from actors.runtime.waits import (
@@ -18,6 +16,7 @@ from actors.runtime.waits import (
     actor_died,
     actor_error,
     actor_table_entry,
+    drain,
     no_answer,
     say_waiting,
     wait_for,
@@ -84,22 +83,6 @@ def wait_all(refs: list, actors: list[str], what: str, timeout_s: float, watch=N
             raise
     return [results[i] for i in range(len(refs))]
 
-
-
-def drain(refs: list, what: str, timeout_s: float) -> None:
-    """Calls a wait gave up on (their actors stuck with a lost peer): their end is fetched in a background
-    thread, at most `timeout_s`, and logged (RUN_DIR/logs/driver.log). Left alone, Ray would print their
-    error raw on the console when they are freed ("Unhandled error ... ActorUnavailableError")."""
-    import ray
-
-    def fetch() -> None:
-        for ref in refs:
-            try:
-                ray.get(ref, timeout=timeout_s)
-            except Exception as e:  # noqa: BLE001 - expected: the call failed with its peer; only logged
-                logging.getLogger("raygrpo").info("%s ended: %s", what, str(e).splitlines()[-1:] or type(e).__name__)
-
-    threading.Thread(target=fetch, name="drain", daemon=True).start()
 
 
 def wait_restarted(handle, name: str, timeout_s: float, budget_key: str = "rollout.max_restarts") -> dict:

@@ -4,8 +4,11 @@
     raygrpo submit my-project/train.yaml --address http://127.0.0.1:D
     raygrpo submit examples/cpu_demo.yaml --address http://127.0.0.1:D model.path=...
     raygrpo train examples/cpu_demo.yaml model.path=... ray.address=127.0.0.1:P
+    cd proj && raygrpo train run.yaml learner.num_ranks=2 ray.address=127.0.0.1:P
 
-One submit trains (a user's own directory, outside the checkout); the submit of a config inside the
+One train by address trains (a user's own multi-turn project, whose console and completions are also what a
+new user reads first); the train of examples/cpu_demo.yaml by address is refused for want of the cluster's
+token. One submit trains (a user's own directory, outside the checkout); the submit of a config inside the
 checkout is refused by the job itself at its config check, which is all that mode needs of the job
 that the training submit does not already show (test_multinode.py trains a checkout submit on two
 hosts, where network namespaces can be made).
@@ -29,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,10 +40,14 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from console import run
 
-from actors.runtime.sockets import free_port
+from actors.runtime.sockets import free_ports
 from actors.runtime.start_ledger import RAY_CLUSTER, record_start
+from cluster.bench.console_lines import classify
 from cluster.launch.ray_cluster import NODE_START_ENV
+from cluster.models.wordproblems import conversational_rows, write_jsonl
+from cluster.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin: ray, raygrpo
@@ -77,13 +85,13 @@ def train_steps(run_dir: Path) -> list[int]:
 def hand_started_head(ports_given: dict | None = None):
     """`<venv>/bin/ray start --head` on 127.0.0.1 with explicit ports (`ports_given` overrides some);
     yields (gcs, dashboard) addresses once the dashboard answers."""
-    gcs, dash = free_port(), free_port()
+    gcs, dash, *more = free_ports(9)
     temp_dir = tempfile.mkdtemp(prefix="rg-ext-")  # short: Ray's socket paths have a length limit
     log = open(Path(temp_dir) / "head.log", "w")
-    ports = {"--port": gcs, "--dashboard-port": dash, "--node-manager-port": free_port(),
-             "--object-manager-port": free_port(), "--ray-client-server-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(), "--dashboard-agent-grpc-port": free_port(),
-             "--metrics-export-port": free_port(), "--runtime-env-agent-port": free_port()} | (ports_given or {})
+    ports = {"--port": gcs, "--dashboard-port": dash, **dict(zip(
+        ("--node-manager-port", "--object-manager-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
+         "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port"), more, strict=True)),
+             **(ports_given or {})}
     proc = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
          "--num-cpus=4", f"--temp-dir={temp_dir}", f"--min-worker-port={RAY_WORKER_PORTS.start}",
@@ -177,26 +185,96 @@ def test_train_by_address_without_the_clusters_token_says_where_to_put_it(head, 
     assert "no token was found" in no_token.stderr and "~/.ray/auth_token" in no_token.stderr, no_token.stderr[-3000:]
 
 
+# The user's environment of the run by address: answers the first turn with a tool message, then ends the
+# episode. Its reward is the same for every trajectory, so no group ever has a learning signal. A held-out row's
+# `mode` makes its first step hang (cut at rollout.env_timeout_s) or answer with a 100,000-character tool message
+# (more than rollout.max_model_len holds).
+LOOKUP_ENV = '''
+import time
+
+
+class Lookup:
+    def __init__(self, answer, mode="lookup", **fields):
+        self.turns, self.mode = 0, mode
+
+    def reset(self):
+        return None
+
+    def step(self, text):
+        self.turns += 1
+        if self.mode == "hang":
+            time.sleep(3600)
+        if self.mode == "flood":
+            return {"messages": [{"role": "tool", "content": "x" * 100_000}], "done": False}
+        if self.turns == 1:
+            return {"messages": [{"role": "tool", "content": "lookup: nothing found"}], "done": False, "reward": 0.25}
+        return {"messages": [], "done": True}
+'''
+
+
+def held_out(modes: list[str]) -> list[dict]:
+    return [{"prompt": [{"role": "user", "content": f"Tom has {a} apples and gets 2 more. How many?"}],
+             "answer": f"#### {a + 2}", "mode": mode} for a, mode in enumerate(modes)]
+
+
+def lookup_project(root: Path, model_dir: Path) -> Path:
+    """A user's project directory outside the checkout: a 2-step multi-turn run whose only reward is the
+    environment's (reward.functions: []), halt_after 2 with an entropy floor no model meets (the guard trips at
+    step 2, the run's last). Its held-out rows hang or flood in every evaluation (greedy and pass@2:
+    env_timeout_s=1 is waited out in each of its batches, together, while a flood answers in milliseconds)."""
+    proj = root / "proj"
+    proj.mkdir()
+    (proj / "lookup_env.py").write_text(LOOKUP_ENV)
+    write_jsonl(proj / "train.jsonl", conversational_rows(8, seed=5))
+    write_jsonl(proj / "eval.jsonl", held_out(["hang", "flood", "hang", "flood"]))
+    (proj / "run.yaml").write_text(f"""
+model: {{path: {model_dir}}}
+data: {{train: train.jsonl, eval: eval.jsonl, num_eval: 4}}
+trainer: {{steps: 2, prompts_per_step: 2, group_size: 2, run_dir: runs/lookup, halt_after: 2, entropy_floor: 100.0,
+          eval_pass_k: 2, actor_timeout_s: 600}}
+rollout: {{env: "lookup_env.py:Lookup", max_turns: 2, max_new_tokens: 8, max_model_len: 160, cpu_kv_cache_mb: 64,
+          gpu_memory_utilization: 0.03, env_timeout_s: 1.0}}
+reward: {{functions: []}}
+learner: {{lr: 1.0e-4, micro_batch_size: 4}}
+metrics: {{tensorboard: false, completions_per_step: 2}}
+""")
+    return proj
+
+
 @pytest.mark.timeout(900)
-def test_train_joins_by_address_and_listens_on_the_node_ip(head, tiny_model_dir, tmp_path):
-    """`train ray.address=HOST:PORT` on the hand-started head: every step done. During the run, our own
-    listeners (the learner ranks' rendezvous store, the weight-transfer store, gloo) are on the node's
-    address, never on 0.0.0.0. (No engine is killed here: a restarted engine is re-synced by rebuilding the
-    transfer group on the same listen address every step's sync uses, the same code in every mode and on
-    any cluster; the real restart is test_train.py's async kill, the sync schedule's at the seam,
-    tests/unit/test_driver_seam.py. A kill here cost an engine start.)"""
+def test_train_joins_by_address_listens_on_the_node_ip_and_a_short_multi_turn_run_reads_well(
+        head, tiny_chat_model_dir, tmp_path):
+    """`raygrpo train run.yaml learner.num_ranks=2 ray.address=HOST:PORT` from a user's project directory, on the
+    hand-started head: every step done. During the run, our own listeners (the learner ranks' rendezvous store,
+    the weight-transfer store, gloo) are on the node's address, never on 0.0.0.0. (No engine is killed here: a
+    restarted engine is re-synced by rebuilding the transfer group on the same listen address every step's sync
+    uses, the same code in every mode and on any cluster; the real restart is test_train.py's async kill, the
+    sync schedule's at the seam, tests/unit/test_driver_seam.py. A kill here cost an engine start.)
+
+    The same run is what a TRL or verl user looks at first (issue 25): the console, the completions the model
+    wrote, a short run that ends normally, a reward from the environment alone (it was
+    test_console_and_completions.py's own run, on a Ray cluster of its own: issue 58, one engine start fewer).
+    Its held-out rows' environment hangs or floods (issue 30 case 6: it was test_environment_failures.py's run,
+    whose training half, an environment that fails every reset, is now at the driver's seam,
+    tests/unit/test_driver_seam_halts.py, and on the engine pool's chat engine, test_multiturn.py).
+    What a second run there used to show is asserted on runs that start anyway: the third-party lines back in the
+    console with --log-level INFO (test_smollm2.py's ZeRO-2 run), a resumed run saying "resumed from" and
+    printing the held-out summary, its 'before' from the first run's step-0 evaluation (test_safety.py's rerun
+    after SIGTERM); the console of a run on a cluster raygrpo starts itself: the session's finished run
+    (test_progress_and_throughput.py)."""
     gcs, _ = head
-    run_dir = tmp_path / "run"
-    log = open(tmp_path / "train.log", "w")
-    proc = subprocess.Popen([str(BIN / "raygrpo"), "train", "examples/cpu_demo.yaml", *tiny_run(tiny_model_dir, run_dir, 5),
-                             "learner.num_ranks=2", f"ray.address={gcs}"],
-                            cwd=ROOT, env=user_env(), stdout=log, stderr=subprocess.STDOUT)
+    proj = lookup_project(tmp_path, tiny_chat_model_dir)
+    run_dir = proj / "runs" / "lookup"
+    done: list = []
+    train = threading.Thread(target=lambda: done.append(run(
+        ["train", "run.yaml", "learner.num_ranks=2", f"ray.address={gcs}"], proj, timeout=800, env=user_env())))
+    train.start()
     try:
         deadline = time.time() + 600
         while not train_steps(run_dir):
-            assert proc.poll() is None, (tmp_path / "train.log").read_text()[-5000:]
+            assert train.is_alive(), done[0].text[-5000:] if done else "no console"
             assert time.time() < deadline, "no step done in 600 s"
-            time.sleep(1)
+            time.sleep(0.2)
         placement = json.loads((run_dir / "placement.json").read_text())
         pid_of = {p["role"]: p["pid"] for p in placement}
         ours = listeners([pid_of["learner-0"], pid_of["learner-1"], pid_of["rollout-0"]])
@@ -207,13 +285,50 @@ def test_train_joins_by_address_and_listens_on_the_node_ip(head, tiny_model_dir,
         listen = next(p["listen_address"] for p in placement if p["role"] == "learner-0")
         rank0 = [ip for pid, ip, port in ours if pid == pid_of["learner-0"] and port not in RAY_WORKER_PORTS]
         assert len(rank0) >= 2 and set(rank0) == {listen}, (listen, ours)
-        assert proc.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-5000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    text = (tmp_path / "train.log").read_text()
-    assert train_steps(run_dir) == [1, 2, 3, 4, 5], text[-3000:]
+        train.join(900)
+    (out,) = done
+    report = out.report("a 2-step multi-turn run by address, its evaluations hanging and flooding")
+    console = out.text
+    assert out.returncode == 0, console[-5000:]
+    assert train_steps(run_dir) == [1, 2], console[-3000:]
+
+    # issue 30 case 6: the evaluations' hangs and floods said when they happen, the hangs cut at the timeout
+    # (together, not one after another), never quiet; a flood that does not fit said once per run
+    assert "eval @ step 0" in console
+    assert "trajectories failed at the evaluation at step 0" in console and "step: step timed out after 1s" in console
+    assert console.count("did not fit in rollout.max_model_len=160") == 1, console[-3000:]
+    assert out.longest_silence()[0] < 30.0, report
+
+    # the console is raygrpo's: no third-party line at the default level, vLLM's per-step INFO in logs/
+    lines = classify(console.splitlines(keepends=True))
+    assert [line for origin, line in lines if origin == "third-party"] == [], console
+    assert "step 2/2" in console and "learner:" in console  # raygrpo's own lines, an actor's included
+    worker_logs = "".join(p.read_text() for p in (run_dir / "logs").glob("worker-*.log"))
+    assert "Successfully reset prefix cache" in worker_logs and "Successfully reset prefix cache" not in console
+
+    # halts that respect a short run: the zero-variance guard only warns (never a signal), the entropy
+    # guard trips at the last step and the run ends as usual
+    assert "no learning signal yet" in console and "`raygrpo show " in console and "runs/lookup`" in console
+    assert "This was the run's last step, so the run ends normally" in console
+    assert (run_dir / "hf_model" / "config.json").is_file()
+    assert all((run_dir / f).stat().st_size > 1000 for f in ("reward.png", "kl.png", "step_time.png"))
+
+    # the environment's reward alone; lengths per trajectory and per turn
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["reward_mean"] == 0.25 for r in rows)
+    assert all(r["completions/turn_mean_length"] <= r["completions/mean_length"] <= 16 for r in rows)
+    assert all(0 <= r["completions/turn_clipped_ratio"] <= 1 for r in rows)
+
+    # the completions, and `raygrpo show` prints a transcript with its roles
+    logged = [json.loads(x) for x in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 1, 2, 2]
+    assert all(r["rewards"] == {} and r["reward"] == 0.25 and r["advantage"] == 0.0 for r in logged)
+    shown = subprocess.run([str(BIN / "raygrpo"), "show", "runs/lookup", "--step", "2", "-n", "1"], cwd=proj,
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    assert "step 2, 1 of 2 logged completion(s)" in shown.stdout and "reward 0.250 (environment 0.250)" in shown.stdout
+    assert "  [user] " in shown.stdout and "  [assistant] " in shown.stdout and "  [tool] lookup: nothing found" in shown.stdout
 
 
 # A user's own project, outside the checkout: their config, reward file, environment file and data.
@@ -264,7 +379,7 @@ def user_project(root: Path, model_dir: Path, run_dir: Path) -> Path:
     (project / "train.yaml").write_text(f"""
 model: {{path: {model_dir}}}
 data: {{train: problems.jsonl, num_eval: 0}}
-trainer: {{steps: 2, prompts_per_step: 2, group_size: 2, run_dir: {run_dir}, actor_timeout_s: 300}}
+trainer: {{steps: 2, prompts_per_step: 2, group_size: 2, run_dir: {run_dir}, actor_timeout_s: 600}}
 rollout: {{env: "envs/ask_again.py:AskAgain", max_turns: 2, max_new_tokens: 8, max_model_len: 160, cpu_kv_cache_mb: 64,
           gpu_memory_utilization: 0.03}}
 reward: {{functions: ["my_rewards.py:longer_is_better"]}}

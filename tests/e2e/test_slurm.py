@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.runtime.sockets import free_port
+from actors.runtime.sockets import free_ports
 from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.run.metrics import read_metrics
 
@@ -32,10 +32,11 @@ def slurm_conf(d: Path, host: str) -> str:
     # node offers 4 CPUs of a 2-core machine (Ray's actors take fractions of them, as in the embedded cluster);
     # KillWait=2: when the script ends, SLURM signals its nodes' `ray start --block` steps and the job stays
     # COMPLETING for at least KillWait (by default 30 s: 35 s of the test's 76 s; with 2, 11 s; issue 58)
+    ctld, node1, node2 = free_ports(3)  # distinct: three free_port() calls can give one port twice
     return f"""ClusterName=raygrpotest
 KillWait=2
 SlurmctldHost={host}
-SlurmctldPort={free_port()}
+SlurmctldPort={ctld}
 AuthType=auth/none
 CredType=cred/none
 SlurmUser=root
@@ -55,8 +56,8 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
-NodeName=rg1 NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=4 RealMemory=8000 State=UNKNOWN
-NodeName=rg2 NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=4 RealMemory=8000 State=UNKNOWN
+NodeName=rg1 NodeHostname={host} NodeAddr=127.0.0.1 Port={node1} CPUs=4 RealMemory=8000 State=UNKNOWN
+NodeName=rg2 NodeHostname={host} NodeAddr=127.0.0.1 Port={node2} CPUs=4 RealMemory=8000 State=UNKNOWN
 PartitionName=test Nodes=rg1,rg2 Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -147,9 +148,10 @@ def run_sbatch(slurm_cluster, args: list[str], head_args: str = "", timeout_s: f
     d, env, note_job_processes = slurm_cluster
     # Both nodes on one host, beside other Rays (other tests, other users): the fixed-number ports are
     # given (the head's) or left to the OS (each node's dashboard agent), the site's knobs for it.
-    head_ports = {"--dashboard-port": free_port(), "--ray-client-server-port": free_port()}
+    dashboard, client, gcs = free_ports(3)
+    head_ports = {"--dashboard-port": dashboard, "--ray-client-server-port": client}
     env = {k: v for k, v in env.items() if not k.startswith(("RAY_", "WANDB_"))}
-    env |= {"RAYGRPO_RAY_PORT": str(free_port()), "RAYGRPO_NODE_WAIT_S": "300",
+    env |= {"RAYGRPO_RAY_PORT": str(gcs), "RAYGRPO_NODE_WAIT_S": "300",
             "RAYGRPO_RAY_START_ARGS": f"--dashboard-agent-listen-port=0 --temp-dir={d}/ray",
             "RAYGRPO_RAY_HEAD_ARGS": " ".join(f"{k}={v}" for k, v in head_ports.items()) + head_args}
     submit = subprocess.run(

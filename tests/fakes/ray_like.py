@@ -120,8 +120,9 @@ def handle(actor: FakeActor) -> FakeHandle:
     return FakeHandle(actor)
 
 
-def wait_for(ref, actor: str, what: str, timeout_s: float, bound: str | None = None):
-    """cluster/launch/waits.py wait_for over FakeRefs (a list of them: each answer)."""
+def wait_for(ref, actor: str, what: str, timeout_s: float, bound: str | None = None, probe=None):
+    """cluster/launch/waits.py wait_for over FakeRefs (a list of them: each answer; they answer at once, so no
+    waiting line is said and no probe sent)."""
     if isinstance(ref, list):
         return [r.result(actor, what, timeout_s) for r in ref]
     return ref.result(actor, what, timeout_s)

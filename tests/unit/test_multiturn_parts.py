@@ -36,6 +36,16 @@ def test_env_suffix_keeps_the_turn_separator(tokenizer):
     assert cut == [tokenizer.eos_token_id] + ended
 
 
+def test_a_flooding_tool_reply_is_tokenized_without_transformers_warning(tokenizer, caplog):
+    """A tool reply longer than the tokenizer's model_max_length: its tokens counted quietly. raygrpo says the
+    overflow itself (env_overflows); transformers' "Token indices sequence length" warning reached the console."""
+    chat = ChatTokens(tokenizer)
+    flood = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x " * (tokenizer.model_max_length + 100)}]
+    with caplog.at_level("WARNING"):
+        assert len(chat.ids(flood, add_generation_prompt=True)) > tokenizer.model_max_length
+    assert not [r for r in caplog.records if "Token indices sequence length" in r.getMessage()], caplog.text
+
+
 def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer):
     # Like templates that strip earlier assistant turns' reasoning: only the LAST assistant turn keeps its text.
     original = tokenizer.chat_template
