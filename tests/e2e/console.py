@@ -7,6 +7,7 @@ process before the first line and the last line before the exit: what a user see
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -46,7 +47,7 @@ def run(args: list, cwd: Path, timeout: float = 900, wrap: list[str] = (), env: 
     env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("PYTEST")}
     t0 = time.monotonic()
     proc = subprocess.Popen([*wrap, RAYGRPO, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, start_new_session=True)
     out = Console(returncode=-1)
 
     def read():
@@ -58,8 +59,14 @@ def run(args: list, cwd: Path, timeout: float = 900, wrap: list[str] = (), env: 
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        pass
+    finally:
+        # However the wait ends (its timeout, or the test's own pytest timeout raised in it), the command and
+        # everything it started go: a driver left running kept its Ray cluster, engines and learner ranks busy
+        # for the rest of the suite, and the tests after it timed out in turn (CI at stop 67, load 10)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     reader.join(10)
     out.returncode, out.seconds = proc.returncode, time.monotonic() - t0
     return out
