@@ -1,10 +1,18 @@
 """A local HTTP service for tests (reward verifiers, gateways): a ThreadingHTTPServer on 127.0.0.1 on a
 free port, served from a daemon thread until close(); and a quiet handler base whose `send` survives a
-client that stops reading (an over-size answer, a timed-out request)."""
+client that stops reading (an over-size answer, a timed-out request); and examples/verifier_server.py
+started as a user starts it (example_verifier)."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+EXAMPLE_VERIFIER = Path(__file__).resolve().parents[1] / "examples" / "verifier_server.py"
 
 
 class QuietHandler(BaseHTTPRequestHandler):
@@ -34,3 +42,17 @@ class LocalServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@contextmanager
+def example_verifier(*args: str) -> Iterator[str]:
+    """examples/verifier_server.py with `args` (--token, --cert/--key, --client-ca), in its own process on a free
+    port of 127.0.0.1, as a user starts it; yields its URL (the last word of the line it prints first) and stops
+    it at the end of the block."""
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE_VERIFIER), "--port", "0", *args], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        yield proc.stdout.readline().split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(10)

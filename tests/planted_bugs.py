@@ -84,7 +84,8 @@ BUGS: list[PlantedBug] = [
         replacement="                pass  # the engines' fingerprints are not compared\n",
         suffers="an update left out or partial on an engine goes unnoticed: it samples from other weights than "
                 "the ones trained, and the rows still say sync_verified",
-        tests=("tests/e2e/test_sync_fingerprint.py::test_an_update_left_out_on_one_engine_halts_the_run_at_that_step",),
+        tests=("tests/e2e/test_learner_weight_sync.py::"
+               "test_an_update_the_engine_left_out_fails_the_sync_naming_the_engine_and_a_tensor",),
     ),
     PlantedBug(
         name="failed-reward-counted-as-zero",

@@ -5,9 +5,13 @@ serves them all (issue 58). What the run carries, so that each reader finds its 
   - its model declares no EOS (issue 30 case 7): the run also shows that warning;
   - STEPS steps with a checkpoint at every step, an evaluation before, every EVAL_EVERY steps and after (greedy
     + pass@2), a built-in and a user's reward function (my_rewards.py:brevity), TensorBoard, and W&B on with no
-    API key, as on a machine that never ran `wandb login` (new_users_env): it logs offline by itself.
+    API key, as on a machine that never ran `wandb login` (new_users_env): it logs offline by itself;
+  - a KL term (algo.beta > 0) with the reference on the learner rank (the sync schedule on CPU), and its
+    checkpoints from step OLDEST_KEPT on: test_train.py's exact-resume test resumes that one with the reference
+    on its own actor and compares the later steps with this run's, so that test starts no full run of its own.
 
-Read by test_rerun_export_resume.py, test_interrupted_export_and_full_disk.py and test_progress_and_throughput.py;
+Read by test_rerun_export_resume.py, test_interrupted_export_and_full_disk.py, test_progress_and_throughput.py and
+test_train.py's exact-resume test;
 a test that changes a run, or reruns one (a rerun rewrites config.yaml and takes the run dir's lock), works on a
 copy of it (copy_run), so the tests share it without touching one another. `make test` runs those files in two
 pytest workers at once (`--dist loadfile`), and a session fixture is made once per worker: the run is made once
@@ -28,6 +32,7 @@ from filelock import FileLock
 
 STEPS = 4
 EVAL_EVERY = 2
+OLDEST_KEPT = 2  # the oldest checkpoint the run keeps (checkpoint.keep), the one test_train.py resumes
 WANDB = {"wandb": True, "wandb_project": "raygrpo-e2e", "wandb_run_name": "offline-try-1", "wandb_tags": ["e2e"]}
 
 # The user's reward function, beside the built-in exact_match: one short name per function everywhere.
@@ -67,14 +72,14 @@ def finish_a_run(home: Path, tiny_model_dir: Path) -> tuple[Path, Path, Console]
     (home / "run.yaml").write_text(yaml.safe_dump({
         "model": {"path": "model"}, "data": {"num_eval": 4, "task_digits": 1},
         "trainer": {"steps": STEPS, "prompts_per_step": 4, "group_size": 4, "run_dir": "runs/first",
-                    "actor_timeout_s": 300, "eval_every": EVAL_EVERY, "eval_pass_k": 2,
+                    "actor_timeout_s": 600, "eval_every": EVAL_EVERY, "eval_pass_k": 2,
                     "dynamic_sampling": False, "halt_after": 0},  # a tiny model's guards must not end it early
         "rollout": {"max_model_len": 48, "max_new_tokens": 6, "gpu_memory_utilization": 0.03},
         "learner": {"lr": 1.0e-3, "micro_batch_size": 8},
-        "algo": {"beta": 0.0},  # no reference actor: nothing read here is about the KL
+        "algo": {"beta": 0.05},  # reference.placement auto: on the learner rank, no reference actor
         "reward": {"functions": ["exact_match", "my_rewards.py:brevity"]},
         "metrics": {"completions_per_step": 2, "peak_tflops": 1.0, **WANDB},  # TensorBoard on: the default
-        "checkpoint": {"every": 1}}))
+        "checkpoint": {"every": 1, "keep": STEPS - OLDEST_KEPT + 1}}))
     out = run(["train", "run.yaml"], home, env=new_users_env(home))
     out.report(f"a {STEPS}-step run")
     assert out.returncode == 0, out.text[-3000:]

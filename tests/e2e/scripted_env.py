@@ -2,7 +2,7 @@
 (engine_pool.CHAT_CONFIG: rollout.env is read when an engine starts). A random tiny model never calls a tool by
 itself, so the env answers the first turn with a `tool` message and the second with a `user` message whatever the
 model said, and ends the episode after the third turn. An example's `mode` field makes its second step raise, hang
-or break the contract instead."""
+or break the contract instead, or (mode "broken") its reset raise."""
 import time
 
 
@@ -11,6 +11,8 @@ class Scripted:
         self.mode, self.n = mode, 0
 
     def reset(self):
+        if self.mode == "broken":
+            raise RuntimeError("no sandbox available")
         return None
 
     def step(self, text):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(900)
 
 def base_config(model: str, run_dir: str = "runs/r", **sections) -> dict:
     cfg = {"model": {"path": model}, "data": {"num_eval": 0, "task_digits": 1},
-           "trainer": {"steps": 1, "prompts_per_step": 4, "group_size": 4, "run_dir": run_dir, "actor_timeout_s": 300},
+           "trainer": {"steps": 1, "prompts_per_step": 4, "group_size": 4, "run_dir": run_dir, "actor_timeout_s": 600},
            "rollout": {"max_model_len": 48, "max_new_tokens": 6, "gpu_memory_utilization": 0.03},
            "learner": {"lr": 1.0e-3, "micro_batch_size": 8}, "metrics": {"tensorboard": False},
            "reward": {"functions": ["exact_match"]}}

@@ -36,7 +36,7 @@ def chat_config(model_dir, run_dir, train, *overrides):
         f"model.path={model_dir}", f"trainer.run_dir={run_dir}", f"data.train={train}", "trainer.steps=3",
         "trainer.prompts_per_step=4", "trainer.group_size=4", "data.num_eval=0", "rollout.max_model_len=96",
         "rollout.max_new_tokens=16", "learner.lr=1e-3", "learner.micro_batch_size=16", "metrics.tensorboard=false",
-        "trainer.actor_timeout_s=300", "reward.functions=[gsm8k]", *overrides])
+        "trainer.actor_timeout_s=600", "reward.functions=[gsm8k]", *overrides])
 
 
 def capture_batches(trainer: Trainer) -> list:

@@ -25,6 +25,9 @@ BIN = Path(sys.executable).parent
 WHY_NOT = hosts.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 
+# Two engines, not one: the weights cross hosts only where an engine is on another host than learner rank 0 (the
+# sender), and SPREAD does not keep one engine off rank 0's node: with one it placed it there in 19 of 24 tries (two
+# 3-CPU nodes in ray.cluster_utils, this run's bundles; with two, an engine was elsewhere in 18 of 24; session 23).
 RUN = ["examples/cpu_demo.yaml", "trainer.prompts_per_step=4", "trainer.group_size=4", "data.num_eval=4",
        "data.task_digits=1", "rollout.num_workers=2", "rollout.max_model_len=48", "rollout.max_new_tokens=6",
        "rollout.gpu_memory_utilization=0.03", "learner.num_ranks=2", "learner.zero_stage=3",

@@ -5,22 +5,19 @@ starts with this module's environment, a scripted test env (scripted_env.py): a 
 tool by itself, so the env answers the first turn with a `tool` message and the second with a `user` message
 whatever the model said, and ends the episode after the third turn. Examples with a `mode` field make their
 environment raise, hang or break the contract instead.
+
+Multi-turn through the CLI: test_smollm2.py's ZeRO-2 run (the built-in calculator, a reward reading the
+whole conversation, --log-level INFO) and test_external_cluster.py's run by address (a user's environment from a file).
 """
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 from engine_pool import CHAT_CONFIG
 from multiturn_loss import learner_loss_and_grads, model_tokens_only_loss_and_grads
 
-from cluster.run.metrics import read_metrics
 from learner.batch import TrainBatch
 
 pytestmark = pytest.mark.timeout(900)
@@ -42,8 +39,10 @@ def engine(engine_pool, tiny_chat_model_dir):
 
 @pytest.fixture(scope="module")
 def rollouts(ray_cluster, engine):
-    """One call: two healthy prompts and three whose environment fails at its second step."""
-    fields = [{"answer": "7"}, {"mode": "raise"}, {"mode": "hang"}, {"mode": "garbage"}, {"answer": "7"}]
+    """One call: two healthy prompts, three whose environment fails at its second step and one whose environment
+    fails at its reset."""
+    fields = [{"answer": "7"}, {"mode": "raise"}, {"mode": "hang"}, {"mode": "garbage"}, {"answer": "7"},
+              {"mode": "broken"}]
     return ray_cluster.get(engine.generate_multiturn.remote([QUESTION] * len(fields), fields, G,
                                                             seeds=list(range(len(fields)))))
 
@@ -118,10 +117,15 @@ def test_a_failing_environment_ends_only_its_trajectory(rollouts):
             assert t.finish_reason == "env_error" and what in t.env_error, t.env_error
             assert t.turns == 2  # its first step answered; the second failed and ended it
             assert t.loss_mask[-1] == 1  # nothing appended after the failed step
+    # a reset that raised (issue 30 case 5): its trajectory ends before any turn, nothing sampled, the error named
+    # as the console says it (the driver's line and halt on it: tests/unit/test_driver_seam_halts.py)
+    for t in rollouts[5].trajectories:
+        assert t.finish_reason == "env_error" and t.env_error == "reset: RuntimeError: no sandbox available", t.env_error
+        assert t.turns == 0 and t.token_ids == [] and t.logprobs == []
     healthy = rollouts[0].trajectories + rollouts[4].trajectories
     assert all(t.turns == 3 and t.env_error is None for t in healthy)
     errors = sum(t.env_error is not None for r in rollouts for t in r.trajectories)
-    assert errors == 3 * G
+    assert errors == 4 * G
 
 
 def test_env_tokens_are_out_of_the_learner_loss(rollouts, tiny_chat_model_dir):
@@ -149,59 +153,3 @@ def test_env_tokens_are_out_of_the_learner_loss(rollouts, tiny_chat_model_dir):
     loss_c, grads_c = model_tokens_only_loss_and_grads(tiny_chat_model_dir, clean)
     assert loss_c == pytest.approx(loss_a, abs=1e-6)
     assert max((grads_a[k] - grads_c[k]).abs().max().item() for k in grads_a) <= 1e-5
-
-
-NUDGED_CALCULATOR = textwrap.dedent('''
-    from actors.multiturn.envs import CalculatorEnv
-
-    class NudgedCalculator(CalculatorEnv):
-        """The built-in calculator, except that a first turn without a calc() call is answered with a
-        user message asking for one (a random tiny model never writes calc() by itself)."""
-
-        def step(self, text):
-            out = super().step(text)
-            self.turn = getattr(self, "turn", 0) + 1
-            if self.turn == 1 and out["done"]:
-                return {"messages": [{"role": "user", "content": "Use calc(expression) to check."}], "done": False}
-            return out
-''')
-
-
-def test_cli_run_with_the_calculator_env_logs_multi_turn_metrics(tiny_chat_model_dir, tmp_path):
-    """`raygrpo train` for 3 steps with a calculator environment. Honest note: turns_mean > 1 here
-    comes from the env's nudge after the first turn, not from the model calling the tool.
-    With --log-level INFO: the third-party lines that the default level keeps out of the console
-    (test_console_and_completions.py) are back in it."""
-    env_file = tmp_path / "nudged_calculator.py"
-    env_file.write_text(NUDGED_CALCULATOR)
-    reward_file = tmp_path / "conversation_reward.py"  # sees the whole conversation; varies, so advantages do
-    reward_file.write_text(
-        "def conversation_reward(prompt, completion, _messages, _turns, _num_tokens):\n"
-        "    assert _messages[-1] == {'role': 'assistant', 'content': completion} and _turns >= 2\n"
-        "    assert [m['role'] for m in _messages[:3]] == ['user', 'assistant', 'user']\n"
-        "    return len(completion) / 10\n")
-    data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Tom has {a} apples and gets {b} more. How many?",
-                                        "answer": str(a + b)}) + "\n" for a in range(1, 5) for b in range(1, 5)))
-    cfg = tmp_path / "calc.yaml"
-    cfg.write_text(textwrap.dedent(f"""
-        model: {{path: {tiny_chat_model_dir}}}
-        data: {{train: {data}, num_eval: 0}}
-        trainer: {{steps: 3, prompts_per_step: 2, group_size: 2, run_dir: {tmp_path / 'run'}, actor_timeout_s: 300}}
-        rollout: {{env: "{env_file}:NudgedCalculator", max_turns: 3, max_new_tokens: 8, max_model_len: 192,
-                  cpu_kv_cache_mb: 64}}
-        reward: {{functions: [exact_match, "{reward_file}:conversation_reward"]}}
-        learner: {{lr: 1.0e-4, micro_batch_size: 4}}
-        metrics: {{tensorboard: false}}
-    """))
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-m", "cluster.cli", "train", str(cfg), "--log-level", "INFO"],
-                         capture_output=True, text=True, cwd=root, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "Successfully reset prefix cache" in out.stdout + out.stderr  # vLLM's INFO line, each weight sync
-    rows = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    for r in rows:
-        assert r["turns_mean"] > 1 and r["env_errors"] == 0 and r["env_tokens_mean"] > 0 and r["env_s"] >= 0
-        assert r["tool_calls_mean"] == 0.0  # the random model never writes calc(); the nudge is a user message
-        assert r["reward_errors"] == 0 and r["grad_norm"] > 0 and math.isfinite(r["loss"])

@@ -1,4 +1,5 @@
-"""What a cluster team reads during a run (issue 37), through the CLI as a user runs it: the progress line
+"""What a cluster team reads during a run (issue 37), through the CLI as a user runs it: a console of raygrpo's
+own lines (issue 25: third-party lines in the run's logs/), the progress line
 with generation tokens/s and an ETA from the third step on, evaluations named as such with their cost
 (eval_s), the perf/* metrics (perf/mfu with metrics.peak_tflops), TRL's `reward` beside `reward_mean`,
 and one short name per reward function in metrics.jsonl, completions.jsonl, `raygrpo show` and TensorBoard.
@@ -23,6 +24,7 @@ from finished_run import STEPS, WANDB
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb_files import read_offline_run
 
+from cluster.bench.console_lines import classify
 from cluster.run.metrics import read_metrics
 
 BIN = Path(sys.executable).parent
@@ -32,6 +34,13 @@ def test_progress_line_evaluations_throughput_reward_names_and_wandb_offline(fin
     proj, run_dir, out = finished_run
     console = out.text
     assert STEPS == 4  # the claims below are about a 4-step run evaluated every 2 steps
+
+    # the console is raygrpo's on a cluster raygrpo starts itself: no third-party line at the default level,
+    # vLLM's per-step INFO in logs/ (the same on a cluster joined by address: test_external_cluster.py's run)
+    third_party = [line for origin, line in classify(console.splitlines(keepends=True)) if origin == "third-party"]
+    assert third_party == [], third_party
+    worker_logs = "".join(p.read_text() for p in (run_dir / "logs").glob("worker-*.log"))
+    assert "Successfully reset prefix cache" in worker_logs and "Successfully reset prefix cache" not in console
 
     # 2. evaluations named as such, with their cost
     assert "evaluating at step 0: 4 held-out prompts, greedy + pass@2 (2 samples each)\n" in console

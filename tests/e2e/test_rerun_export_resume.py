@@ -66,7 +66,7 @@ def test_export_never_deletes_a_run_and_overwrite_moves_the_old_target_aside(fin
     home = tmp_path / "user"
     run_dir = home / "runs" / "first"
     shutil.copytree(finished_dir, run_dir)
-    first = run_dir / "checkpoints" / checkpoint.step_dir_name(STEPS - 1)  # the older of the two kept (checkpoint.keep)
+    first = run_dir / "checkpoints" / checkpoint.step_dir_name(STEPS - 1)  # one kept beside the final (checkpoint.keep)
     listing = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     for target in (run_dir, home, first, run_dir / "checkpoints"):  # a run dir, one holding it, the checkpoint
         out = run(["export", first, target, "--overwrite"], home)

@@ -150,7 +150,7 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
              "raises", "slow_judge"]
     cfg = {"model": {"path": "model"}, "data": {"train": "task:addition", "task_digits": 1, "num_eval": 0},
            "trainer": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "run_dir": "runs/verifiers",
-                       "actor_timeout_s": 300, "halt_after": 2},
+                       "actor_timeout_s": 600, "halt_after": 2},
            "rollout": {"max_model_len": 48, "max_new_tokens": 4, "gpu_memory_utilization": 0.03},
            "learner": {"micro_batch_size": 8}, "metrics": {"tensorboard": False},
            "reward": {"functions": ["exact_match", "format", *urls, f"http://127.0.0.1:{closed_port()}/nolisten",

@@ -1,7 +1,7 @@
 """The LoRA adapter's verified sync (learner.lora_sync=adapter: actors/transport/lora_adapter.py AdapterSync.send)
 over fake engines: every engine is asked for its fingerprint of the adapter it now serves and compared with what
 was sent, vLLM's folding of the LoRA scaling into lora_B included. Issue 58's planted bugs found this check caught
-by no test (tests/e2e/test_lora_end_to_end.py syncs but plants no fault; tests/e2e/test_sync_fingerprint.py plants
+by no test (tests/e2e/test_lora_end_to_end.py syncs but plants no fault; tests/e2e/test_learner_weight_sync.py plants
 one on the full-weights path only): deleting the check passed the whole suite."""
 from __future__ import annotations
 

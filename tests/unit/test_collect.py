@@ -469,7 +469,7 @@ def test_an_evaluation_is_named_in_the_waiting_lines_and_reports_its_cost(k, mon
             def remote(prompts, group_size, seeds, greedy):
                 return [PromptRollout(p, [1], [], weight_version=0) for p in prompts]
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, probe=None):
         said.append(f"waiting on {actor} ({what})")
         return ref
 

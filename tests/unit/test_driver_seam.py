@@ -40,11 +40,12 @@ def reward_of_completion(text: str, fields: dict) -> float:
 
 
 def run(tmp_path, monkeypatch, *, engines=2, min_workers=1, steps=2, halt_after=3, functions=None,
-        prompts=2, faults=None, reference=None) -> SimpleNamespace:
+        prompts=2, faults=None, reference=None, scorer=None) -> SimpleNamespace:
     """A run of `steps` sync steps over fakes: `engines` FakeEngines in the real RolloutPool, one FakeLearnerRank
     behind the real LearnerGroup, the real EngineWeights and Comebacks between them; every prompt's completions
     score 1 and 0 (a learning signal in each group). `faults`: {step: fn(run)}, run once step's update is done;
-    `reference`: a FakeReference as the reference actor (its log-probs fetched while collecting)."""
+    `reference`: a FakeReference as the reference actor (its log-probs fetched while collecting); `scorer`: a real
+    RewardScorer in place of the FakeScorer of `functions` (what a real reward kind says reaches the loop as is)."""
     import ray
 
     use_fake_ray(monkeypatch)
@@ -69,7 +70,7 @@ def run(tmp_path, monkeypatch, *, engines=2, min_workers=1, steps=2, halt_after=
                        min_live=min_workers, node_wait_s=0.0, bundle={"CPU": 1})
     weights = EngineWeights(cfg, versions, "gloo", pool, learners, threads, hosts, threading.RLock())
     stream = FakeStream([[1, 0]] * (prompts * (steps + 2)))
-    scorer = FakeScorer(functions or {"f": reward_of_completion})
+    scorer = scorer or FakeScorer(functions or {"f": reward_of_completion})
     comebacks = Comebacks(None, placement, hosts, threads, weights, scorer, pool, 10.0)
     ctx = RunContext(cfg, tmp_path, stream, scorer, eos_id=9, env_notes=EnvironmentNotes(cfg.rollout.max_model_len),
                      actors=SimpleNamespace(reference=None, learners=[handle(rank)]), placement=placement, hosts=hosts,
@@ -83,7 +84,8 @@ def run(tmp_path, monkeypatch, *, engines=2, min_workers=1, steps=2, halt_after=
     trainer.stop = SimpleNamespace(armed=False, requested=False)
     trainer.health = HealthMonitor(t, beta=0.0, mismatch_expected=False, run_dir=str(tmp_path))
     trainer.log = MetricsLogger(tmp_path, steps, tensorboard=False,
-                                extra_keys=tuple(f"rewards/{s}/{stat}" for s in scorer.names for stat in REWARD_STATS))
+                                extra_keys=tuple(f"rewards/{name}/{stat}" for name in scorer.names.values()
+                                                  for stat in REWARD_STATS))
     saved = []
     trainer.save_checkpoint = lambda finished=False, position=None: saved.append(trainer.step) or tmp_path / "ckpt"
     trainer.collector = Collector(ctx)

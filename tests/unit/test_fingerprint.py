@@ -1,5 +1,5 @@
-"""The sync fingerprint's parts without engines (the e2e test drives the real ones):
-tests/e2e/test_sync_fingerprint.py."""
+"""The sync fingerprint's parts without engines (the e2e test drives the real ones: a real engine that left an
+update out, caught by a real learner's sync): tests/e2e/test_learner_weight_sync.py."""
 from __future__ import annotations
 
 import pytest

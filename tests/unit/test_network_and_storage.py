@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from actors.runtime.sockets import PeerUnreachable, network_view, reach
+from actors.runtime.sockets import PeerUnreachable, free_ports, network_view, reach
 from cluster.bench.cross_host import table_rows, two_nodes
 from cluster.bench.report import resolve_setting
 from cluster.config import ConfigError, load_config
@@ -156,3 +156,13 @@ def test_the_crosshost_ratio_says_when_both_hosts_share_one_kernel():
     assert shared == ("crosshost", "full update / raw broadcast", 2.0, "goal <= 1.4; both hosts on one kernel, 2 cores shared")
     assert table_rows({"cross_host": {**result, "one_machine": False}})[-1][-1] == "goal <= 1.4"
     assert table_rows({}) == []
+
+
+def test_free_ports_are_distinct_and_free_when_returned():
+    """Ports given on a command line (a hand-started Ray head, a SLURM config) picked together: never one port
+    twice (one free_port() after another can return the same port: Ray refused to start on it)."""
+    ports = free_ports(16)
+    assert len(set(ports)) == 16
+    for port in ports:  # each still bindable: none was left held
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

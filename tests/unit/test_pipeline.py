@@ -532,7 +532,7 @@ def test_an_engine_that_answers_nothing_leaves_the_fleet_and_its_groups_go_to_th
     assert len(f._held[1]) == 2
     silent = ActorFailed("rollout worker 1", "returning finished groups", died=False, detail="no answer within 600s")
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, probe=None):
         raise silent
 
     del f._call  # the feeder's own from here: its wait on engine 1 times out

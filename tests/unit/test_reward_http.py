@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
-from local_http import LocalServer, QuietHandler
+from local_http import LocalServer, QuietHandler, example_verifier
 
 from actors.completions import Completion
 from actors.config import RewardConfig
 from actors.rewards.http import TOKEN_ENV, HttpVerifier, VerifierRefused
 from actors.rewards.scorer import RewardScorer
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verifier_server.py"
 
 
 class Server:
@@ -170,10 +165,7 @@ def test_requests_run_concurrently():
 
 
 def test_the_example_server_speaks_the_protocol(tmp_path):
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--port", "0", "--token", "tok"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().split()[-1]
+    with example_verifier("--token", "tok") as url:
         wrong = HttpVerifier(url, RewardConfig(), token="wrong")
         with pytest.raises(VerifierRefused, match="HTTP 401"):
             wrong.collect(wrong.start([{"prompts": ["p"], "completions": ["c"]}]))
@@ -183,6 +175,3 @@ def test_the_example_server_speaks_the_protocol(tmp_path):
             "completions": ["2", [{"role": "assistant", "content": "it is 5"}], "6"],
             "answer": ["2", "4", None]}]))
         assert outcome.results == [(True, 1.0), (True, 0.0), (True, None)]
-    finally:
-        proc.terminate()
-        proc.wait(10)

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import json
 import ssl
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
-from local_http import LocalServer, QuietHandler
+from local_http import LocalServer, QuietHandler, example_verifier
 
 from actors.completions import Completion
 from actors.config import RewardConfig
 from actors.rewards import http
 from actors.rewards.http import HttpVerifier, VerifierRefused
 from actors.rewards.scorer import RewardScorer
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verifier_server.py"
 
 make_pki = pytest.importorskip("tls_certs", reason="the `cryptography` package makes the test's CA and certificates").make_pki
 serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
@@ -203,10 +198,7 @@ def test_a_client_certificate_that_is_missing_or_not_pem_fails_at_start_naming_t
 
 def test_the_example_server_serves_https_with_cert_and_key(pki):
     """examples/verifier_server.py --cert/--key, as a user starts it: trusted through reward.http_ca_file."""
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--port", "0", "--cert", str(pki / "good.pem"),
-                             "--key", str(pki / "good.key")], stdout=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().split()[-1]
+    with example_verifier("--cert", str(pki / "good.pem"), "--key", str(pki / "good.key")) as url:
         assert url.startswith("https://127.0.0.1:")
         verifier = HttpVerifier(url, RewardConfig(http_ca_file=str(pki / "ca.pem")))
         [outcome] = verifier.collect(verifier.start([{"prompts": ["1+1="], "completions": ["2"], "answer": ["2"]}]))
@@ -214,23 +206,14 @@ def test_the_example_server_serves_https_with_cert_and_key(pki):
         untrusted = HttpVerifier(url, RewardConfig())  # the system's CA certificates do not know this CA
         with pytest.raises(VerifierRefused, match="cannot be trusted"):
             untrusted.collect(untrusted.start([{"prompts": ["p"], "completions": ["c"]}]))
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_the_example_server_requires_a_client_certificate_with_client_ca(pki):
     """examples/verifier_server.py --client-ca, as a user starts it: a run with reward.http_client_cert scores."""
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--port", "0", "--cert", str(pki / "good.pem"),
-                             "--key", str(pki / "good.key"), "--client-ca", str(pki / "ca.pem")],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        url = proc.stdout.readline().split()[-1]
+    with example_verifier("--cert", str(pki / "good.pem"), "--key", str(pki / "good.key"),
+                          "--client-ca", str(pki / "ca.pem")) as url:
         verifier = HttpVerifier(url, RewardConfig(http_ca_file=str(pki / "ca.pem"),
                                                   http_client_cert=str(pki / "client.pem"),
                                                   http_client_key=str(pki / "client.key")))
         [outcome] = verifier.collect(verifier.start([{"prompts": ["1+1="], "completions": ["2"], "answer": ["2"]}]))
         assert outcome.results == [(True, 1.0)]
-    finally:
-        proc.terminate()
-        proc.wait(10)

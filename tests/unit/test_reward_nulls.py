@@ -171,7 +171,7 @@ def test_a_reward_model_call_cut_by_a_broken_connection_goes_again_once_ray_move
 
     sent, moved = [], []
 
-    def wait_for(ref, actor, what, timeout_s):
+    def wait_for(ref, actor, what, timeout_s, probe=None):
         if ref == 1:  # the first call: its connection broke
             try:
                 raise ActorUnavailableError("The actor is temporarily unavailable: connection refused", None)

@@ -59,7 +59,7 @@ class Hosts:
 def fakes(monkeypatch):
     states = {}
 
-    def wait_for(ref, actor, what, timeout_s, bound=None):
+    def wait_for(ref, actor, what, timeout_s, bound=None, probe=None):
         engine, answer = ref
         if engine.dead:
             raise ActorFailed(actor, what, died=True, detail="killed")
@@ -87,7 +87,7 @@ def answer_when_restarting(monkeypatch, may=lambda engine: True) -> None:
     where `may(engine)` says so."""
     original = rollout_pool.wait_for
 
-    def wait_for(ref, actor, what, timeout_s, bound=None):
+    def wait_for(ref, actor, what, timeout_s, bound=None, probe=None):
         engine, _ = ref
         if engine.dead and what == "restarting" and may(engine):
             engine.dead = False
@@ -231,7 +231,7 @@ def test_a_hung_engine_leaves_the_fleet_and_rejoins_with_the_weights_when_it_ans
     waits = []
     original = rollout_pool.wait_for
 
-    def wait_for(ref, actor, what, timeout_s, bound=None):
+    def wait_for(ref, actor, what, timeout_s, bound=None, probe=None):
         engine, _ = ref
         waits.append((engine.index, what, timeout_s))
         if engine.index in stopped:
@@ -259,7 +259,7 @@ def test_a_hung_engine_at_min_workers_fails_the_run_naming_it(fakes, monkeypatch
     hosts, events = Hosts(), []
     engines, pool = pool_of(2, hosts, 2, events)
 
-    def wait_for(ref, actor, what, timeout_s, bound=None):
+    def wait_for(ref, actor, what, timeout_s, bound=None, probe=None):
         raise ActorFailed(actor, what, died=False, detail="no answer")
 
     monkeypatch.setattr(rollout_pool, "wait_for", wait_for)
@@ -274,7 +274,7 @@ def test_an_engine_silent_when_a_failed_update_checks_the_fleet_leaves_it(fakes,
     engines, pool = pool_of(2, hosts, 1, events)
     original = rollout_pool.wait_for
 
-    def wait_for(ref, actor, what, timeout_s, bound=None):
+    def wait_for(ref, actor, what, timeout_s, bound=None, probe=None):
         if ref[0].index == 1:
             raise ActorFailed(actor, what, died=False, detail="no answer")
         return original(ref, actor, what, timeout_s, bound)
