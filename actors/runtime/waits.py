@@ -85,6 +85,32 @@ def wait_for(refs, actor: str, what: str, timeout_s: float, bound: str | None = 
             drain(probes, f"{actor}: a probe while {what}", WAITING_LINE_EVERY_S)
 
 
+def get_probing(refs: list, timeout_s: float | None, probe, what: str) -> list:
+    """ray.get(refs) within `timeout_s` (None: no bound; Ray's GetTimeoutError past it), sending
+    `probe(unfinished)` (the indices of the calls not done; it returns the probe calls it sent) at each
+    WAITING_LINE_EVERY_S: for a wait on several actors whose callers say no waiting lines (the learner's wait
+    on the engines' weight-update calls), for the reason `wait_for`'s probe has. The probes' ends are drained
+    (`what` names them in the log)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    t0, probes = time.monotonic(), []
+    try:
+        while True:
+            left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
+            try:
+                return ray.get(refs, timeout=WAITING_LINE_EVERY_S if left is None else
+                               max(0.0, min(left, WAITING_LINE_EVERY_S)))
+            except GetTimeoutError:
+                if left is not None and left <= WAITING_LINE_EVERY_S:
+                    raise
+                done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                probes += probe([i for i, ref in enumerate(refs) if ref not in done])
+    finally:
+        if probes:
+            drain(probes, what, WAITING_LINE_EVERY_S)
+
+
 def drain(refs: list, what: str, timeout_s: float) -> None:
     """Calls no one waits on any more (probes; a group's calls given up on): their end is fetched in a
     background thread, at most `timeout_s` each, and logged (RUN_DIR/logs/driver.log). Left alone, Ray would

@@ -12,6 +12,7 @@ from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
 )
 from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient  # noqa: TID253 (vLLM side)
 
+from actors.runtime.waits import get_probing
 from actors.transport.nccl import engine_payloads
 
 
@@ -113,10 +114,19 @@ class PendingUpdate:
         return f"engine {', '.join(late)} of {len(self.refs)}" if late else None
 
     def join(self, timeout_s: float | None) -> None:
+        """The engines' answers, within `timeout_s`. Past each WAITING_LINE_EVERY_S, the engines not done yet are
+        sent a probe (`info()`) by actors/runtime/waits.py get_probing, as the driver's waits on a generate are: an
+        update call a healed partition caught can sit on a connection that broke without a word until Ray's
+        300 s keepalive, and the probe makes it fail now. The learner's sync then fails, Ray naming the
+        engine's connection, and the driver checks the engines and sends the update again
+        (cluster/driver/engine_weights.py)."""
         import ray
 
+        def probe(unfinished: list[int]) -> list:
+            return [self.client.handles[i].info.remote() for i in unfinished]
+
         try:
-            answers = ray.get(self.refs, timeout=timeout_s)
+            answers = get_probing(self.refs, timeout_s, probe, "an engine: a probe while it received weights")
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"weight-transfer RPC did not return in {timeout_s:.0f}s") from None
         reports = [a.pop("fingerprint", None) for a in answers]

@@ -89,3 +89,81 @@ def test_a_call_that_fails_once_a_probe_went_out_is_named_as_its_actors_failure(
         wait_for("call", "rollout worker 1", "generating 4 prompts", timeout_s=60.0, probe=probe)
     assert failed.value.died and failed.value.actor == "rollout worker 1" and sent == ["probe-0"]
     assert "Connection reset by peer" in str(failed.value)
+
+
+class FakeGroupRay:
+    """`ray.get`/`ray.wait` over a group of string refs: call i answers after `lines[i]` waiting lines (None: never
+    within the test, as a call a healed partition lost) or raises `fails` once a probe of it went out."""
+
+    def __init__(self, lines: list[int | None], fails: BaseException | None = None):
+        self.lines, self.fails, self.probed = lines, fails, set()
+        self.probes_fetched: list[str] = []
+
+    def wait(self, refs, num_returns, timeout):
+        return [r for r in refs if self.lines[int(r[-1])] == 0], []
+
+    def get(self, refs, timeout=None):
+        from ray.exceptions import GetTimeoutError
+
+        if isinstance(refs, str):  # a probe's end, fetched by drain
+            self.probes_fetched.append(refs)
+            return {"pid": 1}
+        if self.fails is not None and self.probed:
+            raise self.fails
+        if all(n == 0 for n in self.lines):
+            return [f"answer-{r[-1]}" for r in refs]
+        self.lines = [n if n is None else max(0, n - 1) for n in self.lines]
+        time.sleep(timeout or 0)  # as Ray's: the wait takes its timeout
+        raise GetTimeoutError("not yet")
+
+
+@pytest.fixture
+def group_ray(monkeypatch):
+    import ray
+
+    def make(lines, fails=None):
+        fake = FakeGroupRay(lines, fails)
+        monkeypatch.setattr(ray, "get", fake.get)
+        monkeypatch.setattr(ray, "wait", fake.wait)
+        return fake
+    monkeypatch.setattr(waits, "WAITING_LINE_EVERY_S", 0.01)
+    return make
+
+
+def group_prober(fake):
+    sent: list[str] = []
+
+    def probe(unfinished: list[int]) -> list:
+        fake.probed.update(unfinished)
+        sent.extend(f"probe-of-call-{i}-#{len(sent)}" for i in unfinished)
+        return sent[len(sent) - len(unfinished):]
+    return probe, sent
+
+
+def test_get_probing_probes_only_the_calls_not_done_at_each_line_and_drains_them(group_ray):
+    """The learner's wait on the engines' update calls (actors/transport/client.py PendingUpdate.join): call 0
+    answers by the first line, call 1 at the third; only call 1 is probed, once at each line it is not done."""
+    fake = group_ray([1, 3])
+    probe, sent = group_prober(fake)
+    assert waits.get_probing(["call-0", "call-1"], 60.0, probe, "a probe") == ["answer-0", "answer-1"]
+    assert sent == ["probe-of-call-1-#0", "probe-of-call-1-#1"]
+    deadline = time.monotonic() + 10
+    while len(fake.probes_fetched) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.probes_fetched == sent
+
+
+def test_get_probing_a_lost_call_fails_once_probed_and_a_silent_one_times_out(group_ray):
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError
+
+    fake = group_ray([0, None], fails=ActorUnavailableError("Connection reset by peer", None))
+    probe, sent = group_prober(fake)
+    with pytest.raises(ActorUnavailableError):  # what the learner's sync raises: the driver sends the update again
+        waits.get_probing(["call-0", "call-1"], 60.0, probe, "a probe")
+    assert sent == ["probe-of-call-1-#0"]
+
+    fake = group_ray([0, None])
+    probe, sent = group_prober(fake)
+    with pytest.raises(GetTimeoutError):
+        waits.get_probing(["call-0", "call-1"], 0.05, probe, "a probe")
+    assert sent and set(fake.probed) == {1}
