@@ -60,37 +60,25 @@ def wait_for(refs, actor: str, what: str, timeout_s: float, bound: str | None = 
     keepalive (300 s); a call sent on that connection fails at once ("Connection reset by peer"), and the
     broken connection's calls fail with it, so the lost call is seen within a waiting line of the heal
     (docs/DESIGN.md, test_partition.py). Its answers are fetched in the background (`drain`), never waited on."""
-    import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
-    t0 = time.monotonic()
-    probes: list = []
     try:
-        while True:
-            left = timeout_s - (time.monotonic() - t0)
-            try:
-                return ray.get(refs, timeout=max(0.0, min(left, WAITING_LINE_EVERY_S)))
-            except GetTimeoutError:
-                if left <= WAITING_LINE_EVERY_S:
-                    raise no_answer(actor, what, timeout_s, bound) from None
-                say_waiting(actor, what, time.monotonic() - t0, timeout_s, bound)
-                if probe is not None:
-                    probes.append(probe())
-            except RayActorError as e:
-                if not actor_died(e):
-                    raise
-                raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
-    finally:
-        if probes:
-            drain(probes, f"{actor}: a probe while {what}", WAITING_LINE_EVERY_S)
+        return get_probing(refs, timeout_s, probe and (lambda unfinished: [probe()]), f"{actor}: a probe while {what}",
+                           on_line=lambda waited: say_waiting(actor, what, waited, timeout_s, bound))
+    except GetTimeoutError:
+        raise no_answer(actor, what, timeout_s, bound) from None
+    except RayActorError as e:
+        if not actor_died(e):
+            raise
+        raise ActorFailed(actor, what, died=True, detail=actor_error(e)) from e
 
 
-def get_probing(refs: list, timeout_s: float | None, probe, what: str) -> list:
-    """ray.get(refs) within `timeout_s` (None: no bound; Ray's GetTimeoutError past it), sending
-    `probe(unfinished)` (the indices of the calls not done; it returns the probe calls it sent) at each
-    WAITING_LINE_EVERY_S: for a wait on several actors whose callers say no waiting lines (the learner's wait
-    on the engines' weight-update calls), for the reason `wait_for`'s probe has. The probes' ends are drained
-    (`what` names them in the log)."""
+def get_probing(refs, timeout_s: float | None, probe, what: str, on_line=None):
+    """ray.get(refs) within `timeout_s` (None: no bound; Ray's GetTimeoutError past it). At each
+    WAITING_LINE_EVERY_S: `on_line(seconds waited)` (wait_for says the waiting line there), then
+    `probe(unfinished)` (the indices of the calls not done, [0] for a single ref; it returns the probe calls it
+    sent), for the reason `wait_for`'s probe has; None sends none. The learner's wait on the engines'
+    weight-update calls uses it directly. The probes' ends are drained (`what` names them in the log)."""
     import ray
     from ray.exceptions import GetTimeoutError
 
@@ -104,11 +92,23 @@ def get_probing(refs: list, timeout_s: float | None, probe, what: str) -> list:
             except GetTimeoutError:
                 if left is not None and left <= WAITING_LINE_EVERY_S:
                     raise
-                done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                probes += probe([i for i, ref in enumerate(refs) if ref not in done])
+                if on_line is not None:
+                    on_line(time.monotonic() - t0)
+                if probe is not None:
+                    probes += probe(calls_not_done(refs))
     finally:
         if probes:
             drain(probes, what, WAITING_LINE_EVERY_S)
+
+
+def calls_not_done(refs) -> list[int]:
+    """The indices of the calls in `refs` not done yet; [0] for a single ref (its ray.get just timed out)."""
+    import ray
+
+    if not isinstance(refs, list):
+        return [0]
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return [i for i, ref in enumerate(refs) if ref not in done]
 
 
 def drain(refs: list, what: str, timeout_s: float) -> None:

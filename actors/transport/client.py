@@ -12,7 +12,7 @@ from vllm.distributed.weight_transfer.base import (  # noqa: TID253 (vLLM side)
 )
 from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient  # noqa: TID253 (vLLM side)
 
-from actors.runtime.waits import get_probing
+from actors.runtime.waits import calls_not_done, get_probing
 from actors.transport.nccl import engine_payloads
 
 
@@ -107,10 +107,7 @@ class PendingUpdate:
         return None
 
     def unfinished(self) -> str | None:
-        import ray
-
-        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
-        late = [str(i) for i, ref in enumerate(self.refs) if ref not in done]
+        late = [str(i) for i in calls_not_done(self.refs)]
         return f"engine {', '.join(late)} of {len(self.refs)}" if late else None
 
     def join(self, timeout_s: float | None) -> None:
