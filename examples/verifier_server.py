@@ -78,6 +78,12 @@ class Verifier(BaseHTTPRequestHandler):
         print(f"verifier: {self.address_string()} {fmt % args}", flush=True)
 
 
+class VerifierServer(ThreadingHTTPServer):
+    # raygrpo sends reward.http_concurrency requests per verifier at once, from every driver; socketserver's
+    # backlog of 5 resets the connections past the 5th while the accept thread waits its turn (raygrpo retries them)
+    request_queue_size = 128
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
@@ -93,7 +99,7 @@ def main() -> None:
     if args.client_ca and not args.cert:
         parser.error("--client-ca needs --cert and --key (mutual TLS is TLS)")
     Verifier.token = args.token
-    server = ThreadingHTTPServer((args.host, args.port), Verifier)
+    server = VerifierServer((args.host, args.port), Verifier)
     scheme = "http"
     if args.cert:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -30,11 +30,18 @@ class QuietHandler(BaseHTTPRequestHandler):
         pass
 
 
+class BackloggedServer(ThreadingHTTPServer):
+    """socketserver listens with a backlog of 5: a run's verifiers send 16+ requests at once, and while this
+    process's accept thread waits for the GIL the kernel resets the connections past the 5th ("Connection reset by
+    peer"). raygrpo retries those, so the server saw fewer requests than it was sent (CI, stop 67: /e500 got 7 of 8)."""
+    request_queue_size = 128
+
+
 class LocalServer:
     """Serves `handler` at `self.base` (http://127.0.0.1:PORT) until close()."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = BackloggedServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

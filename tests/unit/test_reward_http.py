@@ -2,14 +2,19 @@
 nulls, retries, timeouts, refusals; and examples/verifier_server.py as a user starts it."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import threading
 import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from local_http import LocalServer, QuietHandler, example_verifier
+from local_http import EXAMPLE_VERIFIER, BackloggedServer, LocalServer, QuietHandler, example_verifier
 
 from actors.completions import Completion
 from actors.config import RewardConfig
@@ -175,3 +180,42 @@ def test_the_example_server_speaks_the_protocol(tmp_path):
             "completions": ["2", [{"role": "assistant", "content": "it is 5"}], "6"],
             "answer": ["2", "4", None]}]))
         assert outcome.results == [(True, 1.0), (True, 0.0), (True, None)]
+
+
+
+def _burst(server_class: type[ThreadingHTTPServer]) -> Counter:
+    """What 32 requests sent at once got, while the server's accept loop had not started (its thread waiting, as
+    a busy process's does for the GIL) until 1 s later."""
+    httpd = server_class(("127.0.0.1", 0), QuietHandler)  # QuietHandler has no do_POST: each request is a 501
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/verify"
+
+    def send(_):
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), timeout=10)
+        except urllib.error.HTTPError as e:
+            return f"HTTP {e.code}"
+        except OSError as e:
+            return type(e).__name__
+        return "200"
+
+    threading.Timer(1.0, httpd.serve_forever).start()
+    try:
+        with ThreadPoolExecutor(32) as pool:
+            return Counter(pool.map(send, range(32)))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize("where", ["tests/local_http.py", "examples/verifier_server.py"])
+def test_a_burst_of_requests_reaches_the_server_while_its_accept_loop_waits(where):
+    """socketserver's backlog of 5 reset the connections past the 5th ("Connection reset by peer"): raygrpo
+    retried them, and the e2e test's server counted 7 of /e500's 8 requests (CI, stop 67)."""
+    if where == "tests/local_http.py":
+        server_class = BackloggedServer
+    else:
+        spec = importlib.util.spec_from_file_location("verifier_server", EXAMPLE_VERIFIER)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        server_class = module.VerifierServer
+    assert _burst(server_class) == Counter({"HTTP 501": 32})
