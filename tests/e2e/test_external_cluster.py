@@ -44,6 +44,7 @@ from console import run
 
 from actors.runtime.sockets import free_ports
 from actors.runtime.start_ledger import RAY_CLUSTER, record_start
+from actors.runtime.waits import WAITING_LINE_EVERY_S
 from cluster.bench.console_lines import classify
 from cluster.launch.ray_cluster import NODE_START_ENV
 from cluster.models.wordproblems import conversational_rows, write_jsonl
@@ -168,8 +169,14 @@ def listeners(pids: list[int]) -> list[tuple[int, str, int]]:
     for pid in pids:
         p = psutil.Process(pid)
         procs += [p, *p.children(recursive=True)]
-    return [(p.pid, c.laddr.ip, c.laddr.port) for p in procs for c in p.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN]
+    found = []
+    for p in procs:
+        try:  # a child can end between the listing and this read (test_embedded_listeners failed so, in CI)
+            found += [(p.pid, c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 @pytest.mark.timeout(300)
@@ -298,7 +305,9 @@ def test_train_joins_by_address_listens_on_the_node_ip_and_a_short_multi_turn_ru
     assert "eval @ step 0" in console
     assert "trajectories failed at the evaluation at step 0" in console and "step: step timed out after 1s" in console
     assert console.count("did not fit in rollout.max_model_len=160") == 1, console[-3000:]
-    assert out.longest_silence()[0] < 30.0, report
+    # a waiting line every WAITING_LINE_EVERY_S (25 s); the margin is a loaded machine's: ray.init and the actors'
+    # creation printed nothing for up to 29.3 s at load 26-45 (docs/benchmarks.md), so 30 s failed without a bug
+    assert out.longest_silence()[0] < WAITING_LINE_EVERY_S + 20, report
 
     # the console is raygrpo's: no third-party line at the default level, vLLM's per-step INFO in logs/
     lines = classify(console.splitlines(keepends=True))

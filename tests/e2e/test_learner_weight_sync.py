@@ -103,6 +103,9 @@ def test_rollout_restart_then_reinit_and_sync(setup, tiny_model_dir, tmp_path):
         assert on_all(ray, ranks, "sync_weights", 2)["weight_version"] == 2
         assert ray.get(doomed.get_weight_version.remote()) == "2"
         ray.kill(doomed)
+        # ray.kill returns before the process is gone: a loaded machine could let the sync below reach it first
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(doomed.get_weight_version.remote(), timeout=60)
         refs = [w.sync_weights.remote(3) for w in ranks]
         with pytest.raises(ray.exceptions.RayTaskError):  # the sender's error, not a timeout (a hang)
             ray.get(refs[0], timeout=120)

@@ -104,12 +104,12 @@ class Verifiers:
         self.local.close()
 
 
-def closed_port() -> int:
+def bound_not_listening() -> socket.socket:
+    """A port where nothing listens (a connect is refused), held for the test: a port closed at once could be
+    taken by any bind(0) on the machine (gloo, Ray) before the run's calls reach it."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    return port
+    return s
 
 
 BROKEN = {"e500": "HTTP 500", "notjson": "not JSON", "nan": "returned nan", "strings": "returned '1.0'",
@@ -142,7 +142,7 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
     home = tmp_path / "user"
     shutil.copytree(tiny_model_dir, home / "model")
     (home / "my_rewards.py").write_text(USER_REWARDS)
-    servers = Verifiers()
+    servers, nolisten = Verifiers(), bound_not_listening()
     urls = [f"{servers.base}/{p}" for p in ("ok", "e500", "notjson", "nan", "strings", "bool", "big", "mixed")]
     # the killer before the hanging function: the pool runs a batch's calls in this order, so every kill is over
     # before a call of slow_judge is sent (a kill takes the calls in flight on its worker with it)
@@ -153,7 +153,7 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
                        "actor_timeout_s": 600, "halt_after": 2},
            "rollout": {"max_model_len": 48, "max_new_tokens": 4, "gpu_memory_utilization": 0.03},
            "learner": {"micro_batch_size": 8}, "metrics": {"tensorboard": False},
-           "reward": {"functions": ["exact_match", "format", *urls, f"http://127.0.0.1:{closed_port()}/nolisten",
+           "reward": {"functions": ["exact_match", "format", *urls, f"http://127.0.0.1:{nolisten.getsockname()[1]}/nolisten",
                                     "my_rewards.py:killer", "my_rewards.py:raises", "my_rewards.py:slow_judge"],
                       "names": names, "num_procs": 2, "timeout_s": 3, "http_timeout_s": 10, "http_max_retries": 1, "http_max_batch": 8,
                       "http_max_response_mb": 1}}
@@ -162,6 +162,7 @@ def test_broken_verifiers_fail_alone_and_the_halt_names_exactly_them(tmp_path, t
         out = run(["train", "run.yaml"], home)
     finally:
         servers.close()
+        nolisten.close()
     out.report("14 reward functions, 9 broken, 2 failing now and then")
     text = out.text
     assert out.returncode == 3, text[-4000:]  # halted by the guard, after the checkpoint of step 2
