@@ -7,7 +7,7 @@ import torch
 from engine_pool import EnginePool
 from filelock import FileLock
 from finished_run import finish_a_run, once_for_the_session
-from pool_scope import PoolFilesTogether
+from pool_scope import PoolFilesTogether, uses_the_pool
 
 from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.launch.ray_cluster import worker_runtime_env
@@ -76,14 +76,30 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
-def engine_pool(ray_cluster):
+def engine_pool(ray_cluster, request):
     """Warm RolloutWorker engines shared by the engine-level files (tests/e2e/engine_pool.py): each lease is checked
     clean (base weights at version 0, the config it started with) and put back so; one pool per pytest process, its
     engines started when first leased. Under `make test` one xdist worker runs every file that uses it
     (pytest_xdist_make_scheduler below)."""
     pool = EnginePool(ray_cluster)
+    request.config.stash[LIVE_POOL] = pool
     yield pool
     pool.close()
+
+
+LIVE_POOL = pytest.StashKey[EnginePool]()
+
+
+@pytest.hookimpl(trylast=True)  # last: after pytest's own teardown, which gave the ending file's leases back
+def pytest_runtest_teardown(item, nextitem):
+    """The pool's engines stopped once the files that use it are done: they run together (pool_scope.py), and each
+    idle engine still takes 3-4% of a core (gloo's loop threads in vLLM's process groups wake every 10 ms), through
+    the rest of the worker's session (~500 s of a full suite). A later lease would start its engines again."""
+    pool = item.config.stash.get(LIVE_POOL, None)
+    if pool is None or not uses_the_pool(str(item.path)):
+        return
+    if nextitem is None or not uses_the_pool(str(nextitem.path)):
+        pool.close()
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # optional: absent under -p no:xdist; first: before xdist's own
