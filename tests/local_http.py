@@ -33,7 +33,7 @@ class QuietHandler(BaseHTTPRequestHandler):
 class BackloggedServer(ThreadingHTTPServer):
     """socketserver listens with a backlog of 5: a run's verifiers send 16+ requests at once, and while this
     process's accept thread waits for the GIL the kernel resets the connections past the 5th ("Connection reset by
-    peer"). raygrpo retries those, so the server saw fewer requests than it was sent (CI, stop 67: /e500 got 7 of 8)."""
+    peer"). raygrpo retries those, so the server saw fewer requests than it was sent (CI, session 26's stop: /e500 got 7 of 8)."""
     request_queue_size = 128
 
 

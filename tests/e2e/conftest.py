@@ -93,7 +93,7 @@ LIVE_POOL = pytest.StashKey[EnginePool]()
 @pytest.hookimpl(trylast=True)  # last: after pytest's own teardown, which gave the ending file's leases back
 def pytest_runtest_teardown(item, nextitem):
     """The pool's engines stopped once the files that use it are done: they run together (pool_scope.py), and each
-    idle engine still takes 3-4% of a core (gloo's loop threads in vLLM's process groups wake every 10 ms), through
+    idle engine still takes 3-4% of a core (most of it the gloo loop threads of vLLM's process groups), through
     the rest of the worker's session (~500 s of a full suite). A later lease would start its engines again."""
     pool = item.config.stash.get(LIVE_POOL, None)
     if pool is None or not uses_the_pool(str(item.path)):
