@@ -75,6 +75,9 @@ def ray_cluster():
     ray.shutdown()
 
 
+LIVE_POOL = pytest.StashKey[EnginePool]()  # the session's pool, for the hook below that stops its engines
+
+
 @pytest.fixture(scope="session")
 def engine_pool(ray_cluster, request):
     """Warm RolloutWorker engines shared by the engine-level files (tests/e2e/engine_pool.py): each lease is checked
@@ -85,9 +88,6 @@ def engine_pool(ray_cluster, request):
     request.config.stash[LIVE_POOL] = pool
     yield pool
     pool.close()
-
-
-LIVE_POOL = pytest.StashKey[EnginePool]()
 
 
 @pytest.hookimpl(trylast=True)  # last: after pytest's own teardown, which gave the ending file's leases back
