@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -84,6 +85,19 @@ def test_zero3_broadcast_after_a_step_matches_hf(setup, tiny_model_dir):
     assert max_diff(after, before) > 100 * TOL  # the step moved the weights and the engine got them
 
 
+def wait_until_gone(ray, actor, timeout_s=60):
+    """ray.kill returns before the actor is dead, and a call made just after it may still be served
+    (CI saw one answered): ask until a call fails, so that the sync after it cannot reach the engine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.get_weight_version.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return
+        assert time.monotonic() < deadline, f"the killed actor still answers {timeout_s}s after ray.kill"
+        time.sleep(0.5)
+
+
 def test_rollout_restart_then_reinit_and_sync(setup, tiny_model_dir, tmp_path):
     """An engine of the learner's group dies: the next sync fails fast on rank 0 without leaving rank 1 stuck
     in a ZeRO-3 gather. The engine that dies is one started from the learner's export_hf directory (so that
@@ -103,9 +117,7 @@ def test_rollout_restart_then_reinit_and_sync(setup, tiny_model_dir, tmp_path):
         assert on_all(ray, ranks, "sync_weights", 2)["weight_version"] == 2
         assert ray.get(doomed.get_weight_version.remote()) == "2"
         ray.kill(doomed)
-        # ray.kill returns before the process is gone: a loaded machine could let the sync below reach it first
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(doomed.get_weight_version.remote(), timeout=60)
+        wait_until_gone(ray, doomed)
         refs = [w.sync_weights.remote(3) for w in ranks]
         with pytest.raises(ray.exceptions.RayTaskError):  # the sender's error, not a timeout (a hang)
             ray.get(refs[0], timeout=120)
