@@ -295,7 +295,7 @@ def test_vllms_nccl_code_across_two_engines_and_two_learner_ranks(fleet):
                                               rf"no answer in {TIMEOUT_S:.0f}s from engine 0"):
         send(trainer, fleet, source, version=3)
     # vLLM's sender waits for the engines' call after its broadcast: that wait is the client's (its own bound)
-    assert time.monotonic() - t0 < 2 * TIMEOUT_S + 3
+    assert time.monotonic() - t0 < 2 * TIMEOUT_S + 10  # a margin for a loaded machine, far below a hang
     with contextlib.suppress(RuntimeError):  # engine 1's answer (all buckets in, or aborted at its bound)
         fleet.reply(1, timeout_s=TIMEOUT_S + 10)
     # engine 0's answer (its receive aborted after the stall) is read by the client's call still waiting for it;

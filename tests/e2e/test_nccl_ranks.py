@@ -118,4 +118,4 @@ def test_an_init_no_engine_answers_ends_at_its_bound_named(recorded):
     with pytest.raises(NcclWaitAborted, match=r"learner rank 0 \(the weight sender\) (gave up forming|could not open) "
                                               r"the group at 127\.0\.0\.1:\d+"):
         WeightTransferTrainerFactory.trainer_init(nccl.trainer_init_info(info, 0), client=silent, source=source)
-    assert time.monotonic() - t0 < 1.0 + PEER_ERROR_GRACE_S + 2
+    assert time.monotonic() - t0 < 1.0 + PEER_ERROR_GRACE_S + 10  # the margin for a loaded machine; the hang is 3600 s
