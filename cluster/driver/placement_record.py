@@ -9,6 +9,7 @@ says where it is (`network: HOST advertises ADDRESS, ...`), as at start.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from cluster.launch.network import add_network
@@ -55,4 +56,7 @@ class PlacementRecord:
         self.write()
 
     def write(self) -> None:
-        self.path.write_text(json.dumps(self.rows, indent=1))
+        # whole or not at all: users' tools (and the tests) read the file while the run rewrites it
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.rows, indent=1))
+        os.replace(tmp, self.path)

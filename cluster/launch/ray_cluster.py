@@ -216,6 +216,8 @@ def join_cluster(address: str, runtime_env: dict | None = None) -> None:
     import ray
 
     gcs = resolve_gcs_address(address)
+    # said before ray.init, as the embedded start is: on a busy machine joining takes tens of seconds
+    print(f"joining the Ray cluster at {gcs}", flush=True)
     use_cluster_auth_mode(gcs_auth_mode(gcs), gcs)
     try:
         ray.init(address=gcs, runtime_env=worker_runtime_env(more=runtime_env), log_to_driver=True)

@@ -106,6 +106,8 @@ def test_the_embedded_cluster_is_always_new_and_a_jobs_ray_address_is_joined(mon
     """ray.address empty: ray.init(address="local"), never the cluster a `ray start` left on this machine
     (ray.init() with no address joins it, then refuses num_cpus); with RAY_ADDRESS set, as Ray sets it in
     a `ray job submit` driver, that cluster is joined and the console says so (Ray faked)."""
+    import ray._private.ray_constants  # noqa: F401  the real one, which loopback_only reads: imported before "ray"
+    # is faked below (it passed only where an earlier test in the same process had imported it)
     inits, joined = [], []
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False,
                                                                   init=lambda **kw: inits.append(kw)))
@@ -143,3 +145,17 @@ def test_the_op_is_built_with_the_environments_own_ninja_activated_or_not(tmp_pa
         first = os.environ["PATH"].split(os.pathsep)[0]
     assert first == (str(Path(sys.executable).parent) if (Path(sys.executable).parent / "ninja").is_file()
                      else str(system_bin))
+
+
+def test_joining_a_running_cluster_is_said_before_ray_init(monkeypatch, capsys):
+    """The embedded start says "starting an embedded Ray cluster" before ray.init; a join says where it goes
+    before ray.init too, which on a busy machine takes tens of seconds with nothing else on the console."""
+    said_before_init = []
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(
+        init=lambda **kw: said_before_init.append(capsys.readouterr().out)))
+    monkeypatch.setattr(ray_cluster, "resolve_gcs_address", lambda address: "10.0.0.5:6379")
+    monkeypatch.setattr(ray_cluster, "gcs_auth_mode", lambda gcs: "disabled")
+    monkeypatch.setattr(ray_cluster, "use_cluster_auth_mode", lambda mode, gcs: None)
+    monkeypatch.setattr(ray_cluster, "keep_token_private", lambda: None)
+    ray_cluster.join_cluster("auto")
+    assert said_before_init == ["joining the Ray cluster at 10.0.0.5:6379\n"]
