@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import socket
 import time
+from pathlib import Path
 
 import psutil
 
@@ -21,15 +23,40 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+# Ports a test or tool hands to another process to bind (a Ray head's command line, a SLURM config) come from
+# here: above Ray's worker ports (10002-19999 by default) and below the kernel's ephemeral range, from which every
+# bind(0) and outgoing connection on the machine takes its port. From inside that range, a gloo store's or an
+# engine's bind(0) could take the port between the pick and the other process's bind.
+HANDED_OUT_PORTS_FROM = 20_000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """n TCP ports free on `host` now and different from each other: each is held while the next is picked (n
     free_port() calls, each closed at once, can return one port twice: Ray then refused to start, "dashboard_agent_grpc
     is trying to use a port number 53379 that is used by other components", 2026-11-29). For ports given on a
-    command line (a hand-started Ray head, a SLURM config), with free_port's caveat."""
+    command line (a hand-started Ray head, a SLURM config), with free_port's caveat; drawn at random below the
+    ephemeral range (HANDED_OUT_PORTS_FROM), where nothing else on the machine picks a port by itself, else the
+    OS's pick."""
+    below = range(HANDED_OUT_PORTS_FROM, _ephemeral_start())
+    draws = random.Random().sample(below, min(len(below), 64 * n))
     with contextlib.ExitStack() as held:
-        socks = [held.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind((host, 0))
+        socks = []
+        for port in [*draws, *[0] * n]:
+            if len(socks) == n:
+                break
+            s = held.enter_context(socket.socket())
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # in use (or in TIME_WAIT: left alone too)
+            socks.append(s)
         return [s.getsockname()[1] for s in socks]
 
 

@@ -3,22 +3,16 @@ a deterministic batch, and an independent single-process plain-torch reference o
 from __future__ import annotations
 
 import random
-import socket
 
 import torch
 import torch.distributed as dist
 
+from actors.runtime.sockets import free_port
 from cluster.launch.placement import learner_port_key
 from learner import grpo
 from learner.batch import TrainBatch
 from learner.config import AlgoConfig, LearnerConfig
 from learner.worker import LearnerWorker
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ranks(ray, model_dir, cfg: LearnerConfig, algo: AlgoConfig, *, total_steps=10, seed=0, lendable=False):
