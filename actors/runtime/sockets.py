@@ -45,18 +45,26 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     ephemeral range (HANDED_OUT_PORTS_FROM), where nothing else on the machine picks a port by itself, else the
     OS's pick."""
     below = range(HANDED_OUT_PORTS_FROM, _ephemeral_start())
-    draws = random.Random().sample(below, min(len(below), 64 * n))
+    # a generator of its own, seeded by the OS: processes that seeded `random` alike (the tests do) draw apart
+    draws = random.SystemRandom().sample(below, min(len(below), 64 * n))
+    return bind_first_free(draws + [0] * n, n, host)
+
+
+def bind_first_free(candidates: list[int], n: int, host: str = "127.0.0.1") -> list[int]:
+    """The first n of `candidates` that `host` can bind now (0: the OS's pick), each held while the next is tried;
+    one in use (or in TIME_WAIT) is passed over."""
     with contextlib.ExitStack() as held:
         socks = []
-        for port in [*draws, *[0] * n]:
-            if len(socks) == n:
-                break
-            s = held.enter_context(socket.socket())
+        for port in candidates:
+            s = socket.socket()
             try:
                 s.bind((host, port))
             except OSError:
-                continue  # in use (or in TIME_WAIT: left alone too)
-            socks.append(s)
+                s.close()
+                continue
+            socks.append(held.enter_context(s))
+            if len(socks) == n:
+                break
         return [s.getsockname()[1] for s in socks]
 
 
