@@ -79,6 +79,12 @@ class LearnerConfig:
     # DeepSpeed's stage3_param_persistence_threshold, at DeepSpeed's default. 0 partitions every parameter (the
     # tests' tiny models, whose largest tensor has 65,536 elements, are partitioned at all only so).
     zero3_param_persistence_threshold: int = 100_000
+    # DeepSpeed's stage3_max_reuse_distance: a gathered parameter used again within this many elements of the
+    # trace is kept. DeepSpeed's default (1e9) makes every release scan the trace ahead until 1e9 elements, the whole
+    # trace of a smaller model: with LoRA's many small modules (SmolLM2-135M, 2 ranks) that scan cost 31 s of Python
+    # at the step that first replays the trace (docs/benchmarks.md). 0 releases each parameter after its use, as
+    # ZeRO-3 does for a model over 1e9 elements; the backward gathers it again.
+    zero3_max_reuse_distance: int = 0
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -147,6 +153,7 @@ class LearnerConfig:
             p.append(f"learner.lr_schedule must be constant|linear|cosine, got {self.lr_schedule!r}")
         at_least(p, "learner.micro_batch_size", self.micro_batch_size, 1)
         at_least(p, "learner.zero3_param_persistence_threshold", self.zero3_param_persistence_threshold, 0)
+        at_least(p, "learner.zero3_max_reuse_distance", self.zero3_max_reuse_distance, 0)
         at_least(p, "learner.mu", self.mu, 1)
         if self.dtype not in ("auto", "float32", "bfloat16"):
             p.append(f"learner.dtype must be auto|float32|bfloat16, got {self.dtype!r}")

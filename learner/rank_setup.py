@@ -82,6 +82,7 @@ def build_ds_config(cfg: LearnerConfig, *, world_size: int, on_gpu: bool) -> dic
         # We consolidate weights ourselves (layer by layer) for sync and export.
         zero["stage3_gather_16bit_weights_on_model_save"] = False
         zero["stage3_param_persistence_threshold"] = cfg.zero3_param_persistence_threshold
+        zero["stage3_max_reuse_distance"] = cfg.zero3_max_reuse_distance
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": 1,  # the boundary is set by hand, see train_step

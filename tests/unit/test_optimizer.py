@@ -51,3 +51,19 @@ def test_zero3s_persistence_threshold_reaches_deepspeeds_config_and_is_checked()
                                                                        on_gpu=False)["zero_optimization"]
     assert any("learner.zero3_param_persistence_threshold" in p
                for p in LearnerConfig(zero3_param_persistence_threshold=-1).problems())
+
+
+def test_zero3s_reuse_distance_is_0_by_default_reaches_deepspeeds_config_and_is_checked():
+    """learner.zero3_max_reuse_distance is DeepSpeed's stage3_max_reuse_distance (read by DeepSpeed's own config
+    class): 0 unless set, not DeepSpeed's 1e9, whose look-ahead over a small model's whole trace cost 31 s at a
+    LoRA step (learner/config.py); only ZeRO-3 gets it; below 0 is refused."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert DeepSpeedZeroConfig().max_reuse_distance == 10**9  # what the default would otherwise be
+    for distance in (None, 10**9):
+        cfg = LearnerConfig(zero_stage=3, **({} if distance is None else {"zero3_max_reuse_distance": distance}))
+        zero = build_ds_config(cfg, world_size=2, on_gpu=False)["zero_optimization"]
+        assert DeepSpeedZeroConfig(**zero).max_reuse_distance == (0 if distance is None else distance)
+    assert "stage3_max_reuse_distance" not in build_ds_config(LearnerConfig(zero_stage=2), world_size=2,
+                                                              on_gpu=False)["zero_optimization"]
+    assert any("learner.zero3_max_reuse_distance" in p for p in LearnerConfig(zero3_max_reuse_distance=-1).problems())
