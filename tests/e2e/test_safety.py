@@ -39,14 +39,19 @@ def raw_train_steps(run_dir, so_far=False):
     return [row["step"] for row in map(json.loads, whole) if row["kind"] == "train"]
 
 
-def wait_for_steps(run_dir, what, ok, proc, timeout=600):
-    """Until ok(the steps logged so far) while `proc` lives."""
+def wait_until(done, what, proc, timeout=600):
+    """Until done() while `proc` lives."""
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        if ok(raw_train_steps(run_dir, so_far=True)):
+        if done():
             return
         time.sleep(0.2)
     raise AssertionError(f"{what}: never happened (exit code {proc.poll()})")
+
+
+def wait_for_steps(run_dir, what, ok, proc, timeout=600):
+    """Until ok(the steps logged so far) while `proc` lives."""
+    wait_until(lambda: ok(raw_train_steps(run_dir, so_far=True)), what, proc, timeout)
 
 
 @pytest.mark.timeout(1800)  # two stories' work (~350 s alone); 816 s seen on a 2-core machine at load 20-45, >1200 s: CI, stop 67
@@ -87,12 +92,15 @@ def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir
     proc = subprocess.Popen([RAYGRPO, "train", "run.yaml"], cwd=home, stdout=log, stderr=subprocess.STDOUT,
                             env=env, start_new_session=True)
     try:
+        # The same run dir while the first run lives: asked while its actors start, not once it steps (issue 58: a
+        # tiny model's async steps take ~0.1 s, and the run had gone 350 steps further while this was refused).
+        wait_until(lambda: (run_dir / "raygrpo.lock.holder").exists(), "the run dir claimed", proc)
+        second = run_cli("train", "run.yaml", cwd=home)
+        assert second.returncode == 2 and f"in use by another run: pid {proc.pid}" in second.stderr, second.stderr
         wait_for_steps(run_dir, "step 1 logged", lambda steps: 1 in steps, proc)
         [worker] = [a for a in json.loads((run_dir / "placement.json").read_text()) if a["role"] == "rollout-0"]
         os.kill(worker["pid"], signal.SIGKILL)
         killed_after = raw_train_steps(run_dir, so_far=True)[-1]
-        second = run_cli("train", "run.yaml", cwd=home)  # the same run dir while the first run lives
-        assert second.returncode == 2 and f"in use by another run: pid {proc.pid}" in second.stderr, second.stderr
         wait_for_steps(run_dir, "two more steps after the kill", lambda steps: steps[-1] >= killed_after + 2, proc)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=300)
