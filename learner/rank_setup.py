@@ -196,6 +196,26 @@ def skip_deepspeed_muon() -> None:
         sys.modules[DEEPSPEED_MUON_MODULE] = stub
 
 
+# DeepSpeed's shared-memory C++ op. deepspeed.init_distributed on a CPU rank JIT-compiles it when no build is cached
+# (about a minute, silent; a build killed part-way left a lock every later rank waited on) and loads it. Only
+# DeepSpeed's inference all-reduce uses it (tensor-parallel layers, deepspeed/module_inject); ZeRO's collectives
+# go through torch.distributed. Its one reader of "may it be built" (deepspeed/comm/torch.py build_shm_op) asks
+# deepspeed.ops.__compatible_ops__, whose first access probes every op DeepSpeed has (compiler subprocesses).
+DEEPSPEED_SHM_OP = "deepspeed_shm_comm"
+
+
+def skip_deepspeed_shm_op() -> None:
+    """Before deepspeed.init_distributed: the shared-memory op is neither built nor loaded, and no op is probed
+    (where DeepSpeed probed them already, the op is only marked off)."""
+    import deepspeed.ops
+
+    probed = deepspeed.ops.__dict__.get("__compatible_ops__")
+    if probed is None:
+        deepspeed.ops.__compatible_ops__ = {DEEPSPEED_SHM_OP: False}
+    else:
+        probed[DEEPSPEED_SHM_OP] = False
+
+
 def rank_barrier() -> None:
     """Every rank of the learner's group waits here for the others (after a collective write to disk)."""
     import deepspeed.comm as dist

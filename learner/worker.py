@@ -28,7 +28,6 @@ from learner.checkpoint_state import CheckpointState
 from learner.config import AlgoConfig, LearnerConfig
 from learner.forward import call_at_every_block
 from learner.lora import param_counts
-from learner.op_build import build_dir, check_shm_op_build, environment_ninja
 from learner.peak_memory import PeakMemory
 from learner.rank_setup import (
     build_ds_config,
@@ -38,6 +37,7 @@ from learner.rank_setup import (
     scheduler_factory,
     seed_everything,
     skip_deepspeed_muon,
+    skip_deepspeed_shm_op,
 )
 from learner.training_step import TrainingStep
 from learner.weight_sending import WeightSending
@@ -78,12 +78,10 @@ class LearnerWorker(ActorBase, TrainingStep, WeightSending, CheckpointState):
         master_port = init_process_group(self.on_gpu, master_addr, master_port, rank, world_size, connect_timeout_s,
                                          master_host, port_key)
         os.environ["MASTER_PORT"] = str(master_port)  # the port bound, where rank 0 picked it
-        if not self.on_gpu:  # DeepSpeed compiles its shared-memory op here once: say so; a stale lock is an error
-            check_shm_op_build(build_dir())
+        skip_deepspeed_shm_op()  # an op the learner never uses, compiled the first time (rank_setup.py: why)
         # DeepSpeed adopts the group made above (it initializes torch.distributed only if nobody did)
-        with environment_ninja():
-            deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
-                                       rank=rank, world_size=world_size, verbose=False)
+        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo", auto_mpi_discovery=False,
+                                   rank=rank, world_size=world_size, verbose=False)
         seed_everything(seed)  # the same seed on every rank: any random init must agree across ranks
 
         self.ds_config = build_ds_config(cfg, world_size=world_size, on_gpu=self.on_gpu)

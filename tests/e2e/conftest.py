@@ -5,13 +5,11 @@ import os
 import pytest
 import torch
 from engine_pool import EnginePool
-from filelock import FileLock
 from finished_run import finish_a_run, once_for_the_session
 from pool_scope import PoolFilesTogether, uses_the_pool
 
 from actors.runtime.start_ledger import RAY_CLUSTER, record_start
 from cluster.launch.ray_cluster import worker_runtime_env
-from learner.op_build import build_dir, check_shm_op_build, environment_ninja
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,25 +34,6 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-
-
-@pytest.fixture(scope="session", autouse=True)
-def deepspeed_shm_op():
-    """DeepSpeed's shared-memory op built here, once, before any e2e test starts a learner.
-
-    A CPU learner rank compiles it at its first start (learner/op_build.py) when no build is cached.
-    Tests kill learners on purpose, and end runs while their learners start; one killed while compiling
-    leaves torch's build lock behind, and every later learner then stops on it (StaleBuildLock). With two
-    pytest workers (`make test`), either may start the first learner. Built in the test process, under a
-    lock the two workers share, no test can kill the build; a cached build costs a second."""
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-    directory = build_dir()
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(directory.parent / ".raygrpo-tests-shm-op.lock")):
-        check_shm_op_build(directory)  # a stale lock from an earlier killed build: StaleBuildLock, naming it
-        with environment_ninja():  # the ninja the learners build with (learner/op_build.py)
-            ShareMemCommBuilder().load(verbose=False)
 
 
 @pytest.fixture(scope="session")

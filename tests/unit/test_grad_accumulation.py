@@ -40,10 +40,10 @@ import json, os, sys
 import torch, torch.distributed as dist, deepspeed
 from deepspeed.utils import safe_get_full_grad
 from learner.config import LearnerConfig
-from learner.op_build import environment_ninja
-from learner.rank_setup import build_ds_config, skip_deepspeed_muon
+from learner.rank_setup import build_ds_config, skip_deepspeed_muon, skip_deepspeed_shm_op
 from actors.runtime.sockets import free_port
 skip_deepspeed_muon()
+skip_deepspeed_shm_op()  # as a learner rank: DeepSpeed's shared-memory op, never used, is not compiled
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 dist.init_process_group("gloo", rank=0, world_size=1)
 stage, drop_data_types = int(sys.argv[1]), sys.argv[2] == "1"
@@ -53,8 +53,7 @@ if drop_data_types:
     ds.pop("data_types")
 model = torch.nn.Linear(4, 1, bias=False).to(torch.bfloat16)
 torch.nn.init.ones_(model.weight)
-with environment_ninja():  # DeepSpeed's CPU op, built and found by the same ninja as a learner rank's (op_build.py)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
+engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=ds)
 xs = [torch.ones(1, 4)] + [torch.full((1, 4), 2.0 ** -9)] * 64  # d(sum(w.x))/dw = x
 for i, x in enumerate(xs):
     engine.set_gradient_accumulation_boundary(i == len(xs) - 1)  # as LearnerWorker.train_step sets it

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import types
 from pathlib import Path
@@ -59,6 +61,43 @@ def test_a_learner_rank_answers_deepspeeds_is_it_muon_without_compiling_muon():
     out = subprocess.run([sys.executable, "-c", ASKS_IF_MUON.format(skip=skip)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-3:] == ["learner.rank_setup", "False", "False"]
+
+
+INITS_DEEPSPEED = """
+import os
+import deepspeed
+import deepspeed.comm.comm as ds_comm
+import torch.distributed as dist
+from actors.runtime.sockets import free_port
+from learner.rank_setup import skip_deepspeed_shm_op
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                  LOCAL_SIZE="1")
+dist.init_process_group("gloo", rank=0, world_size=1)
+skip_deepspeed_shm_op()
+deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, rank=0, world_size=1, verbose=False)
+print(ds_comm.cdb.shm_comm_op, sorted(deepspeed.ops.__compatible_ops__.items()))
+"""
+
+
+def test_a_learner_rank_neither_builds_nor_loads_deepspeeds_shared_memory_op():
+    """deepspeed.init_distributed on a CPU rank compiles DeepSpeed's shared-memory op when no build is cached (about
+    a minute the first time on a machine) and loads it; only DeepSpeed's inference all-reduce uses it. After
+    skip_deepspeed_shm_op (what LearnerWorker does before init_distributed) nothing is built, loaded or probed, in a
+    torch extensions directory of its own. The source read first is the contract with the pinned DeepSpeed: the one
+    place that asks whether the op may be built is build_shm_op, which TorchBackend calls; if that changes, so must
+    the skip."""
+    root = Path(importlib.util.find_spec("deepspeed").origin).parent
+    readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if "__compatible_ops__" in p.read_text())
+    assert readers == ["comm/torch.py", "ops/__init__.py"], readers
+    backend = (root / "comm" / "torch.py").read_text()
+    assert "not deepspeed.ops.__compatible_ops__.get(builder.NAME, False)" in backend
+    assert "self.shm_comm_op = build_shm_op()" in backend
+    with tempfile.TemporaryDirectory() as extensions:
+        out = subprocess.run([sys.executable, "-c", INITS_DEEPSPEED], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "TORCH_EXTENSIONS_DIR": extensions})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.split("\n")[-2] == "None [('deepspeed_shm_comm', False)]", out.stdout[-2000:]
+        assert list(Path(extensions).iterdir()) == []
 
 
 def test_ranks_meet_on_the_port_rank_0_bound_itself_though_the_one_passed_was_taken():

@@ -1,17 +1,14 @@
 """Issue 36 case 4, a start that survives a busy machine: the embedded Ray start retried with its reason
-(the start faked), and DeepSpeed's shared-memory op build announced, its stale lock named."""
-import os
+(the start faked). (DeepSpeed's shared-memory op, whose first build this file once announced and whose stale
+lock it named, is no longer built: tests/unit/test_deepspeed_ops.py.)"""
 import subprocess
 import sys
-import time
 import types
-from pathlib import Path
 
 import pytest
 
 from cluster.launch import ray_cluster
 from cluster.launch.ray_cluster import RayStartFailed, child_pids, start_with_retries, stop_processes
-from learner.op_build import SHM_OP, StaleBuildLock, check_shm_op_build, environment_ninja, processes_working_in
 
 RAY_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet failed to "
                "startup or the GCS has become overloaded.")
@@ -56,38 +53,6 @@ def test_any_other_start_error_is_not_retried():
     assert len(calls) == 1
 
 
-def test_a_first_build_is_announced_and_a_cached_one_is_quiet(tmp_path):
-    said = []
-    assert check_shm_op_build(tmp_path, say=lambda t, **kw: said.append(t)) == "building"
-    assert f"compiling DeepSpeed's shared-memory op {SHM_OP}" in said[0] and str(tmp_path) in said[0]
-    (tmp_path / f"{SHM_OP}.so").write_bytes(b"")
-    assert check_shm_op_build(tmp_path, say=lambda t, **kw: said.append(t)) == "cached" and len(said) == 1
-
-
-def test_a_stale_build_lock_is_named_and_a_live_one_waited_for(tmp_path):
-    lock = tmp_path / "lock"
-    lock.write_text("")
-    old = time.time() - 600
-    os.utime(lock, (old, old))
-    with pytest.raises(StaleBuildLock) as e:  # a build killed part-way: no process works in the directory
-        check_shm_op_build(tmp_path, say=lambda t, **kw: None, builders=lambda d: [])
-    assert f"the build lock {lock} is stale: it is 600s old" in str(e.value) and f"rm {lock}" in str(e.value)
-    said = []  # a build running (ninja's working directory is the build directory)
-    assert check_shm_op_build(tmp_path, say=lambda t, **kw: said.append(t), builders=lambda d: [4242]) == "waiting"
-    assert "pid(s) 4242" in said[0] and "waiting for its build" in said[0]
-    os.utime(lock)  # just taken, ninja not started yet: not stale
-    assert check_shm_op_build(tmp_path, say=lambda t, **kw: None, builders=lambda d: []) == "waiting"
-
-
-def test_the_process_scan_finds_a_process_working_in_the_directory(tmp_path):
-    p = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
-    try:
-        assert p.pid in processes_working_in(tmp_path)
-    finally:
-        p.kill()
-        p.wait()
-
-
 def test_the_processes_a_failed_start_left_are_stopped():
     """Ray raises inside its Node's constructor, so ray.shutdown() cannot stop that attempt's GCS and raylet:
     the retry stops this process's children that the attempt started."""
@@ -122,29 +87,6 @@ def test_the_embedded_cluster_is_always_new_and_a_jobs_ray_address_is_joined(mon
     assert "RAY_ADDRESS=10.0.0.5:6379 is set" in capsys.readouterr().out
     ray_cluster.start_ray("auto", num_cpus=8)  # an explicit ray.address wins over the environment
     assert joined == ["10.0.0.5:6379", "auto"]
-
-
-def test_the_op_is_built_with_the_environments_own_ninja_activated_or_not(tmp_path, monkeypatch):
-    """Two ninjas (pip's beside this Python, the system's on PATH) hash build commands differently since
-    ninja 1.12: whichever did not build the op rebuilt it. Inside environment_ninja the environment's
-    own comes first; PATH is given back after; an environment without a ninja changes nothing."""
-    env_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
-    for d in (env_bin, system_bin):
-        d.mkdir()
-        (d / "ninja").write_text(f"#!/bin/sh\necho {d.name}\n")
-        (d / "ninja").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{system_bin}{os.pathsep}/usr/bin{os.pathsep}/bin")
-    assert subprocess.run(["ninja"], capture_output=True, text=True).stdout.strip() == "usr-bin"
-    with environment_ninja(env_bin):
-        assert subprocess.run(["ninja"], capture_output=True, text=True).stdout.strip() == "venv-bin"
-    assert os.environ["PATH"] == f"{system_bin}{os.pathsep}/usr/bin{os.pathsep}/bin"
-    with environment_ninja(tmp_path / "no-ninja-here"):
-        assert subprocess.run(["ninja"], capture_output=True, text=True).stdout.strip() == "usr-bin"
-    # the default: this Python's own bin directory (where pip put the ninja DeepSpeed needs)
-    with environment_ninja():
-        first = os.environ["PATH"].split(os.pathsep)[0]
-    assert first == (str(Path(sys.executable).parent) if (Path(sys.executable).parent / "ninja").is_file()
-                     else str(system_bin))
 
 
 def test_joining_a_running_cluster_is_said_before_ray_init(monkeypatch, capsys):
