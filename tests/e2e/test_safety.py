@@ -54,7 +54,8 @@ def wait_for_steps(run_dir, what, ok, proc, timeout=600):
     wait_until(lambda: ok(raw_train_steps(run_dir, so_far=True)), what, proc, timeout)
 
 
-@pytest.mark.timeout(1800)  # two stories' work (~350 s alone); 816 s seen on a 2-core machine at load 20-45, >1200 s: CI, stop 67
+# two stories' work: 105 s alone (session 29; ~350 s before); 816 s seen on a 2-core machine at load 20-45, >1200 s: CI, stop 67
+@pytest.mark.timeout(1800)
 def test_sigterm_then_rerun_each_step_once_and_the_run_dir_guards(tiny_model_dir, tmp_path):
     """An async run started as a user starts it (the console script, from the user's directory, paths relative
     to it). Rollout worker 0 SIGKILLed after step 1: Ray restarts it and the run goes on (a row logs

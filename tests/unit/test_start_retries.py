@@ -1,6 +1,6 @@
 """Issue 36 case 4, a start that survives a busy machine: the embedded Ray start retried with its reason
 (the start faked). (DeepSpeed's shared-memory op, whose first build this file once announced and whose stale
-lock it named, is no longer built: tests/unit/test_deepspeed_ops.py.)"""
+lock it named, is no longer built: tests/unit/test_rank_setup.py.)"""
 import subprocess
 import sys
 import types
