@@ -16,7 +16,7 @@ $(STAMP): setup.py Makefile
 	$(PY) -m pip install -q --upgrade pip
 # torch first, alone: on this machine kind `torch==2.13.0` resolves to the local CPU wheel;
 # letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
-# --no-compile here, and every module compiled at the end, two at a time (see there).
+# --no-compile here, and every module compiled at the end, on every core (see there).
 	$(PY) -m pip install -q --no-compile "torch==2.13.0"
 # realmodel: the `gguf` reader for the real pretrained model the tests build (cluster/models/smollm2.py).
 	$(PY) -m pip install -q --no-compile -e ".[$(EXTRA),dev,realmodel]"
