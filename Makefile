@@ -70,7 +70,7 @@ test: install lint bytecode
 # The project's own bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (it is on this machine kind), no
 # process writes it, and each of the suite's ~300 (drivers, engines, learner ranks) compiled the raygrpo modules it
 # imports again, ~0.2 CPU-s apiece. Python reads a .pyc whatever that variable says, and ignores one older than its
-# source (an edited module compiles as before); site-packages' were written by pip at install.
+# source (an edited module compiles as before); site-packages' were written by `make install` (its compileall step).
 bytecode: install
 	$(PY) -m compileall -q actors cluster learner
 
