@@ -9,14 +9,17 @@ sampled tokens, `logprob_diff_max`), and differ from the base model's.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from learner_ranks import make_batch, on_all, start_ranks, stop
+from test_checkpoint_resume import _max_diff
 from test_learner_weight_sync import TOL, _init_info, max_diff
 from test_train import config, first_and_redone, kill_while_learning, train_rows
 
 from cluster.driver.trainer import Trainer
+from learner import checkpoint
 from learner.config import AlgoConfig, LearnerConfig
 from learner.export import export_checkpoint
 
@@ -24,13 +27,21 @@ pytestmark = pytest.mark.timeout(900)
 RANK = 4
 
 
-def test_merged_lora_sync_matches_the_learners_peft_model(ray_cluster, engine_pool, tiny_model_dir):
+def model_states_bytes(checkpoint_dir) -> int:
+    """Bytes of DeepSpeed's model files in a raygrpo checkpoint (where a frozen base would be)."""
+    return sum(f.stat().st_size for f in (checkpoint_dir / checkpoint.LEARNER_TAG).glob("*model_states.pt"))
+
+
+def test_merged_lora_sync_matches_the_learners_peft_model(ray_cluster, engine_pool, tiny_model_dir, tmp_path):
     """Merged sync (learner.lora_sync=merged: the adapter merged into the base weights, sent by the ordinary
     weight-sync path under plain HF names) on 2 ranks under ZeRO-2, into an engine without vLLM LoRA, leased from
     the session's pool (tests/e2e/engine_pool.py, which puts its weights back). Adapter-only sync, under ZeRO-3 with
     gradient checkpointing on 2 ranks (the riskiest peft combination: reentrant checkpointing, input grads, adapter
     gathers that are collective), into an engine that already serves an adapter, is the LoRA run below: its engine
-    starts with vLLM's LoRA anyway, so this test needs no engine of its own."""
+    starts with vLLM's LoRA anyway, so this test needs no engine of its own.
+    Then a checkpoint of these ZeRO-2 ranks: it holds the adapter and its optimizer state but not the frozen base
+    (learner/checkpoint_state.py), and loading it after one more step brings the adapter back exactly (the module
+    state is loaded without strictness, so a lost adapter would show here, not as an error)."""
     ray = ray_cluster
     # A large LR so one step moves the log-probs far beyond the tolerance (lora_B starts at 0).
     cfg = LearnerConfig(num_ranks=2, zero_stage=2, lr=2e-2, micro_batch_size=2, lora_rank=RANK, lora_alpha=16,
@@ -59,6 +70,17 @@ def test_merged_lora_sync_matches_the_learners_peft_model(ray_cluster, engine_po
             assert all(".lora_A.weight" in k or ".lora_B.weight" in k for k in adapter)
             full = on_all(ray, ranks, "full_state_dict")
             assert result["bytes"] == sum(t.numel() * t.element_size() for t in full.values())  # the merged model
+
+            root = tmp_path / "checkpoints"
+            tmp = checkpoint.begin(root, 1)
+            ray.get([w.save_checkpoint.remote(tmp, checkpoint.LEARNER_TAG) for w in ranks])
+            saved = Path(checkpoint.commit(tmp, root, 1, {"weight_version": 21}, keep=1))
+            adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
+            assert model_states_bytes(saved) < 2 * adapter_bytes < result["bytes"] / 10, model_states_bytes(saved)
+            assert not on_all(ray, ranks, "train_step", make_batch(n=8, seed=8))["skipped"]
+            assert _max_diff(on_all(ray, ranks, "full_state_dict"), full) > 0  # the adapter moved on
+            ray.get([w.load_checkpoint.remote(str(saved), checkpoint.LEARNER_TAG) for w in ranks])
+            assert _max_diff(on_all(ray, ranks, "full_state_dict"), full) == 0
         finally:
             stop(ray, ranks)
 
@@ -113,8 +135,9 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
     assert first["loss"] == pytest.approx(again["loss"], abs=1e-5)
     assert first["kl"] == pytest.approx(again["kl"], abs=1e-5) and again["kl"] > 0
 
+    last = sorted((full / "checkpoints").glob("step-*"))[-1]
     out = tmp_path / "export"
-    export_checkpoint(sorted((full / "checkpoints").glob("step-*"))[-1], out)
+    export_checkpoint(last, out)
     merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32),
                                            str(out / "adapter")).eval()
@@ -127,7 +150,10 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
     assert (a - base).abs().max() > 1e-3  # the export holds the trained adapter
     adapter_bytes = sum(p.numel() * p.element_size() for n, p in peft_model.named_parameters() if ".lora_" in n)
     assert all(r["sync_bytes"] == adapter_bytes for r in rows), [r["sync_bytes"] for r in rows]  # only the adapter
-    assert adapter_bytes < sum(p.numel() * p.element_size() for p in model.parameters()) / 4
+    base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert adapter_bytes < base_bytes / 4
+    # the last checkpoint holds no rank's share of the frozen base (without exclude_frozen_parameters, ZeRO-3 writes it)
+    assert model_states_bytes(last) < base_bytes / 10, model_states_bytes(last)
     # the run's own end-of-run export agrees with the offline one
     assert (full / "hf_model" / "adapter" / "adapter_config.json").is_file()
 

@@ -198,7 +198,8 @@ def test_lora_on_two_zero3_ranks_with_the_reference_actor_trains_from_the_export
       engine's to 1e-4 (the export as transformers loads it); the reference actor's equal the policy's (KL 0:
       the adapter starts at zero), the policy moves by step 2, and learner and engine still agree;
     - the export holds the trained adapter: merged (transformers, embeddings still tied, chat template and EOS
-      kept) equal to peft's base + adapter/, and different from the base.
+      kept) equal to peft's base + adapter/, and different from the base;
+    - the run's checkpoint leaves the frozen base out (each rank's share of it was 270 MB).
     (Issue 58: one run where a ZeRO-3 full-weight run and a LoRA adapter-sync run were two. vLLM applying a
     LoRA adapter itself, eagerly on CPU: tests/e2e/test_lora_end_to_end.py on the tiny model, 2 ZeRO-3 ranks.)"""
     from peft import PeftModel
@@ -226,6 +227,9 @@ def test_lora_on_two_zero3_ranks_with_the_reference_actor_trains_from_the_export
     assert all(r["ref_s"] > 0 for r in rows), rows  # the reference actor scored each batch
     assert rows[0]["kl"] < 1e-6 and rows[0]["grad_norm"] > 0 and rows[1]["kl"] > 1e-3, rows
     assert all(r["logprob_diff_max"] < 1e-4 for r in rows), [(r["logprob_diff_mean"], r["logprob_diff_max"]) for r in rows]
+    # its checkpoint holds the adapter and its optimizer state, not the ranks' shares of the frozen base (539 MB)
+    last = sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "learner"
+    assert sum(f.stat().st_size for f in last.glob("*model_states.pt")) < 4 * num_parameters(smollm2_dir) / 20
 
     lora_export = run_dir / "hf_model"
     tokenizer = AutoTokenizer.from_pretrained(lora_export)
