@@ -214,19 +214,30 @@ class RewardPool:
         return results
 
     def _dispatch(self, calls: list[tuple], pending: list[int], hung: set) -> list[int]:
-        """Send what the workers can take now; returns the calls still waiting."""
+        """Send what the workers can take now; returns the calls still waiting, in their order.
+
+        Once no worker's main thread is free and no function is hung, the rest wait without being looked at:
+        a batch of per-sample calls takes about one pass of _run's loop per call, and looking at every waiting
+        call in each pass made a batch cost its size squared (4,096 calls on 2 workers: 9.8 CPU-s here, 0.1
+        for 256)."""
+        live = [s for s in self.slots if s.worker.ready and not s.retired and not s.broken]
+        free = [s for s in live if not s.main_busy]  # each takes one call on its main thread
         waiting = []
-        for idx in pending:
-            live = [s for s in self.slots if s.worker.ready and not s.retired and not s.broken]
+        for k, idx in enumerate(pending):
+            if not free and not hung:
+                waiting += pending[k:]
+                break
             spec, call = calls[idx]
             if live and spec in hung:  # all at once, on threads, spread over the workers
                 slot = min(live, key=lambda s: len(s.inflight))
                 if len(slot.inflight) < MAX_CALLS_PER_PROCESS and self._send(slot, idx, spec, call, threaded=True):
                     continue
-            elif live:
-                slot = next((s for s in live if not s.main_busy), None)
-                if slot is not None and self._send(slot, idx, spec, call, threaded=False):
+            elif free:
+                slot = free.pop(0)
+                if self._send(slot, idx, spec, call, threaded=False):
                     continue
+            if any(s.broken for s in live):  # a pipe refused the call (its worker died): no more calls there
+                live, free = [s for s in live if not s.broken], [s for s in free if not s.broken]
             waiting.append(idx)
         return waiting
 
@@ -246,20 +257,23 @@ class RewardPool:
         by_conn = {s.worker.conn: s for s in self.slots}
         for conn in wait_connections(list(by_conn), timeout=max(timeout, 0.0)):
             slot = by_conn[conn]
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self._died(slot, calls, finished, progress, results)
-                continue
-            if msg[0] == "ready":
-                w = slot.worker
-                w.ready, w.load_errors, w.batched, w.names = True, msg[1], msg[2], msg[3]
-            elif msg[1] in slot.inflight:  # (a late answer of a timed-out call is not)
-                del slot.inflight[msg[1]]
-                results[msg[1]] = (msg[2], msg[3])
-                finished[calls[msg[1]][0]] += 1
-                if progress is not None:
-                    progress.finish(calls[msg[1]][0])
+            while True:  # every message already waiting (the threaded calls of a hung function answer together)
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    self._died(slot, calls, finished, progress, results)
+                    break
+                if msg[0] == "ready":
+                    w = slot.worker
+                    w.ready, w.load_errors, w.batched, w.names = True, msg[1], msg[2], msg[3]
+                elif msg[1] in slot.inflight:  # (a late answer of a timed-out call is not)
+                    del slot.inflight[msg[1]]
+                    results[msg[1]] = (msg[2], msg[3])
+                    finished[calls[msg[1]][0]] += 1
+                    if progress is not None:
+                        progress.finish(calls[msg[1]][0])
+                if not conn.poll():
+                    break
 
     def _died(self, slot: _Slot, calls: list, finished: Counter, progress, results: list) -> None:
         code = slot.worker.exitcode()
