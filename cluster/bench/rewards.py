@@ -7,6 +7,10 @@
   client (`HttpVerifier`) posting batches of the bench's batch size: milliseconds per batch, one
   request at a time (the overhead a batch adds to a step: JSON, HTTP, the loopback) and
   `reward.http_concurrency` at once.
+- Isolated Python rewards: a per-sample function (one call per completion, each with its own deadline,
+  on `reward.num_procs` worker processes: actors/rewards/pool.py) over batches of 256 to 4,096 completions:
+  calls/s, and the CPU-seconds the calling process spent on them. Calls/s that fall as the batch grows are
+  work that grows faster than the batch.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import torch
 from actors.config import RewardConfig
 from actors.rewards.http import HttpVerifier
 from actors.rewards.model_actor import RewardModelActor, RewardModelScorer
+from actors.rewards.pool import RewardPool
 from actors.runtime.threads import node_cores
 from cluster.models.tinymodel import build_tokenizer
 from cluster.paths import PROJECT_ROOT
@@ -115,6 +120,35 @@ def bench_http_verifier(prompts: list[str], completions: list[str], answers: lis
             "server": f"{VERIFIER.name} (standard library http.server)"}
 
 
+POOL_BATCHES = (256, 1024, 4096)
+PER_SAMPLE_REWARD = "def reward(prompt, completion, **kw):\n    return float(len(completion) % 3)\n"
+
+
+def bench_reward_pool(workdir: Path, num_procs: int, batches=POOL_BATCHES, timeout_s: float = 60.0) -> dict:
+    """Calls/s of a per-sample Python reward through the isolated worker pool, per batch size (one batch each,
+    after a warm-up batch), and the caller's CPU-seconds for it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = f"{workdir / 'per_sample_reward.py'}:reward"
+    (workdir / "per_sample_reward.py").write_text(PER_SAMPLE_REWARD)
+    pool = RewardPool([spec], num_procs, timeout_s)
+    try:
+        def run(n: int) -> tuple[float, float]:
+            calls = [(spec, ("one", "1+1=", str(i), {})) for i in range(n)]
+            t0, c0 = time.perf_counter(), time.process_time()
+            results = pool.run(calls)
+            if not all(ok for ok, _ in results):
+                raise RuntimeError(f"the reward pool failed during the bench: {results[:2]}")
+            return time.perf_counter() - t0, time.process_time() - c0
+        run(min(batches))  # warm-up
+        rows = []
+        for n in batches:
+            wall, cpu = run(n)
+            rows.append({"calls": n, "calls_per_s": n / wall, "caller_cpu_s": cpu})
+    finally:
+        pool.close()
+    return {"num_procs": num_procs, "batches": rows}
+
+
 def table_rows(res: dict) -> list[tuple]:
     """The bench table's rows for this part."""
     rows = []
@@ -129,11 +163,16 @@ def table_rows(res: dict) -> list[tuple]:
                   f"{hv['batch_size']} samples, one request at a time, localhost ({hv['server']})"),
                  ("7 rewards", f"HTTP verifier, {hv['concurrency']} in flight", hv["ms_per_batch_concurrent"],
                   "ms per batch (reward.http_concurrency)")]
+    rp = res.get("reward_pool")
+    for b in rp["batches"] if rp else ():
+        rows.append(("7 rewards", f"Python reward, batch of {b['calls']}", b["calls_per_s"],
+                     f"calls/s, per-sample function on {rp['num_procs']} worker process(es); the caller spent "
+                     f"{b['caller_cpu_s']:.2f} CPU-s"))
     return rows
 
 
 def run_part(ray, res: dict, spec, cfg, examples, repeats: int, workdir: Path, timeout_s: float, progress) -> None:
-    """Part 7: fills res["reward_model"] and res["http_verifier"]; `spec` gives the reward model's shape
+    """Part 7: fills res["reward_model"], res["http_verifier"] and res["reward_pool"]; `spec` gives the reward model's shape
     (hidden_size, num_layers: the bench model's)."""
     rm_cfg = dataclasses.replace(cfg.reward, model_batch_size=max(cfg.reward.model_batch_size, 64))
     n = cfg.trainer.prompts_per_step * cfg.trainer.group_size
@@ -146,3 +185,6 @@ def run_part(ray, res: dict, spec, cfg, examples, repeats: int, workdir: Path, t
                                                max(repeats, 10), cfg.reward.http_concurrency)
     progress(f"HTTP verifier: {res['http_verifier']['ms_per_batch']:.2f} ms per batch of "
              f"{res['http_verifier']['batch_size']} on localhost")
+    res["reward_pool"] = bench_reward_pool(workdir / "reward-pool", cfg.reward.num_procs)
+    largest = res["reward_pool"]["batches"][-1]
+    progress(f"Python reward: {largest['calls_per_s']:.0f} calls/s in a batch of {largest['calls']}")

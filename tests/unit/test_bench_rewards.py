@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.bench.report import resolve_setting
-from cluster.bench.rewards import bench_http_verifier, bench_samples, table_rows
+from cluster.bench.rewards import bench_http_verifier, bench_reward_pool, bench_samples, table_rows
 from cluster.data.dataset import arithmetic_examples
 
 
@@ -19,6 +19,12 @@ def test_http_verifier_overhead_is_measured_against_the_example_server():
         "sequences": 256, "batch_size": 64, "threads": 2, "in_process_seqs_per_s": 900.0, "actor_seqs_per_s": 850.0}})
     assert [r[1] for r in rows] == ["reward model, in process", "reward model via Ray actor",
                                     "HTTP verifier, ms per batch", "HTTP verifier, 2 in flight"]
+
+
+def test_the_reward_pool_is_measured_per_batch_size(tmp_path):
+    rp = bench_reward_pool(tmp_path, num_procs=2, batches=(16, 64))
+    assert [b["calls"] for b in rp["batches"]] == [16, 64] and all(b["calls_per_s"] > 0 for b in rp["batches"])
+    assert [r[1] for r in table_rows({"reward_pool": rp})] == ["Python reward, batch of 16", "Python reward, batch of 64"]
 
 
 def test_the_reward_part_is_one_of_the_bench_parts():
