@@ -8,8 +8,8 @@ waits on its calls instead: it looks every CHECK_EVERY_S whether the actor's hos
 "lost host ...: it held ... reference actor"), then says what it waits for (a node with room for the
 actor's bundle, at most `ray.node_wait_s`), and where the actor came back; `on_back` gives the new
 process its threads and updates placement.json. The call it waited on then completes on the new actor,
-or, when Ray's own retries of it ran out first (each failing at once on a refused connection, before Ray
-marked the host dead), is sent again there.
+or, when Ray's own retries of it ran out (each failing at once on a refused connection, before Ray marked
+the host dead, or still going to the lost address after the actor was back elsewhere), is sent again there.
 
 Ray also restarts the actor in place, on its live host, when only its process died, and runs the call
 again there: nothing fails, so nothing would tell the driver. Each answer names the process that gave
@@ -52,6 +52,7 @@ class RestartWatch:
 
         ref = call()
         t0 = said = time.monotonic()
+        sent_before_restart = False  # `ref` went to the process lost with its host (Ray's retries of it may fail)
         while True:
             # Also before the call's first wait: Ray may have restarted the actor between two calls already.
             if time.monotonic() - self._looked >= CHECK_EVERY_S:
@@ -59,6 +60,7 @@ class RestartWatch:
                 if self.hosts.host_lost(name):  # said once per host ("lost host ...: it held ...")
                     self._await_restart(handle, name)
                     t0 = said = time.monotonic()
+                    sent_before_restart = True
             left = timeout_s - (time.monotonic() - t0)
             try:
                 return ray.get(ref, timeout=max(0.0, min(left, CHECK_EVERY_S)))
@@ -66,6 +68,13 @@ class RestartWatch:
                 if left <= CHECK_EVERY_S:
                     raise no_answer(name, what, timeout_s) from None
             except RayActorError as e:
+                if isinstance(e, ActorUnavailableError) and sent_before_restart:
+                    # Ray's retries of the call still went to the lost process's address after the actor was back
+                    # elsewhere, and ran out (seen in the lost-host test: "failed to connect ... <the old host>"):
+                    # the actor is alive, so the call goes again, to it.
+                    ref, sent_before_restart = call(), False
+                    t0 = said = time.monotonic()
+                    continue
                 if not (isinstance(e, ActorUnavailableError) and self._host_found_lost(name)):
                     raise ActorFailed(name, what, died=True, detail=actor_error(e)) from e
                 self._await_restart(handle, name)

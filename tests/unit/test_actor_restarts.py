@@ -120,6 +120,28 @@ def test_a_call_that_fails_on_a_broken_connection_waits_for_the_host_verdict_and
     assert len(sent) == 2 and hosts.placed == {"reference actor": "node-c"}
 
 
+def test_a_call_whose_retries_run_out_after_the_actor_is_back_elsewhere_is_sent_again(fake_get, capsys):
+    """The lost host was seen and the actor is back on another node, but Ray's retries of the call sent before
+    kept going to the lost address and ran out ("failed to connect to <the old host>", seen in test_lost_host):
+    the call goes again, to the live actor, and the run goes on (it used to fail, naming the actor dead)."""
+    from ray.exceptions import ActorUnavailableError
+
+    sent = []
+
+    def call():
+        sent.append(1)
+        ref = Ref([[-0.75]])
+        if len(sent) == 1:
+            ref.error = ActorUnavailableError("failed to connect to all addresses; ipv4:10.77.0.2: refused", None)
+        return ref
+
+    watch = RestartWatch(Hosts(lost={"reference actor"}), 300.0, {"reference actor": {"CPU": 1.0}},
+                         lambda name, info: None)
+    assert watch.wait(call, Reference(restart_gets=1), "reference actor", "computing reference log-probs", 600.0) \
+        == [[-0.75]]
+    assert len(sent) == 2 and "reference actor restarted on 10.77.0.3" in capsys.readouterr().out
+
+
 def test_a_broken_connection_without_a_lost_host_fails_naming_the_actor(fake_get, monkeypatch):
     from ray.exceptions import ActorUnavailableError
 
