@@ -97,6 +97,17 @@ def test_a_live_host_is_a_plain_wait(fake_get, capsys):
     assert capsys.readouterr().out == ""
 
 
+def failing_first(sent: list, value, error: Exception):
+    """A call (it records each send in `sent`) whose first send fails with `error`; the next ones answer `value`."""
+    def call():
+        sent.append(1)
+        ref = Ref(value)
+        if len(sent) == 1:
+            ref.error = error
+        return ref
+    return call
+
+
 def test_a_call_that_fails_on_a_broken_connection_waits_for_the_host_verdict_and_runs_again(fake_get, monkeypatch):
     """Ray's retries of the call ran out on 'connection refused' before Ray marked the host dead: the wait
     looks for that verdict (bounded), waits for the restart, and sends the call again."""
@@ -108,13 +119,7 @@ def test_a_call_that_fails_on_a_broken_connection_waits_for_the_host_verdict_and
     monkeypatch.setattr(actor_restarts.time, "sleep", lambda s: None)
     watch = RestartWatch(hosts, 300.0, {"reference actor": {"CPU": 1.0}}, lambda name, info: None)
 
-    def call():
-        sent.append(1)
-        ref = Ref([[-0.25]])
-        if len(sent) == 1:
-            ref.error = ActorUnavailableError("The actor is temporarily unavailable: connection refused", None)
-        return ref
-
+    call = failing_first(sent, [[-0.25]], ActorUnavailableError("The actor is temporarily unavailable: refused", None))
     assert watch.wait(call, Reference(restart_gets=1), "reference actor", "computing reference log-probs", 600.0) \
         == [[-0.25]]
     assert len(sent) == 2 and hosts.placed == {"reference actor": "node-c"}
@@ -127,14 +132,7 @@ def test_a_call_whose_retries_run_out_after_the_actor_is_back_elsewhere_is_sent_
     from ray.exceptions import ActorUnavailableError
 
     sent = []
-
-    def call():
-        sent.append(1)
-        ref = Ref([[-0.75]])
-        if len(sent) == 1:
-            ref.error = ActorUnavailableError("failed to connect to all addresses; ipv4:10.77.0.2: refused", None)
-        return ref
-
+    call = failing_first(sent, [[-0.75]], ActorUnavailableError("failed to connect to all addresses; ipv4:10.77.0.2", None))
     watch = RestartWatch(Hosts(lost={"reference actor"}), 300.0, {"reference actor": {"CPU": 1.0}},
                          lambda name, info: None)
     assert watch.wait(call, Reference(restart_gets=1), "reference actor", "computing reference log-probs", 600.0) \
