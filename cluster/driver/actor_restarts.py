@@ -68,17 +68,17 @@ class RestartWatch:
                 if left <= CHECK_EVERY_S:
                     raise no_answer(name, what, timeout_s) from None
             except RayActorError as e:
-                if isinstance(e, ActorUnavailableError) and sent_before_restart:
-                    # Ray's retries of the call still went to the lost process's address after the actor was back
-                    # elsewhere, and ran out (seen in the lost-host test: "failed to connect ... <the old host>"):
-                    # the actor is alive, so the call goes again, to it.
-                    ref, sent_before_restart = call(), False
-                    t0 = said = time.monotonic()
-                    continue
-                if not (isinstance(e, ActorUnavailableError) and self._host_found_lost(name)):
+                # Sent again, to the live actor, when its connection broke and either the actor is already back
+                # elsewhere (Ray's retries of the call still went to the lost process's address and ran out: seen in
+                # the lost-host test, "failed to connect ... <the old host>") or its host is found lost now.
+                unavailable = isinstance(e, ActorUnavailableError)
+                if unavailable and sent_before_restart:
+                    pass
+                elif unavailable and self._host_found_lost(name):
+                    self._await_restart(handle, name)
+                else:
                     raise ActorFailed(name, what, died=True, detail=actor_error(e)) from e
-                self._await_restart(handle, name)
-                ref = call()
+                ref, sent_before_restart = call(), False
                 t0 = said = time.monotonic()
                 continue
             if time.monotonic() - said >= WAITING_LINE_EVERY_S:
