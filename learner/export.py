@@ -24,6 +24,7 @@ from learner.checkpoint import (
     verify,
     write_hf_meta,
 )
+from learner.hf_dir import base_weights_problem
 
 
 def write_hf_dir(state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike, meta_dir: str | os.PathLike) -> str:
@@ -121,7 +122,7 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise FileNotFoundError(f"no config.json in {meta}; pass the original model path")
     if (ckpt / ADAPTER_DIR / "adapter_config.json").is_file():
         def write(target):
-            return _export_lora(ckpt / ADAPTER_DIR, target, meta, model_path)
+            return _export_lora(ckpt, target, meta, model_path)
     else:
         with safe_torch_load():
             sd = _consolidated_from_deepspeed(ckpt)
@@ -158,18 +159,24 @@ def _consolidated_from_deepspeed(ckpt: Path) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in torch.load(files[0], map_location="cpu", weights_only=True)["module"].items()}
 
 
-def _export_lora(adapter_dir: Path, out_dir: str | os.PathLike, meta: Path, model_path) -> str:
+def _export_lora(ckpt: Path, out_dir: str | os.PathLike, meta: Path, model_path) -> str:
     """A LoRA checkpoint: the base model with the adapter merged (plain HF dir) + the adapter itself
     under out_dir/adapter/. Base weights come from `model_path`, else from the path the run trained
-    from (the adapter config's base_model_name_or_path): only the adapters were trained."""
+    from (the adapter config's base_model_name_or_path): only the adapters were trained. Refused where
+    those are no longer the weights the run trained from (the checkpoint's fingerprint of them)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    adapter_dir = ckpt / ADAPTER_DIR
     base_path = Path(model_path) if model_path is not None else \
         Path(json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"])
     if not (base_path / "config.json").is_file():
         raise FileNotFoundError(f"LoRA checkpoint: the base model {base_path} is gone; "
                                 "pass its path (raygrpo export --model-path)")
+    changed = base_weights_problem(ckpt, HF_META_DIR, base_path)
+    if changed:
+        raise ValueError(f"LoRA checkpoint {ckpt}: {changed}, and its adapter is merged into them. Pass the base "
+                         "model the run trained from (raygrpo export --model-path)")
     base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     out = write_hf_dir(merged.state_dict(), out_dir, meta)

@@ -188,6 +188,15 @@ BUGS: list[PlantedBug] = [
                 "otherwise) goes unnoticed: it samples from another policy than the one trained",
         tests=("tests/unit/test_adapter_sync_check.py",),
     ),
+    PlantedBug(
+        name="resume-on-other-base-weights",
+        file="cluster/data/model_check.py",
+        snippet="changed = base_weights_problem(ckpt, hf_meta_dir, model_path) if taken else None",
+        replacement="changed = None  # model.path's weights are not compared",
+        suffers="a LoRA run (or one with a KL term) resumed after model.path was overwritten by another model of "
+                "the same architecture goes on with another base or reference than it trained with, quietly",
+        tests=("tests/unit/test_model_check.py::test_a_resume_that_takes_weights_from_a_changed_model_path_is_refused",),
+    ),
 ]
 
 

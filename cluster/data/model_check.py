@@ -12,7 +12,8 @@ and safetensors headers; the tokenizer where one is loaded anyway) and name the 
 - `packing_problems`: learner.pack_sequences against the model's kind (config.json model_type);
 - `tokenizer_problems`: the tokenizer has a vocabulary and encodes a test prompt to tokens;
 - `eos_warning`: no end-of-sequence token anywhere, so completions cannot end early;
-- `checkpoint_model_problems`: a checkpoint to resume was trained on this model's architecture.
+- `checkpoint_model_problems`: a checkpoint to resume was trained on this model's architecture (and on its
+  weights, where the resumed run takes some from model.path).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import struct
 from pathlib import Path
 
 from learner.config import PACKABLE_MODEL_TYPES
+from learner.hf_dir import base_weights_problem
 
 # The config.json keys vLLM reads a model's maximum length from (the smallest one found wins).
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -206,16 +208,28 @@ def eos_warning(model_path: str, rollout) -> str | None:
 
 
 # --------------------------------------------------------------------------- resuming
-def checkpoint_model_problems(ckpt: Path, model_path: str, hf_meta_dir: str) -> list[str]:
+def checkpoint_model_problems(ckpt: Path, model_path: str, hf_meta_dir: str, lora: bool = False,
+                              beta: float = 0.0) -> list[str]:
     """A checkpoint saves its model's config (hf_meta_dir); resuming it into another architecture fails
-    deep inside DeepSpeed (a state_dict size mismatch). Compare the two configs first."""
+    deep inside DeepSpeed (a state_dict size mismatch). Compare the two configs first. And where the resumed
+    run takes weights from model.path besides the checkpoint (`lora`: the frozen base, which a LoRA checkpoint
+    leaves out; `beta` > 0: the reference model), they must be those the run trained from, which the
+    checkpoint's fingerprint of them says (learner/hf_dir.py): other weights there would resume quietly into a
+    run that never was."""
     theirs = read_json(ckpt / hf_meta_dir / "config.json")
     ours = read_json(Path(model_path) / "config.json")
     if not theirs or not ours:
         return []  # an older checkpoint without its config: the learner's load decides
     diffs = [f"{k} {theirs.get(k)!r} vs {ours.get(k)!r}" for k in ARCHITECTURE_KEYS if theirs.get(k) != ours.get(k)]
-    if not diffs:
+    if diffs:
+        return [f"checkpoint.resume: {ckpt} was trained from another model than model.path {model_path} "
+                f"(checkpoint vs model.path: {', '.join(diffs)}). Point model.path at the model that run trained, or "
+                "checkpoint.resume at a checkpoint of this model"]
+    taken = [what for what, takes in (("the frozen base of its LoRA adapter (learner.lora_rank)", lora),
+                                      ("the reference model of the KL term (algo.beta > 0)", beta > 0)) if takes]
+    changed = base_weights_problem(ckpt, hf_meta_dir, model_path) if taken else None
+    if changed is None:
         return []
-    return [f"checkpoint.resume: {ckpt} was trained from another model than model.path {model_path} "
-            f"(checkpoint vs model.path: {', '.join(diffs)}). Point model.path at the model that run trained, or "
-            "checkpoint.resume at a checkpoint of this model"]
+    return [f"checkpoint.resume: {ckpt} cannot be resumed from model.path as it is: {changed}, and the resumed run "
+            f"takes {' and '.join(taken)} from there. Point model.path at the model that run trained from, or "
+            "start afresh (checkpoint.resume=none)"]

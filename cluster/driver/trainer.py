@@ -78,7 +78,8 @@ class Trainer:
         try:
             start = resume_point(self.cfg)
             if start.path is not None:  # a checkpoint of another model: refused before anything is written
-                problems = checkpoint_model_problems(start.path, self.cfg.model.path, checkpoint.HF_META_DIR)
+                problems = checkpoint_model_problems(start.path, self.cfg.model.path, checkpoint.HF_META_DIR,
+                                                     lora=self.cfg.learner.lora, beta=self.cfg.algo.beta)
                 if problems:
                     raise ConfigError(problems, "checkpoint.resume")
             save_config(self.cfg, self.run_dir / "config.yaml")

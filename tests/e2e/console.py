@@ -83,3 +83,13 @@ def full_disk_wrapper(mount_point: Path) -> list[str] | None:
         if probe.returncode == 0:
             return [*base, "sh", "-c", script, "sh"]
     return None
+
+
+def wait_while_running(done, proc: subprocess.Popen, timeout_s: float, failure, poll_s: float = 0.5) -> None:
+    """Poll `done()` every `poll_s` while `proc` runs, at most `timeout_s`; where the process ends first or the
+    time runs out, fail saying which, with `failure()` (what never happened, the console's tail)."""
+    deadline = time.time() + timeout_s
+    while not done():
+        assert proc.poll() is None, f"the process ended (exit code {proc.poll()}): {failure()}"
+        assert time.time() < deadline, f"not within {timeout_s:.0f} s: {failure()}"
+        time.sleep(poll_s)

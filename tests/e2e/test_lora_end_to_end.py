@@ -19,6 +19,7 @@ from test_learner_weight_sync import TOL, _init_info, max_diff
 from test_train import config, first_and_redone, kill_while_learning, train_rows
 
 from cluster.driver.trainer import Trainer
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
 from learner import checkpoint
 from learner.config import AlgoConfig, LearnerConfig
 from learner.export import export_checkpoint
@@ -154,6 +155,13 @@ def test_lora_run_reference_from_learner_resume_and_export(tiny_model_dir, ray_c
     assert adapter_bytes < base_bytes / 4
     # the last checkpoint holds no rank's share of the frozen base (without exclude_frozen_parameters, ZeRO-3 writes it)
     assert model_states_bytes(last) < base_bytes / 10, model_states_bytes(last)
+    # the base it trained from, fingerprinted in the checkpoint: a base of the same architecture with other weights
+    # is refused, the adapter never merged into a model it was not trained on
+    other = build_tiny_model(tmp_path / "other-base", TinyModelSpec(hidden_size=128, num_layers=2, seed=1))  # but the seed
+    with pytest.raises(ValueError, match=f"{other} no longer holds the weights the run trained from "
+                                         r"\(model.safetensors holds other weights\)"):
+        export_checkpoint(last, tmp_path / "export-other", model_path=other)
+    assert not (tmp_path / "export-other").exists()
     # the run's own end-of-run export agrees with the offline one
     assert (full / "hf_model" / "adapter" / "adapter_config.json").is_file()
 

@@ -35,13 +35,13 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import host_runs
 import hosts
 import pytest
+from console import wait_while_running
 
 WHY_NOT = hosts.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
@@ -66,12 +66,8 @@ def training(head: hosts.Host, model_dir, run_dir: Path, steps: int, extra: list
 
 
 def wait_until(done, proc, console: Path, timeout_s: float, timeout_note: str | None = None, poll_s: float = 0.5) -> None:
-    """Poll `done()` every `poll_s` while the run lives, at most `timeout_s`; a failure shows the console's tail."""
-    deadline = time.time() + timeout_s
-    while not done():
-        assert proc.poll() is None, console.read_text()[-5000:]
-        assert time.time() < deadline, timeout_note or console.read_text()[-5000:]
-        time.sleep(poll_s)
+    """Poll `done()` while the run lives, at most `timeout_s`; a failure shows the note and the console's tail."""
+    wait_while_running(done, proc, timeout_s, lambda: f"{timeout_note or ''}\n{console.read_text()[-5000:]}", poll_s)
 
 
 def wait_rows(proc, run_dir: Path, n: int, console: Path, timeout_s: float = 900, poll_s: float = 0.5) -> None:

@@ -112,3 +112,15 @@ def test_a_checkpoint_of_another_model_is_refused_before_any_actor(finished, tmp
     assert f"{ckpt} was trained from another model than model.path {other}" in out.text
     assert "hidden_size 128 vs 256" in out.text and "waiting on" not in out.text and "Traceback" not in out.text
     assert not (home / "runs" / "other" / "config.yaml").exists()  # refused before anything was written
+    # The same architecture with other weights (another seed): the run's KL term (algo.beta 0.05) would take its
+    # reference from them, so the resume would not continue the run; the checkpoint's fingerprint of its
+    # model.path's weights finds it.
+    same_shape = build_tiny_model(tmp_path / "reseeded", TinyModelSpec(hidden_size=128, num_layers=2, seed=1))
+    out = run(["train", "run.yaml", f"model.path={same_shape}", f"checkpoint.resume={ckpt}", "trainer.run_dir=runs/other",
+               f"trainer.steps={STEPS + 1}"], home)
+    assert out.returncode == 2, out.text[-3000:]
+    assert f"{ckpt} cannot be resumed from model.path as it is: {same_shape} no longer holds the weights the run " \
+           "trained from (model.safetensors holds other weights), and the resumed run takes the reference model of " \
+           "the KL term (algo.beta > 0) from there" in " ".join(out.text.split()), out.text[-3000:]
+    assert "waiting on" not in out.text and "Traceback" not in out.text
+    assert not (home / "runs" / "other" / "config.yaml").exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import ray  # noqa: TID253 - the test's stand-in actor is declared at its top
 import yaml
-from console import RAYGRPO, run
+from console import RAYGRPO, run, wait_while_running
 from test_train import run_cli
 
 from cluster.launch.waits import actor_state
@@ -41,12 +41,7 @@ def raw_train_steps(run_dir, so_far=False):
 
 def wait_until(done, what, proc, timeout=600):
     """Until done() while `proc` lives."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if done():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: never happened (exit code {proc.poll()})")
+    wait_while_running(done, proc, timeout, lambda: f"{what}: never happened", poll_s=0.2)
 
 
 def wait_for_steps(run_dir, what, ok, proc, timeout=600):

@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from unittest import mock
 
 import pytest
 
 from cluster.config import ConfigError, load_config
 from cluster.data.dataset import DataError, load_tokenizer
 from cluster.data.model_check import checkpoint_model_problems, eos_warning, max_positions, module_names
+from cluster.models.tinymodel import TinyModelSpec, build_tiny_model
+from learner.hf_dir import BASE_WEIGHTS, SAMPLE_BYTES, SAMPLES, fingerprint_differences, weights_fingerprint
 
 
 def copy_model(src, dst, **config_changes):
@@ -83,3 +87,64 @@ def test_a_checkpoint_of_another_model_is_named_before_any_actor_starts(tiny_mod
     bigger = copy_model(tiny_model_dir, tmp_path / "bigger", hidden_size=256, intermediate_size=1024)
     [problem] = checkpoint_model_problems(ckpt, str(bigger), "hf-config")
     assert "was trained from another model" in problem and "hidden_size 128 vs 256" in problem
+
+
+def test_a_resume_that_takes_weights_from_a_changed_model_path_is_refused(tiny_model_dir, tmp_path):
+    """A LoRA checkpoint holds only its adapter, and a KL term's reference is loaded from model.path: resumed
+    on other weights there (same architecture), the run would go on as a run that never was. The checkpoint's
+    fingerprint of model.path's weights (learner/hf_dir.py) finds it, where a copy of the model is fine and a
+    run that takes nothing from model.path (full weights, no KL term) is not asked."""
+    ckpt = tmp_path / "step-00000002"
+    (ckpt / "hf-config").mkdir(parents=True)
+    shutil.copy(tiny_model_dir / "config.json", ckpt / "hf-config" / "config.json")
+    (ckpt / "hf-config" / BASE_WEIGHTS).write_text(json.dumps(weights_fingerprint(tiny_model_dir)))
+    copied = shutil.copytree(tiny_model_dir, tmp_path / "copied")
+    other = build_tiny_model(tmp_path / "other", TinyModelSpec(hidden_size=128, num_layers=2, seed=1))  # as tiny_model_dir but the seed
+    assert checkpoint_model_problems(ckpt, str(copied), "hf-config", lora=True, beta=0.05) == []
+    assert checkpoint_model_problems(ckpt, str(other), "hf-config") == []  # it takes every weight from the checkpoint
+    [lora] = checkpoint_model_problems(ckpt, str(other), "hf-config", lora=True)
+    assert f"{other} no longer holds the weights the run trained from (model.safetensors holds other weights)" in lora
+    assert "the frozen base of its LoRA adapter" in lora and "reference" not in lora and "checkpoint.resume=none" in lora
+    [kl] = checkpoint_model_problems(ckpt, str(other), "hf-config", beta=0.05)
+    assert "the reference model of the KL term (algo.beta > 0)" in kl and "LoRA" not in kl
+    (ckpt / "hf-config" / BASE_WEIGHTS).unlink()  # a checkpoint from before the fingerprint: not refused
+    assert checkpoint_model_problems(ckpt, str(other), "hf-config", lora=True) == []
+
+
+def test_the_weights_fingerprint_samples_the_whole_file_and_reads_only_4_mib(tmp_path):
+    """64 samples of 64 KiB, evenly spaced: a change anywhere a sample lands is seen, as is any change of size;
+    a 40 MiB file is fingerprinted from 4 MiB of it."""
+    model = tmp_path / "m"
+    model.mkdir()
+    data = bytearray(os.urandom(40 << 20))
+    (model / "model-00001-of-00001.safetensors").write_bytes(data)
+    before = weights_fingerprint(model)
+    reads = []
+
+    class Counted:  # the file, its reads counted
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def seek(self, offset):
+            self.f.seek(offset)
+
+        def read(self, n):
+            reads.append(len(chunk := self.f.read(n)))
+            return chunk
+
+    with mock.patch("learner.hf_dir.open", lambda path, mode: Counted(open(path, mode)), create=True):
+        assert weights_fingerprint(model) == before
+    assert sum(reads) == SAMPLES * SAMPLE_BYTES == 4 << 20
+    data[(40 << 20) // SAMPLES * 37 + 5] ^= 1  # a byte inside the 38th sample
+    (model / "model-00001-of-00001.safetensors").write_bytes(data)
+    assert fingerprint_differences(before, weights_fingerprint(model)) == ["model-00001-of-00001.safetensors holds other weights"]
+    (model / "model-00001-of-00001.safetensors").write_bytes(data + b"x")
+    (model / "pytorch_model.bin").write_bytes(b"y")
+    assert fingerprint_differences(before, weights_fingerprint(model)) == [
+        "model-00001-of-00001.safetensors is 41,943,041 bytes, was 41,943,040", "pytorch_model.bin is new"]
