@@ -17,7 +17,7 @@ import torch
 
 from learner import checkpoint
 from learner.config import LearnerConfig
-from learner.hf_dir import BASE_WEIGHTS, weights_fingerprint
+from learner.hf_dir import BASE_WEIGHTS
 from learner.rank_setup import rank_barrier
 
 
@@ -32,6 +32,7 @@ class CheckpointState:
     step: int = 0  # train_step calls completed (the driver's step on resume)
     nonfinite_streak: int = 0  # NaN/inf losses in a row (train_step raises at learner.max_nonfinite_steps)
     last_checkpoint: str | None = None
+    base_weights: dict | None = None  # rank 0: model.path's weights_fingerprint when the rank loaded it
 
     def save_checkpoint(self, path: str, tag: str) -> None:
         """Model, optimizer and LR schedule (DeepSpeed's files) + this rank's RNG and counters (JSON)."""
@@ -47,10 +48,10 @@ class CheckpointState:
             if self.rank == 0:  # config + tokenizer, so the checkpoint exports on its own
                 meta = os.path.join(path, checkpoint.HF_META_DIR)
                 checkpoint.write_hf_meta(self.model_path, meta)
-                # and model.path's weights as they are: a resume (LoRA's base, the reference) and a LoRA export
-                # take weights from there, and are refused if they changed (learner/hf_dir.py)
+                # and the fingerprint of model.path's weights as rank 0 loaded them: a resume (LoRA's base, the
+                # reference) and a LoRA export take weights from there, and are refused if they changed (hf_dir.py)
                 with open(os.path.join(meta, BASE_WEIGHTS), "w") as f:
-                    json.dump(weights_fingerprint(self.model_path), f)
+                    json.dump(self.base_weights, f)
                 if self.cfg.lora:  # the adapter in peft format: export merges it into the base model
                     self._write_adapter(adapter, os.path.join(path, checkpoint.ADAPTER_DIR))
             checkpoint.write_worker_state(path, tag, self.rank, {

@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 INDEX = "model.safetensors.index.json"
-BASE_WEIGHTS = "base_weights.json"  # in a checkpoint's hf-config/: model.path's weights_fingerprint at the save
+BASE_WEIGHTS = "base_weights.json"  # in a checkpoint's hf-config/: model.path's weights_fingerprint as rank 0 loaded it
 WEIGHT_FILES = ("*.safetensors", "*.bin")  # an HF directory's weights (safetensors, or PyTorch's pickles)
 SAMPLES, SAMPLE_BYTES = 64, 1 << 16
 

@@ -27,6 +27,7 @@ from actors.runtime.threads import use_threads
 from learner.checkpoint_state import CheckpointState
 from learner.config import AlgoConfig, LearnerConfig
 from learner.forward import call_at_every_block
+from learner.hf_dir import weights_fingerprint
 from learner.lora import param_counts
 from learner.peak_memory import PeakMemory
 from learner.rank_setup import (
@@ -93,6 +94,8 @@ class LearnerWorker(ActorBase, TrainingStep, WeightSending, CheckpointState):
             self.reference.eval().requires_grad_(False)
         # _hf_ds_config (ZeRO-3) must stay referenced while the model lives: transformers keeps a weakref.
         model, self._hf_ds_config = build_model(self.model_path, cfg, dtype, self.ds_config)
+        # what model.path held as the rank loaded it, into every checkpoint (checkpoint_state.py: why)
+        self.base_weights = weights_fingerprint(self.model_path) if rank == 0 else None
         # Prompt sharing needs the model's KV cache in training: gradient checkpointing turns it off,
         # and under ZeRO-3 the second pass would gather every parameter again.
         self.share_prompts = cfg.prompt_sharing and not cfg.gradient_checkpointing and cfg.zero_stage != 3
