@@ -71,13 +71,10 @@ class RestartWatch:
                 # Sent again, to the live actor, when its connection broke and either the actor is already back
                 # elsewhere (Ray's retries of the call still went to the lost process's address and ran out: seen in
                 # the lost-host test, "failed to connect ... <the old host>") or its host is found lost now.
-                unavailable = isinstance(e, ActorUnavailableError)
-                if unavailable and sent_before_restart:
-                    pass
-                elif unavailable and self._host_found_lost(name):
-                    self._await_restart(handle, name)
-                else:
+                if not (isinstance(e, ActorUnavailableError) and (sent_before_restart or self._host_found_lost(name))):
                     raise ActorFailed(name, what, died=True, detail=actor_error(e)) from e
+                if not sent_before_restart:  # its host found lost just now: the actor is not back yet
+                    self._await_restart(handle, name)
                 ref, sent_before_restart = call(), False
                 t0 = said = time.monotonic()
                 continue
