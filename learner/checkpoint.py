@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from actors.runtime.atomic_file import replace_text, sync_dir
 from learner.checkpoint_manifest import DRIVER_STATE, MANIFEST, _sha256, _step_dirs, verify
 from learner.checkpoint_manifest import list_checkpoints as list_checkpoints  # its callers read it here too
 
@@ -91,13 +92,13 @@ def commit(tmp_dir: str | os.PathLike, root: str | os.PathLike, step: int, drive
         _write_json_atomic(tmp / DRIVER_STATE, state)  # raises on non-JSON-able data, before anything is sealed
         manifest = {"format": FORMAT_VERSION, "step": step, "created": time.time(), "files": _list_files(tmp)}
         _write_json_atomic(tmp / MANIFEST, manifest)
-    _fsync_dir(tmp)
+    sync_dir(tmp)
     if final.exists():  # the same step saved again (e.g. a resumed run): the new one wins
         old = root / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
         shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    sync_dir(root)
     prune(root, keep, protect=final)
     return str(final)
 
@@ -199,13 +200,7 @@ def _list_files(d: Path) -> dict:
 
 
 def _write_json_atomic(path: Path, data) -> None:
-    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=True)
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    replace_text(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True), durable=True)
 
 
 def match_umask(d: str | os.PathLike) -> None:
@@ -219,15 +214,6 @@ def match_umask(d: str | os.PathLike) -> None:
         if f.is_file() and not f.is_symlink() and (f.stat().st_mode & 0o777) != mode:
             with contextlib.suppress(OSError):
                 f.chmod(mode)
-
-
-def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):  # not every filesystem allows it
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # --------------------------------------------------------------------------- #

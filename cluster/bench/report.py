@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from actors.runtime.atomic_file import replace_text
 from cluster.config import ConfigError
 from cluster.models.tinymodel import TinyModelSpec
 from cluster.paths import SMOLLM2_FIXTURE
@@ -241,10 +242,7 @@ def write_json(path: str | Path, payload: dict) -> Path:
     """Write `payload` (NaN/inf as null) atomically; creates the parent directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(jsonable(payload), indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return replace_text(path, json.dumps(jsonable(payload), indent=1, sort_keys=False) + "\n")
 
 
 def jsonable(v):

@@ -9,9 +9,9 @@ says where it is (`network: HOST advertises ADDRESS, ...`), as at start.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from actors.runtime.atomic_file import replace_text
 from cluster.launch.network import add_network
 from cluster.launch.placement import Actors, actor_roles
 
@@ -57,6 +57,4 @@ class PlacementRecord:
 
     def write(self) -> None:
         # whole or not at all: users' tools (and the tests) read the file while the run rewrites it
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.rows, indent=1))
-        os.replace(tmp, self.path)
+        replace_text(self.path, json.dumps(self.rows, indent=1))

@@ -28,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from actors.runtime.atomic_file import replace_text
 from actors.runtime.start_up import hold_until_started
 
 LEVEL_ENV = "RAYGRPO_LOG_LEVEL"  # the user's switch (and how the level reaches child processes)
@@ -243,9 +244,7 @@ def setup_worker() -> None:
         # threshold: both through the stdout copy, where Ray also writes the actor's name for its line prefix
         sys.stdout = _console = ConsoleLines(console_out)
         config = Path(log_dir) / "vllm_logging.json"
-        tmp = config.with_name(f".vllm_logging.{os.getpid()}.json")
-        tmp.write_text(json.dumps(vllm_logging_config(level)))
-        os.replace(tmp, config)
+        replace_text(config, json.dumps(vllm_logging_config(level)))
         os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config)
     else:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", level)

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from tqdm import tqdm
 
+from actors.runtime.atomic_file import replace_text
 from cluster.run import completions
 from cluster.run.completions import COMPLETIONS_FILE
 from cluster.run.eta import EtaEstimator, format_duration
@@ -365,9 +366,7 @@ def supersede_rows(path: Path, start_step: int, carried: list[dict] | None = ())
         with open(path.with_name(path.name + ".superseded"), "a") as f:
             f.writelines(moved)
     if moved or restore:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(line for _, line in keep))
-        os.replace(tmp, path)
+        replace_text(path, "".join(line for _, line in keep), durable=True)  # as durable as each row's write
     return len(moved), len(restore)
 
 
