@@ -29,38 +29,76 @@ pytest_plugins = ["suite_costs"]
 CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().parent.parent / ".cache" / "tests"))
 
 
-# The slowest e2e files first: `make test` hands whole files to its two workers in collection order (--dist loadfile
-# --no-loadscope-reorder), and a long file started last would keep one worker busy after the other has run out of
-# work. The order is the last recorded e2e tier's (`make test` writes COST_FILE, tests/suite_costs.py), so it follows
-# the suite as it changes; SLOWEST_FIRST (the files over 20 s of the last full run, session 22) where there is
-# none. Every xdist worker must collect the same order: each reads the same file, which only the controller
-# rewrites, at the end of a tier (the e2e section at the end of the e2e tier, after every worker has collected).
+# The order `make test` hands the e2e files to its two workers (--dist loadfile --no-loadscope-reorder: whole files,
+# in collection order). Two rules, both from the last recorded e2e tier (`make test` writes COST_FILE,
+# tests/suite_costs.py), or from RECORDED where there is none (a fresh clone):
+# - the heavy files, those with a test of HEAVY_TEST_S or more, never run beside each other: each is followed in
+#   the order by light files worth about its seconds, which the other worker runs meanwhile. A heavy file starts a
+#   stack of 4-8 processes; two of them at once put twice that on 2 cores, and their tests ran 1.5-2.5 times as
+#   long as alone (the tests over 120 s of issue 58 were those);
+# - otherwise the slowest first, so that no long file starts last and keeps one worker busy alone.
+# Every xdist worker must collect the same order: each reads the same file, which only the controller rewrites, at
+# the end of a tier (the e2e section at the end of the e2e tier, after every worker has collected).
 COST_FILE = Path(__file__).resolve().parent.parent / ".cache" / "tests" / "suite-costs.json"
-SLOWEST_FIRST = ("test_smollm2.py", "test_lost_host.py", "test_external_cluster.py", "test_train.py",
-                 "test_recipes_end_to_end.py", "test_multinode.py", "test_safety.py", "test_slurm.py",
-                 "test_partition.py", "test_lora_end_to_end.py", "test_rerun_export_resume.py", "test_bad_inputs.py",
-                 "test_pipeline_train.py", "test_cli_refusals.py", "test_smollm2_logprobs.py",
-                 "test_bench_elsewhere.py", "test_reward_fails_alone_end_to_end.py", "test_checkpoint_resume.py",
-                 "test_multiturn.py", "test_reward_model.py", "test_learner.py",
-                 "test_pipeline_engine.py", "test_chat_data.py",
-                 "test_rollout.py", "test_nccl_protocol.py")
+HEAVY_TEST_S = 100.0
+# {file: (its tests' seconds, its longest test's seconds)}: the e2e tier of RECORDED_AT
+RECORDED_AT = "session 34, 2-core AMD EPYC, 40b8604"
+RECORDED = {"test_lost_host.py": (411.0, 157.0), "test_smollm2.py": (381.0, 183.0), "test_train.py": (205.0, 117.0),
+            "test_recipes_end_to_end.py": (165.0, 97.0), "test_external_cluster.py": (156.0, 46.0),
+            "test_multinode.py": (144.0, 107.0), "test_safety.py": (132.0, 131.0),
+            "test_partition.py": (109.0, 109.0), "test_slurm.py": (107.0, 92.0), "test_bad_inputs.py": (106.0, 33.0),
+            "test_lora_end_to_end.py": (101.0, 66.0), "test_checkpoint_resume.py": (94.0, 51.0),
+            "test_bench_elsewhere.py": (86.0, 86.0), "test_learner.py": (71.0, 27.0),
+            "test_reward_fails_alone_end_to_end.py": (68.0, 62.0), "test_pipeline_train.py": (67.0, 67.0),
+            "test_rerun_export_resume.py": (65.0, 26.0), "test_cli_refusals.py": (60.0, 39.0),
+            "test_pipeline_engine.py": (53.0, 53.0), "test_smollm2_logprobs.py": (43.0, 41.0),
+            "test_nccl_protocol.py": (34.0, 34.0), "test_chat_data.py": (33.0, 33.0),
+            "test_learner_weight_sync.py": (29.0, 16.0), "test_embedded_listeners.py": (23.0, 23.0),
+            "test_multiturn.py": (16.0, 16.0), "test_gloo_transfer.py": (13.0, 10.0),
+            "test_interrupted_export_and_full_disk.py": (12.0, 6.0), "test_reward_model.py": (12.0, 12.0),
+            "test_learner_threads.py": (9.0, 9.0), "test_waits.py": (8.0, 3.0), "test_reference.py": (7.0, 7.0),
+            "test_nccl_ranks.py": (6.0, 6.0), "test_rollout.py": (4.0, 1.0), "test_weight_sync.py": (2.0, 1.0),
+            "test_smollm2_gpu.py": (2.0, 2.0), "test_nccl_watchdog.py": (1.0, 0.0),
+            "test_progress_and_throughput.py": (1.0, 1.0), "test_engine_pool.py": (1.0, 0.0),
+            "test_tinymodel_loads.py": (0.0, 0.0), "test_prompt_sharing_gpu.py": (0.0, 0.0),
+            "test_learner_gpu.py": (0.0, 0.0)}
 
 
-def slowest_first(cost_file: Path = COST_FILE) -> tuple[str, ...]:
-    """The e2e files' names, slowest first: by their seconds in the cost file's e2e tier, then the SLOWEST_FIRST
-    names it does not hold (a run of a few files records only those); SLOWEST_FIRST alone without a readable one."""
+def recorded_files(cost_file: Path = COST_FILE) -> dict[str, tuple[float, float]]:
+    """{e2e file name: (its tests' seconds, its longest test's seconds)} from the cost file's e2e tier, then RECORDED's
+    files it does not hold (a run of a few files records only those); RECORDED alone without a readable one."""
     try:
-        files = json.loads(cost_file.read_text())["tiers"]["e2e"]["files"]
-        measured = [Path(f["file"]).name for f in sorted(files, key=lambda f: -float(f["test_s"]))
-                    if Path(f["file"]).parent.name == "e2e"]
+        tier = json.loads(cost_file.read_text())["tiers"]["e2e"]
+        measured: dict[str, tuple[float, float]] = {}
+        for t in tier["tests"]:
+            path = Path(t["nodeid"].split("::")[0])
+            if path.parent.name == "e2e":
+                total, longest = measured.get(path.name, (0.0, 0.0))
+                measured[path.name] = (total + float(t["duration_s"]), max(longest, float(t["duration_s"])))
     except (OSError, ValueError, KeyError, TypeError):
-        return SLOWEST_FIRST
-    return tuple(measured) + tuple(name for name in SLOWEST_FIRST if name not in measured)
+        return dict(RECORDED)
+    return {**measured, **{name: s for name, s in RECORDED.items() if name not in measured}}
+
+
+def e2e_order(files: dict[str, tuple[float, float]], heavy_test_s: float = HEAVY_TEST_S) -> tuple[str, ...]:
+    """The heavy files slowest first, each followed by the slowest light files left worth its seconds; then the
+    light files left, slowest first."""
+    slowest_first = sorted(files, key=lambda name: -files[name][0])
+    heavy = [name for name in slowest_first if files[name][1] >= heavy_test_s]
+    light = [name for name in slowest_first if files[name][1] < heavy_test_s]
+    order: list[str] = []
+    for name in heavy:
+        order.append(name)
+        beside = files[name][0]
+        while light and beside > 0:
+            order.append(light.pop(0))
+            beside -= files[order[-1]][0]
+    return tuple(order + light)
 
 
 def pytest_collection_modifyitems(items):
-    """The slowest e2e files first (slowest_first()), then every other file in the order collected."""
-    rank = {name: i for i, name in enumerate(slowest_first())}
+    """The e2e files in e2e_order(), then every other file in the order collected."""
+    rank = {name: i for i, name in enumerate(e2e_order(recorded_files()))}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent.name == "e2e" else len(rank))
 
 
