@@ -44,7 +44,7 @@ demo: install
 # time waiting on Ray, vLLM and DeepSpeed start-up, and a quiet 2-core machine sat at a load of 1.2-2.9
 # running them one at a time. Files, not tests, are shared out (--dist loadfile): a module's fixtures
 # are built once. Files go out in collection order (--no-loadscope-reorder; xdist would otherwise send
-# the files with the most tests first): the slowest e2e files first (tests/conftest.py).
+# the files with the most tests first): each heavy e2e file with light ones beside it, the slowest first (tests/conftest.py).
 # The unit tier runs in pytest processes of its own, first: e2e tests run training in the test
 # process, and a worker that had run them broke the unit tests' output capture (capsys) after them.
 # Both tiers run, whatever the first gives; the target fails if either failed. Each tier writes its section

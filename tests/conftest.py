@@ -1,7 +1,6 @@
 """Shared fixtures: a tiny model built offline, and (for e2e) one embedded Ray cluster per session."""
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,19 +29,17 @@ CACHE = Path(os.environ.get("RAYGRPO_TEST_CACHE", Path(__file__).resolve().paren
 
 
 # The order `make test` hands the e2e files to its two workers (--dist loadfile --no-loadscope-reorder: whole files,
-# in collection order). Two rules, both from the last recorded e2e tier (`make test` writes COST_FILE,
-# tests/suite_costs.py), or from RECORDED where there is none (a fresh clone):
-# - the heavy files, those with a test of HEAVY_TEST_S or more, never run beside each other: each is followed in
-#   the order by light files worth about its seconds, which the other worker runs meanwhile. A heavy file starts a
-#   stack of 4-8 processes; two of them at once put twice that on 2 cores, and their tests ran 1.5-2.5 times as
-#   long as alone (the tests over 120 s of issue 58 were those);
+# in collection order), from RECORDED, each file's seconds in one whole e2e tier:
+# - a heavy file (one with a test of HEAVY_TEST_S or more) is followed in the order by light files worth its
+#   seconds, which the other worker runs beside it. A heavy file starts stacks of 4-8 processes; the two heaviest
+#   side by side, as the slowest-first order had them, put twice that on 2 cores, and issue 58's tests over 120 s
+#   were those;
 # - otherwise the slowest first, so that no long file starts last and keeps one worker busy alone.
-# Every xdist worker must collect the same order: each reads the same file, which only the controller rewrites, at
-# the end of a tier (the e2e section at the end of the e2e tier, after every worker has collected).
-COST_FILE = Path(__file__).resolve().parent.parent / ".cache" / "tests" / "suite-costs.json"
+# A table, not the last run's cost file: a heavy file run beside light ones measures lighter, and would then be
+# ordered as a light one the next time (and a run of a few files would reorder the rest). A new e2e file needs
+# its line (tests/unit/test_e2e_order.py checks that every file has one): its seconds from suite-costs.json.
 HEAVY_TEST_S = 100.0
-# {file: (its tests' seconds, its longest test's seconds)}: the e2e tier of RECORDED_AT
-RECORDED_AT = "session 34, 2-core AMD EPYC, 40b8604"
+# {file: (its tests' seconds, its longest test's seconds)}: `.ci/run` at 40b8604 (session 34, a 2-core AMD EPYC, alone)
 RECORDED = {"test_lost_host.py": (411.0, 157.0), "test_smollm2.py": (381.0, 183.0), "test_train.py": (205.0, 117.0),
             "test_recipes_end_to_end.py": (165.0, 97.0), "test_external_cluster.py": (156.0, 46.0),
             "test_multinode.py": (144.0, 107.0), "test_safety.py": (132.0, 131.0),
@@ -64,22 +61,6 @@ RECORDED = {"test_lost_host.py": (411.0, 157.0), "test_smollm2.py": (381.0, 183.
             "test_learner_gpu.py": (0.0, 0.0)}
 
 
-def recorded_files(cost_file: Path = COST_FILE) -> dict[str, tuple[float, float]]:
-    """{e2e file name: (its tests' seconds, its longest test's seconds)} from the cost file's e2e tier, then RECORDED's
-    files it does not hold (a run of a few files records only those); RECORDED alone without a readable one."""
-    try:
-        tier = json.loads(cost_file.read_text())["tiers"]["e2e"]
-        measured: dict[str, tuple[float, float]] = {}
-        for t in tier["tests"]:
-            path = Path(t["nodeid"].split("::")[0])
-            if path.parent.name == "e2e":
-                total, longest = measured.get(path.name, (0.0, 0.0))
-                measured[path.name] = (total + float(t["duration_s"]), max(longest, float(t["duration_s"])))
-    except (OSError, ValueError, KeyError, TypeError):
-        return dict(RECORDED)
-    return {**measured, **{name: s for name, s in RECORDED.items() if name not in measured}}
-
-
 def e2e_order(files: dict[str, tuple[float, float]], heavy_test_s: float = HEAVY_TEST_S) -> tuple[str, ...]:
     """The heavy files slowest first, each followed by the slowest light files left worth its seconds; then the
     light files left, slowest first."""
@@ -98,7 +79,7 @@ def e2e_order(files: dict[str, tuple[float, float]], heavy_test_s: float = HEAVY
 
 def pytest_collection_modifyitems(items):
     """The e2e files in e2e_order(), then every other file in the order collected."""
-    rank = {name: i for i, name in enumerate(e2e_order(recorded_files()))}
+    rank = {name: i for i, name in enumerate(e2e_order(RECORDED))}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)) if item.path.parent.name == "e2e" else len(rank))
 
 
