@@ -30,6 +30,7 @@ asserted has happened.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import signal
@@ -42,6 +43,9 @@ import host_runs
 import hosts
 import pytest
 from console import wait_while_running
+
+from cluster.models.tinyreward import build_reward_model
+from tests.conftest import RM_SPEC, building
 
 WHY_NOT = hosts.unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
@@ -102,6 +106,15 @@ WORKER_HOSTS = ("b", "c", "d", "e", "f", "g")
 
 
 @pytest.fixture(scope="module")
+def scoring_rm() -> Path:
+    """A reward model of the suite's kind (conftest.py RM_SPEC) trained for one step: the engine test needs a reward
+    model that loads, scores every step and comes back with its host, not one that ranks sums well (that is
+    `addition_rm`'s, 300 steps, ~25 s to train: test_reward_model.py). ~6 s to build."""
+    with building("tiny-addition-rm-h64-l2-1step") as out:
+        return build_reward_model(out, dataclasses.replace(RM_SPEC, steps=1, num_check=16), progress=False)
+
+
+@pytest.fixture(scope="module")
 def head(tmp_path_factory):
     """Host a: the Ray head, with room for a learner rank (2 CPUs) and one engine (1 CPU), where `raygrpo
     train` runs, shared by the file's tests (its start and stop, ~10 s, paid once: issue 58); and the hosts
@@ -143,7 +156,7 @@ def cluster(head):
 
 @pytest.mark.timeout(1500)
 def test_an_engine_the_reference_and_a_reward_model_lost_with_their_host_cost_no_step_and_come_back(
-        cluster, tiny_model_dir, addition_rm, tmp_path):
+        cluster, tiny_model_dir, scoring_rm, tmp_path):
     a, add_node = cluster
     # The head (3 CPUs) holds the learner rank (2 CPUs) and one engine (1 CPU); host b (2 CPUs) the other engine,
     # the reference actor and the reward model (half a CPU each). Ray's PACK fills the bigger node first: with
@@ -156,7 +169,7 @@ def test_an_engine_the_reference_and_a_reward_model_lost_with_their_host_cost_no
     with training(a, tiny_model_dir, run_dir, 5000, ["rollout.num_workers=2", "rollout.min_workers=1",
                                                    "checkpoint.every=0", "algo.beta=0.04",
                                                    "reference.placement=actor", "reference.num_cpus=0.5",
-                                                   f"reward.functions=[exact_match,model:{addition_rm}]",
+                                                   f"reward.functions=[exact_match,model:{scoring_rm}]",
                                                    "reward.model_num_cpus=0.5"],
                   console) as proc:
         # Host c, with room for all three actors of host b, joins while the actors load (each was asked of
@@ -191,7 +204,7 @@ def test_an_engine_the_reference_and_a_reward_model_lost_with_their_host_cost_no
     assert re.search(rf"{lost(b)}.*it held .*reference actor", text), text[-5000:]
     assert re.search(rf"{lost(b)}.*it held .*reward model", text), text[-5000:]
     # The reward model scored every step, those after the loss too (its calls went again once Ray moved it)
-    rm = f"rewards/{addition_rm.name}"
+    rm = f"rewards/{scoring_rm.name}"
     assert all(r[f"{rm}/errors"] == 0 and r[f"{rm}/mean"] == r[f"{rm}/mean"] for r in train_rows), \
         [(r["step"], r.get(f"{rm}/errors")) for r in train_rows]
     # The reference actor: restarted where it fits (the node that joined), said in raygrpo's words.
