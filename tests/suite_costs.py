@@ -24,7 +24,6 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.runtime.atomic_file import replace_text
 from actors.runtime.start_ledger import KINDS, LEDGER_ENV
 
 STARTS_PROPERTY = "raygrpo_starts"  # the user_properties key the counts travel under
@@ -154,10 +154,7 @@ def update_cost_file(path: Path, tier: str, summary: dict) -> None:
     except (OSError, ValueError):
         data = {}
     data.setdefault("tiers", {})[tier] = summary
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    replace_text(path, json.dumps(data, indent=1))
     path.with_suffix(".txt").write_text(render(data))
 
 
