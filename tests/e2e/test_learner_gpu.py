@@ -5,7 +5,8 @@ transformers, deepspeed and peft, but not Ray or vLLM, so a bare GPU image with 
 wheels will do (docs/STATUS.md says when it last ran and where).
 
 - float32: one step equals a plain-torch step of the same batch (torch AdamW + clipping) to 1e-4, at ZeRO-0
-  (what `zero_stage: auto` gives one rank) and at ZeRO-2;
+  (what `zero_stage: auto` gives one float32 rank) and at ZeRO-2, and at ZeRO-0 with `learner.pack_sequences`
+  (the micro-batch in one row: tests/e2e/test_packing_gpu.py has the forward alone);
 - bfloat16 (dtype auto on a GPU) with the reference on the learner (a frozen copy on the GPU), at the
   default ZeRO stage (auto: 1 on one rank in bf16, DeepSpeed's BF16 optimizer with float32 gradient
   accumulation) and at ZeRO-2: the first pass's KL
@@ -24,20 +25,26 @@ from learner_ranks import in_process_rank as _rank
 from learner_ranks import make_batch, max_weight_diff, reference_step
 from learner_ranks import whole_weights as _weights
 
+from learner import forward
 from learner.config import AlgoConfig, LearnerConfig
+from learner.packing import packed_completion_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
-@pytest.mark.parametrize("zero_stage", [0, 2])
-def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir, zero_stage):
+@pytest.mark.parametrize(("zero_stage", "pack"), [(0, False), (2, False), (0, True)])
+def test_float32_step_on_gpu_equals_plain_torch(tiny_model_dir, zero_stage, pack, monkeypatch):
     cfg = LearnerConfig(num_gpus=1, dtype="float32", zero_stage=zero_stage, lr=1e-3, adam_eps=1e-4, weight_decay=0.01,
-                        grad_clip=0.5, micro_batch_size=2)
+                        grad_clip=0.5, micro_batch_size=2, pack_sequences=pack)
     algo, batch = AlgoConfig(), make_batch()
+    packed_rows = []  # the micro-batches that went through the model as one packed row
+    monkeypatch.setattr(forward, "packed_completion_logits",
+                        lambda *a: packed_rows.append(a[1].shape) or packed_completion_logits(*a))
     rank = _rank(tiny_model_dir, cfg, algo)
     try:
         assert rank.info()["device"].startswith("cuda")
         metrics = rank.train_step(batch)
+        assert bool(packed_rows) is pack
         losses, model, _ = reference_step(tiny_model_dir, batch, cfg, algo)
         assert not metrics["skipped"]
         assert metrics["loss"] == pytest.approx(losses[0], abs=1e-4)

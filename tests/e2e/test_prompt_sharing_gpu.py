@@ -18,6 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 from prompt_sharing_cases import groups, one_pass_logprobs
+from small_models import llama_tied, qwen2
 
 from learner.grpo import token_logprobs
 from learner.sequences import pack_shared, shared_prompt_logits
@@ -25,25 +26,6 @@ from learner.sequences import pack_shared, shared_prompt_logits
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"),
               pytest.mark.usefixtures("no_tf32")]  # tests/e2e/conftest.py
 CUDA = torch.device("cuda")
-VOCAB = 96
-
-
-def qwen2(attn: str):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                        intermediate_size=128, vocab_size=VOCAB, attn_implementation=attn))
-
-
-def llama_tied(attn: str):
-    """SmolLM2's shape in small: Llama, 3 query heads per key/value head, tied input/output embeddings."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=96, num_attention_heads=6, num_key_value_heads=2,
-                                        intermediate_size=192, vocab_size=VOCAB, tie_word_embeddings=True,
-                                        rope_theta=100000.0, attn_implementation=attn))
 
 
 def shared_logprobs(model, prompt_ids, completion_ids):
