@@ -63,16 +63,15 @@ def test_a_learner_rank_answers_deepspeeds_is_it_muon_without_compiling_muon():
     assert out.stdout.split()[-3:] == ["learner.rank_setup", "False", "False"]
 
 
+# As LearnerWorker starts a lone rank: its world from init_process_group (a lone rank listens on a port the OS picks,
+# so no port is chosen here for another process to take first), then DeepSpeed over it.
 INITS_DEEPSPEED = """
 import os
 import deepspeed
 import deepspeed.comm.comm as ds_comm
-import torch.distributed as dist
-from actors.runtime.sockets import free_port
-from learner.rank_setup import skip_deepspeed_shm_op
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                  LOCAL_SIZE="1")
-dist.init_process_group("gloo", rank=0, world_size=1)
+from learner.rank_setup import init_process_group, skip_deepspeed_shm_op
+os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
+os.environ["MASTER_PORT"] = str(init_process_group(False, "127.0.0.1", 0, rank=0, world_size=1))
 skip_deepspeed_shm_op()
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, rank=0, world_size=1, verbose=False)
 print(ds_comm.cdb.shm_comm_op, sorted(deepspeed.ops.__compatible_ops__.items()))
