@@ -59,7 +59,7 @@ RECORDED = {"test_lost_host.py": (411.0, 157.0), "test_smollm2.py": (381.0, 183.
             "test_progress_and_throughput.py": (1.0, 1.0), "test_engine_pool.py": (1.0, 0.0),
             "test_tinymodel_loads.py": (0.0, 0.0), "test_prompt_sharing_gpu.py": (0.0, 0.0),
             "test_learner_gpu.py": (0.0, 0.0), "test_packing_gpu.py": (0.0, 0.0),
-            "test_gpu_placement.py": (0.0, 0.0)}
+            "test_gpu_placement.py": (0.0, 0.0), "test_reward_model_gpu.py": (0.0, 0.0)}
 
 
 def e2e_order(files: dict[str, tuple[float, float]], heavy_test_s: float = HEAVY_TEST_S) -> tuple[str, ...]:
