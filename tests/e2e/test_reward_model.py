@@ -6,41 +6,27 @@ tests/e2e/test_recipes_end_to_end.py::test_the_reward_model_recipe_is_scored_by_
 (it was this file's own run, one engine start more; issue 58)."""
 from __future__ import annotations
 
-import random
-
-import torch
+from reward_samples import right_above_wrong, samples, scored_alone
 
 from actors.config import RewardConfig
 from actors.rewards.model_actor import RewardModelActor
-from cluster.data.dataset import arithmetic_examples
-from cluster.models.tinyreward import reward_model_result, wrong_completion
+from cluster.models.tinyreward import reward_model_result
 
 
 def test_the_actor_scores_as_transformers_does(addition_rm, ray_cluster):
     """A reward model trained offline to rank sums above wrong completions, scored through its Ray actor
     (batched, sorted by length, padded), equals transformers' forward of each text alone to 1e-5."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     # it learned something to score with: chance is 0.5, and most wrong completions are near misses
     # (this small spec reaches 0.79 at 300 steps; the recipe's default spec more)
     assert reward_model_result(addition_rm)["pairwise_accuracy"] >= 0.75
-    rng = random.Random(0)
-    examples = arithmetic_examples("addition", 2)[:24]
-    prompts = [e.prompt for e in examples]
-    completions = [e.fields["answer"] if i % 2 else wrong_completion(int(e.fields["answer"]), rng)
-                   for i, e in enumerate(examples)]
+    prompts, completions = samples()
     actor = ray_cluster.remote(RewardModelActor).remote(str(addition_rm), RewardConfig(model_batch_size=5))
     try:
         out = ray_cluster.get(actor.score.remote(prompts, completions), timeout=300)
     finally:
         ray_cluster.kill(actor)
-    tok = AutoTokenizer.from_pretrained(addition_rm)
-    model = AutoModelForSequenceClassification.from_pretrained(addition_rm, dtype=torch.float32).eval()
-    with torch.no_grad():
-        expected = [model(**tok(p + c, return_tensors="pt")).logits[0, 0].item() for p, c in zip(prompts, completions)]
+    expected = scored_alone(addition_rm, prompts, completions)
     diff = max(abs(a - b) for a, b in zip(out["values"], expected))
     print(f"reward model via its actor vs transformers: max |difference| {diff:.2e} over {len(prompts)} samples")
     assert diff <= 1e-5 and out["truncated"] == 0
-    right = [v for i, v in enumerate(out["values"]) if i % 2]
-    wrong = [v for i, v in enumerate(out["values"]) if not i % 2]
-    assert sum(r > w for r, w in zip(right, wrong)) >= len(right) * 0.6
+    assert right_above_wrong(out["values"]) >= 0.6

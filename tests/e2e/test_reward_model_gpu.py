@@ -11,37 +11,14 @@ Needs Ray, torch and transformers (a bare GPU image with Ray carried as a wheel 
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
+from reward_samples import right_above_wrong, samples, scored_alone
 
 from cluster.config import load_config
-from cluster.data.dataset import arithmetic_examples
 from cluster.launch.placement import start_reward_model
-from cluster.models.tinyreward import wrong_completion
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-
-
-def samples():
-    """24 addition prompts, every other one with a wrong sum (test_reward_model.py's)."""
-    rng = random.Random(0)
-    examples = arithmetic_examples("addition", 2)[:24]
-    completions = [e.fields["answer"] if i % 2 else wrong_completion(int(e.fields["answer"]), rng)
-                   for i, e in enumerate(examples)]
-    return [e.prompt for e in examples], completions
-
-
-def alone(path, prompts, completions, dtype, device) -> list[float]:
-    """transformers' forward of each text alone: the reference the actor's batches are held to."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).to(device).eval()
-    with torch.no_grad():
-        return [model(**tok(p + c, return_tensors="pt").to(device)).logits[0, 0].float().item()
-                for p, c in zip(prompts, completions)]
 
 
 def scored_by_the_actor(ray, tiny_model_dir, path, dtype: str) -> tuple[dict, list[float]]:
@@ -59,7 +36,7 @@ def scored_by_the_actor(ray, tiny_model_dir, path, dtype: str) -> tuple[dict, li
 
 def test_a_reward_model_scores_on_the_gpu_as_on_the_cpu(ray_cluster, tiny_model_dir, addition_rm):
     prompts, completions = samples()
-    exact = alone(addition_rm, prompts, completions, torch.float32, "cpu")
+    exact = scored_alone(addition_rm, prompts, completions)
 
     info, fp32 = scored_by_the_actor(ray_cluster, tiny_model_dir, addition_rm, "float32")
     assert info["device"] == "cuda" and info["dtype"] == "torch.float32", info
@@ -69,9 +46,8 @@ def test_a_reward_model_scores_on_the_gpu_as_on_the_cpu(ray_cluster, tiny_model_
 
     info, bf16 = scored_by_the_actor(ray_cluster, tiny_model_dir, addition_rm, "auto")
     assert info["device"] == "cuda" and info["dtype"] == "torch.bfloat16", info
-    own = max(abs(a - b) for a, b in zip(alone(addition_rm, prompts, completions, torch.bfloat16, "cuda"), exact))
+    own = max(abs(a - b) for a, b in zip(scored_alone(addition_rm, prompts, completions, torch.bfloat16, "cuda"), exact))
     gap = max(abs(a - b) for a, b in zip(bf16, exact))
     print(f"bfloat16 in the actor vs float32: {gap:.3f}; bfloat16's own (each text alone): {own:.3f}")
     assert gap <= 2 * own + 1e-2
-    right, wrong = bf16[1::2], bf16[0::2]
-    assert sum(r > w for r, w in zip(right, wrong)) >= len(right) * 0.6
+    assert right_above_wrong(bf16) >= 0.6
